@@ -1,0 +1,313 @@
+//! Every limit and default of a server, in one place, each with its unit and
+//! what it costs in memory.
+//!
+//! [`Config`] is both the `spate serve` flags (clap) and the runtime
+//! configuration. [`Config::validate`] ties the limits together and
+//! [`Config::memory_bound`] turns them into the peak-memory formula that the
+//! README documents and the overload test checks.
+
+use std::net::SocketAddr;
+
+pub const KIB: usize = 1024;
+pub const MIB: usize = 1024 * KIB;
+
+/// Most shards a server runs (shard ids are `u16` on the wire).
+pub const SHARD_COUNT_MAX: usize = 256;
+/// Most partitions (partition ids are `u32` on the wire; 64 Ki keeps the
+/// per-shard placement table at 512 KiB).
+pub const PARTITION_COUNT_MAX: u32 = 65_536;
+/// Frames a mesh channel holds beyond the data batches credits allow:
+/// credit grants, subscriber fetches and replies, load reports and control.
+pub const MESH_CONTROL_SLOTS: usize = 256;
+
+/// `spate serve` configuration. Sizes are bytes, durations carry their unit.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Config {
+    /// Shards (one glommio executor each). Default: one per online CPU,
+    /// pinned. More shards than CPUs run unpinned.
+    #[arg(long)]
+    pub shards: Option<usize>,
+
+    /// Logical partitions; `partition = xxh3_64(key) % partitions`. Fixed for
+    /// the life of the data.
+    #[arg(long, default_value_t = 256)]
+    pub partitions: u32,
+
+    /// Ingest address (line protocol). Every shard binds it (SO_REUSEPORT).
+    #[arg(long, default_value = "0.0.0.0:9400")]
+    pub ingest: SocketAddr,
+
+    /// Subscribe address.
+    #[arg(long, default_value = "0.0.0.0:9401")]
+    pub subscribe: SocketAddr,
+
+    /// Admin HTTP address (/metrics, /stats, /partitions). Loopback by default.
+    #[arg(long, default_value = "127.0.0.1:9402")]
+    pub admin: SocketAddr,
+
+    /// Longest accepted line in bytes (without CR LF). Longer lines get
+    /// `ERR <line> line_too_long` and are skipped.
+    #[arg(long, default_value_t = MIB)]
+    pub line_size_max: usize,
+
+    /// A connection's read buffer once it is busy, in bytes. It starts at
+    /// --read-buffer-initial-bytes and only one long line grows it beyond this
+    /// (up to --line-size-max + 2, given back afterwards).
+    #[arg(long, default_value_t = 256 * KIB)]
+    pub read_buffer_bytes: usize,
+
+    /// What an idle connection's read buffer costs, in bytes.
+    #[arg(long, default_value_t = 4 * KIB)]
+    pub read_buffer_initial_bytes: usize,
+
+    /// Ingest connections per shard; further ones are accepted and closed
+    /// with `ERR connection_limit`.
+    #[arg(long, default_value_t = 4096)]
+    pub connections_per_shard_max: usize,
+
+    /// A batch for one destination shard is sent when it reaches this size.
+    #[arg(long, default_value_t = 64 * KIB)]
+    pub batch_bytes: usize,
+
+    /// A non-empty batch is sent at the latest after this long.
+    #[arg(long, default_value_t = 200)]
+    pub batch_flush_us: u64,
+
+    /// Credit window, in bytes of batch records, that each owner shard grants
+    /// each source shard (including itself): events in flight between them.
+    #[arg(long, default_value_t = 4 * MIB)]
+    pub credit_window_bytes: usize,
+
+    /// Batches in flight per (source, owner) pair; bounds the mesh queue.
+    #[arg(long, default_value_t = 64)]
+    pub credit_window_batches: usize,
+
+    /// Retention per partition, in bytes of log (records and index); the
+    /// oldest segments are dropped beyond it.
+    #[arg(long, default_value_t = 8 * MIB)]
+    pub retention_bytes: usize,
+
+    /// Log segment size in bytes (the unit of retention).
+    #[arg(long, default_value_t = MIB)]
+    pub segment_bytes: usize,
+
+    /// Subscriber connections per shard; further ones get `ERR subscriber_limit`.
+    #[arg(long, default_value_t = 64)]
+    pub subscribers_per_shard_max: usize,
+
+    /// Most bytes one fetch reply carries to a subscriber (its window per
+    /// owner shard: one fetch per owner is in flight at a time).
+    #[arg(long, default_value_t = 256 * KIB)]
+    pub fetch_bytes_max: usize,
+
+    /// Registered io_uring buffer memory per shard (glommio io_memory), bytes.
+    /// Locked memory: keep shards * this under `ulimit -l`.
+    #[arg(long, default_value_t = 512 * KIB)]
+    pub io_memory_bytes: usize,
+
+    /// TEST KNOB, off by default: nanoseconds of extra work per applied event,
+    /// to make the apply stage slow and exercise backpressure.
+    #[arg(long, default_value_t = 0)]
+    pub apply_delay_ns_per_event: u64,
+}
+
+/// A configuration that cannot work, with the numbers involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    ShardCount { shard_count: usize, shard_count_max: usize },
+    PartitionCount { partition_count: u32, partition_count_max: u32 },
+    CreditWindowBelowLine { credit_window_bytes: usize, line_record_size_max: usize },
+    SegmentBelowLine { segment_bytes: usize, line_size_max: usize },
+    RetentionBelowSegment { retention_bytes: usize, segment_bytes: usize },
+    ReadBuffer { read_buffer_initial_bytes: usize, read_buffer_bytes: usize },
+    Zero { name: &'static str },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::ShardCount { shard_count, shard_count_max } => {
+                write!(f, "--shards {shard_count}: must be 1..={shard_count_max}")
+            }
+            ConfigError::PartitionCount { partition_count, partition_count_max } => {
+                write!(f, "--partitions {partition_count}: must be 1..={partition_count_max}")
+            }
+            ConfigError::CreditWindowBelowLine { credit_window_bytes, line_record_size_max } => write!(
+                f,
+                "--credit-window-bytes {credit_window_bytes} must hold the largest event \
+                 record ({line_record_size_max} bytes)"
+            ),
+            ConfigError::SegmentBelowLine { segment_bytes, line_size_max } => {
+                write!(f, "--segment-bytes {segment_bytes} must be >= --line-size-max {line_size_max}")
+            }
+            ConfigError::RetentionBelowSegment { retention_bytes, segment_bytes } => {
+                write!(f, "--retention-bytes {retention_bytes} must be >= --segment-bytes {segment_bytes}")
+            }
+            ConfigError::ReadBuffer { read_buffer_initial_bytes, read_buffer_bytes } => write!(
+                f,
+                "--read-buffer-initial-bytes {read_buffer_initial_bytes} must be 1..=--read-buffer-bytes \
+                 {read_buffer_bytes}"
+            ),
+            ConfigError::Zero { name } => write!(f, "{name} must be greater than zero"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The peak-memory formula, term by term, in bytes for the whole process.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct MemoryBound {
+    /// shards * connections_per_shard_max * read_buffer_bytes.
+    pub connection_buffers: usize,
+    /// Extra when connections each hold one line of the maximum size at once:
+    /// shards * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
+    pub long_line_worst_case: usize,
+    /// Open batches and events in flight:
+    /// shards * shards * (batch_bytes + credit_window_bytes).
+    pub batches_and_credits: usize,
+    /// Partition logs: partitions * (retention_bytes + segment_bytes).
+    pub retention: usize,
+    /// Subscribers: shards * subscribers_per_shard_max * (shards + 1) * fetch_bytes_max
+    /// (one reply in flight per owner plus one being written).
+    pub subscribers: usize,
+    /// Fixed per-shard costs: io_memory, placement table, mesh rings and an
+    /// allowance for code, stacks and allocator slack (64 MiB per shard).
+    pub fixed: usize,
+    /// Sum of the terms above without the long-line worst case.
+    pub total: usize,
+    /// `total + long_line_worst_case`.
+    pub total_worst_case: usize,
+}
+
+impl Config {
+    /// Shards to run: --shards, or one per online CPU.
+    pub fn shard_count(&self) -> usize {
+        self.shards.unwrap_or_else(|| std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1))
+    }
+
+    /// Checks that the limits fit together; see each [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let shard_count = self.shard_count();
+        if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
+            return Err(ConfigError::ShardCount { shard_count, shard_count_max: SHARD_COUNT_MAX });
+        }
+        if self.partitions == 0 || self.partitions > PARTITION_COUNT_MAX {
+            return Err(ConfigError::PartitionCount {
+                partition_count: self.partitions,
+                partition_count_max: PARTITION_COUNT_MAX,
+            });
+        }
+        let nonzero = [
+            ("--line-size-max", self.line_size_max),
+            ("--connections-per-shard-max", self.connections_per_shard_max),
+            ("--batch-bytes", self.batch_bytes),
+            ("--credit-window-batches", self.credit_window_batches),
+            ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
+            ("--fetch-bytes-max", self.fetch_bytes_max),
+        ];
+        if let Some((name, _)) = nonzero.iter().find(|(_, value)| *value == 0) {
+            return Err(ConfigError::Zero { name });
+        }
+        let line_record_size_max = self.line_record_size_max();
+        if self.credit_window_bytes < line_record_size_max {
+            return Err(ConfigError::CreditWindowBelowLine {
+                credit_window_bytes: self.credit_window_bytes,
+                line_record_size_max,
+            });
+        }
+        if self.segment_bytes < self.line_size_max {
+            return Err(ConfigError::SegmentBelowLine {
+                segment_bytes: self.segment_bytes,
+                line_size_max: self.line_size_max,
+            });
+        }
+        if self.retention_bytes < self.segment_bytes {
+            return Err(ConfigError::RetentionBelowSegment {
+                retention_bytes: self.retention_bytes,
+                segment_bytes: self.segment_bytes,
+            });
+        }
+        if self.read_buffer_initial_bytes == 0 || self.read_buffer_initial_bytes > self.read_buffer_bytes {
+            return Err(ConfigError::ReadBuffer {
+                read_buffer_initial_bytes: self.read_buffer_initial_bytes,
+                read_buffer_bytes: self.read_buffer_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The largest batch record a line can produce (its credit cost).
+    pub fn line_record_size_max(&self) -> usize {
+        crate::protocol::record::BATCH_HEADER_SIZE + self.line_size_max
+    }
+
+    /// Frames each mesh channel holds: every credited batch plus control.
+    pub fn mesh_channel_frames(&self) -> usize {
+        self.credit_window_batches + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
+    }
+
+    /// The peak-memory formula for this configuration.
+    pub fn memory_bound(&self) -> MemoryBound {
+        let shards = self.shard_count();
+        let connections = shards * self.connections_per_shard_max;
+        let connection_buffers = connections * self.read_buffer_bytes;
+        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
+        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
+        let retention = self.partitions as usize * (self.retention_bytes + self.segment_bytes);
+        let subscribers = shards * self.subscribers_per_shard_max * (shards + 1) * self.fetch_bytes_max;
+        let placement = self.partitions as usize * 8;
+        let mesh = shards * self.mesh_channel_frames() * 64;
+        let fixed = shards * (self.io_memory_bytes + placement + mesh + 64 * MIB);
+        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed;
+        MemoryBound {
+            connection_buffers,
+            long_line_worst_case,
+            batches_and_credits,
+            retention,
+            subscribers,
+            fixed,
+            total,
+            total_worst_case: total + long_line_worst_case,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    fn parse(args: &[&str]) -> Config {
+        Cli::parse_from(std::iter::once("spate").chain(args.iter().copied())).config
+    }
+
+    /// The defaults are valid and give the documented bound for 2 shards.
+    #[test]
+    fn defaults_validate_and_bound_memory() {
+        let config = parse(&["--shards", "2"]);
+        config.validate().unwrap();
+        let bound = config.memory_bound();
+        assert_eq!(bound.retention, 256 * 9 * MIB);
+        assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
+        assert_eq!(bound.connection_buffers, 2 * 4096 * 256 * KIB);
+        assert!(bound.total_worst_case > bound.total);
+    }
+
+    /// Limits that cannot work together are refused with their numbers.
+    #[test]
+    fn inconsistent_limits_are_refused() {
+        let small_window = parse(&["--shards", "1", "--credit-window-bytes", "1000"]);
+        assert!(matches!(small_window.validate(), Err(ConfigError::CreditWindowBelowLine { .. })));
+        let zero_partitions = parse(&["--shards", "1", "--partitions", "0"]);
+        assert!(matches!(zero_partitions.validate(), Err(ConfigError::PartitionCount { .. })));
+        let small_retention = parse(&["--shards", "1", "--retention-bytes", "1000"]);
+        assert!(matches!(small_retention.validate(), Err(ConfigError::RetentionBelowSegment { .. })));
+    }
+}

@@ -1,0 +1,31 @@
+//! The `spate` command: parses flags and starts things, nothing else.
+
+use clap::{Parser, Subcommand};
+
+/// spate: a thread-per-core event stream engine.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a server: ingest on 9400, subscribe on 9401, admin HTTP on 127.0.0.1:9402.
+    Serve(spate::Config),
+    /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
+    Sub(spate::client::SubArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
+        Command::Sub(args) => spate::client::run_sub(&args),
+    };
+    if let Err(error) = result {
+        eprintln!("spate: {error}");
+        std::process::exit(1);
+    }
+}

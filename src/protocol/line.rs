@@ -1,0 +1,341 @@
+//! The ingest line format: `KEY SP PAYLOAD LF`.
+//!
+//! * The key is the bytes before the first space, 1 to [`KEY_SIZE_MAX`] bytes.
+//! * The payload is the rest of the line: any bytes but LF. One trailing CR is
+//!   dropped, so CRLF clients work unchanged.
+//! * A line with no space is a key with an empty payload.
+//! * Empty lines (after dropping CR) are ignored.
+//! * Lines starting with `#` are control lines, not events.
+//! * A line longer than the configured limit is rejected with
+//!   [`LineError::LineTooLong`] and skipped up to its LF.
+//!
+//! [`LineBuffer`] owns a connection's read buffer: it is filled by large socket
+//! reads and split with `memchr`, so the per-event cost is one `memchr` and
+//! no allocation. The buffer grows only while a single line does not fit
+//! (up to the line limit) and shrinks back once that line is gone.
+
+/// Longest key, in bytes (a `u8` length in every wire and log record).
+pub const KEY_SIZE_MAX: usize = 255;
+
+/// One parsed line, borrowing from the read buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    /// An event: its key and payload.
+    Event { key: &'a [u8], payload: &'a [u8] },
+    /// A control line, without its leading `#`.
+    Control(&'a [u8]),
+    /// An empty line: ignored.
+    Empty,
+}
+
+/// Why a line was rejected. Every variant carries the numbers a user needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineError {
+    /// The line starts with a space: the key would be empty.
+    KeyEmpty,
+    /// The key is longer than [`KEY_SIZE_MAX`].
+    KeyTooLong { key_size: usize, key_size_max: usize },
+    /// The line (without LF) is longer than the configured limit.
+    LineTooLong { line_size: usize, line_size_max: usize },
+}
+
+impl LineError {
+    /// A short, stable reason used in `ERR` replies and metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LineError::KeyEmpty => "key_empty",
+            LineError::KeyTooLong { .. } => "key_too_long",
+            LineError::LineTooLong { .. } => "line_too_long",
+        }
+    }
+}
+
+impl std::fmt::Display for LineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            LineError::KeyEmpty => write!(f, "key_empty: line starts with a space"),
+            LineError::KeyTooLong { key_size, key_size_max } => {
+                write!(f, "key_too_long: key is {key_size} bytes, limit {key_size_max}")
+            }
+            LineError::LineTooLong { line_size, line_size_max } => {
+                write!(f, "line_too_long: line is at least {line_size} bytes, limit {line_size_max}")
+            }
+        }
+    }
+}
+
+/// Parses one line (without its LF; a trailing CR is dropped here).
+#[inline]
+pub fn parse_line(line: &[u8], line_size_max: usize) -> Result<Line<'_>, LineError> {
+    let line = match line.last() {
+        Some(b'\r') => &line[..line.len() - 1],
+        _ => line,
+    };
+    if line.len() > line_size_max {
+        return Err(LineError::LineTooLong { line_size: line.len(), line_size_max });
+    }
+    match line.first() {
+        None => return Ok(Line::Empty),
+        Some(b'#') => return Ok(Line::Control(&line[1..])),
+        Some(b' ') => return Err(LineError::KeyEmpty),
+        Some(_) => {}
+    }
+    let (key, payload) = match memchr::memchr(b' ', line) {
+        Some(space) => (&line[..space], &line[space + 1..]),
+        None => (line, &line[line.len()..]),
+    };
+    if key.len() > KEY_SIZE_MAX {
+        return Err(LineError::KeyTooLong { key_size: key.len(), key_size_max: KEY_SIZE_MAX });
+    }
+    debug_assert!(!key.is_empty());
+    Ok(Line::Event { key, payload })
+}
+
+/// What [`LineBuffer::next_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<'a> {
+    /// A complete line (without LF) and its 1-based line number.
+    Line { line: &'a [u8], line_number: u64 },
+    /// A line exceeded the limit; it is being skipped up to its LF. Reported
+    /// once per such line.
+    TooLong { line_number: u64, line_size: usize },
+    /// No complete line is buffered: read more.
+    NeedMore,
+}
+
+/// A connection's read buffer and line splitter.
+#[derive(Debug)]
+pub struct LineBuffer {
+    buffer: Vec<u8>,
+    /// Start of the first unconsumed byte.
+    start: usize,
+    /// End of the valid bytes.
+    end: usize,
+    /// Lines seen so far (complete or skipped); the next line is `+ 1`.
+    line_count: u64,
+    /// Where the last line returned by `next_line` started, for `unread`.
+    last_line_start: usize,
+    /// True while skipping the rest of an over-long line.
+    skipping: bool,
+    /// Size the buffer grows to for throughput.
+    read_size: usize,
+    /// The longest accepted line, in bytes, without CR LF.
+    line_size_max: usize,
+}
+
+impl LineBuffer {
+    /// `initial_size` is what an idle connection costs; reads that fill the
+    /// buffer grow it to `read_size`; one long line grows it up to
+    /// `line_size_max + 2` (CR LF).
+    pub fn new(initial_size: usize, read_size: usize, line_size_max: usize) -> LineBuffer {
+        assert!(initial_size > 0 && initial_size <= read_size);
+        LineBuffer {
+            buffer: vec![0; initial_size],
+            start: 0,
+            end: 0,
+            line_count: 0,
+            last_line_start: 0,
+            skipping: false,
+            read_size,
+            line_size_max,
+        }
+    }
+
+    fn size_max(&self) -> usize {
+        self.read_size.max(self.line_size_max + 2)
+    }
+
+    /// The free tail of the buffer for the next socket read. Compacts or grows
+    /// the buffer first when the tail is full, so the slice is never empty.
+    pub fn spare(&mut self) -> &mut [u8] {
+        if self.end == self.buffer.len() {
+            if self.start > 0 {
+                self.buffer.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                // One partial line fills the whole buffer: grow (bounded; the
+                // too-long check in `next_line` fires before the limit).
+                let size = (self.buffer.len() * 2).min(self.size_max());
+                debug_assert!(size > self.buffer.len(), "buffer full at its maximum");
+                self.buffer.resize(size, 0);
+            }
+        }
+        &mut self.buffer[self.end..]
+    }
+
+    /// Records that `count` bytes were read into [`LineBuffer::spare`].
+    pub fn filled(&mut self, count: usize) {
+        let spare_size = self.buffer.len() - self.end;
+        assert!(count <= spare_size);
+        self.end += count;
+        // A read that filled all the space suggests more is waiting: grow
+        // towards `read_size` so each syscall moves more bytes.
+        if count == spare_size && self.buffer.len() < self.read_size {
+            let size = (self.buffer.len() * 2).min(self.read_size);
+            self.buffer.resize(size, 0);
+        }
+    }
+
+    /// Bytes buffered but not yet consumed.
+    pub fn buffered_size(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Current allocation, in bytes.
+    pub fn capacity(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// The next line, a too-long notice, or `NeedMore`.
+    #[inline]
+    pub fn next_line(&mut self) -> Next<'_> {
+        if self.skipping {
+            match memchr::memchr(b'\n', &self.buffer[self.start..self.end]) {
+                Some(position) => {
+                    self.start += position + 1;
+                    self.skipping = false;
+                }
+                None => {
+                    self.start = 0;
+                    self.end = 0;
+                    return Next::NeedMore;
+                }
+            }
+        }
+        match memchr::memchr(b'\n', &self.buffer[self.start..self.end]) {
+            Some(position) => {
+                let line_start = self.start;
+                self.last_line_start = line_start;
+                self.start += position + 1;
+                self.line_count += 1;
+                Next::Line { line: &self.buffer[line_start..line_start + position], line_number: self.line_count }
+            }
+            None => self.partial_line(),
+        }
+    }
+
+    fn partial_line(&mut self) -> Next<'_> {
+        let partial_size = self.end - self.start;
+        // `+ 1` leaves room for a CR that parse_line drops.
+        if partial_size > self.line_size_max + 1 {
+            self.line_count += 1;
+            self.skipping = true;
+            self.start = 0;
+            self.end = 0;
+            return Next::TooLong { line_number: self.line_count, line_size: partial_size };
+        }
+        if partial_size == 0 {
+            self.start = 0;
+            self.end = 0;
+            if self.buffer.len() > self.read_size {
+                // The long line is gone: give its memory back.
+                self.buffer.truncate(self.read_size);
+                self.buffer.shrink_to_fit();
+            }
+        }
+        Next::NeedMore
+    }
+
+    /// Puts back the line last returned by `next_line` (it could not be
+    /// handled yet: its owner had no credits). Only valid right after a
+    /// `Next::Line`.
+    pub fn unread_last_line(&mut self) {
+        debug_assert!(self.last_line_start < self.start);
+        self.start = self.last_line_start;
+        self.line_count -= 1;
+    }
+
+    /// The unterminated tail when the peer closed mid-line, if any.
+    pub fn unterminated_tail(&self) -> Option<&[u8]> {
+        (self.end > self.start && !self.skipping).then(|| &self.buffer[self.start..self.end])
+    }
+
+    /// The number the next line will get.
+    pub fn next_line_number(&self) -> u64 {
+        self.line_count + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event<'a>(key: &'a [u8], payload: &'a [u8]) -> Result<Line<'a>, LineError> {
+        Ok(Line::Event { key, payload })
+    }
+
+    /// Every rule of the line format, one line each.
+    #[test]
+    fn parse_line_follows_the_format() {
+        assert_eq!(parse_line(b"user42 hello world", 100), event(b"user42", b"hello world"));
+        assert_eq!(parse_line(b"user42 hi\r", 100), event(b"user42", b"hi"));
+        assert_eq!(parse_line(b"lonely", 100), event(b"lonely", b""));
+        assert_eq!(parse_line(b"k ", 100), event(b"k", b""));
+        assert_eq!(parse_line(b"k \xff\x00\x01", 100), event(b"k", b"\xff\x00\x01"));
+        assert_eq!(parse_line(b"", 100), Ok(Line::Empty));
+        assert_eq!(parse_line(b"\r", 100), Ok(Line::Empty));
+        assert_eq!(parse_line(b"#SYNC 7", 100), Ok(Line::Control(b"SYNC 7")));
+        assert_eq!(parse_line(b" nokey", 100), Err(LineError::KeyEmpty));
+        let long_key = vec![b'k'; 256];
+        assert_eq!(parse_line(&long_key, 1000), Err(LineError::KeyTooLong { key_size: 256, key_size_max: 255 }));
+        assert_eq!(parse_line(&long_key[..255], 1000), event(&long_key[..255], b""));
+        assert_eq!(parse_line(b"k 12345", 6), Err(LineError::LineTooLong { line_size: 7, line_size_max: 6 }));
+        assert_eq!(parse_line(b"k 1234\r", 6), event(b"k", b"1234"));
+    }
+
+    fn feed(buffer: &mut LineBuffer, mut bytes: &[u8]) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            loop {
+                match buffer.next_line() {
+                    Next::Line { line, line_number } => {
+                        seen.push(format!("{line_number}:{}", String::from_utf8_lossy(line)))
+                    }
+                    Next::TooLong { line_number, .. } => seen.push(format!("{line_number}:TOO_LONG")),
+                    Next::NeedMore => break,
+                }
+            }
+            if bytes.is_empty() {
+                return seen;
+            }
+            let spare = buffer.spare();
+            let count = spare.len().min(bytes.len()).min(7);
+            spare[..count].copy_from_slice(&bytes[..count]);
+            buffer.filled(count);
+            bytes = &bytes[count..];
+        }
+    }
+
+    /// Lines split across reads come out whole and numbered; an over-long line
+    /// is reported once and skipped, and the lines after it survive.
+    #[test]
+    fn line_buffer_splits_and_skips_long_lines() {
+        let mut buffer = LineBuffer::new(4, 16, 10);
+        let input = b"a 1\nbb 22\n0123456789abcdefghij\nc 3\n\nd\n";
+        let seen = feed(&mut buffer, input);
+        assert_eq!(seen, ["1:a 1", "2:bb 22", "3:TOO_LONG", "4:c 3", "5:", "6:d"]);
+        assert!(buffer.capacity() <= 16, "buffer shrank back: {}", buffer.capacity());
+        assert!(buffer.unterminated_tail().is_none());
+    }
+
+    /// A line of exactly the limit (plus CR LF) is accepted, one byte more is not.
+    #[test]
+    fn line_buffer_accepts_a_line_at_the_limit() {
+        let mut buffer = LineBuffer::new(4, 8, 12);
+        let seen = feed(&mut buffer, b"k 0123456789\r\nk 0123456789ab\nz\n");
+        assert_eq!(seen[0], "1:k 0123456789\r");
+        assert_eq!(seen[1], "2:TOO_LONG");
+        assert_eq!(seen[2], "3:z");
+    }
+
+    /// A peer that closes mid-line leaves an unterminated tail we can report.
+    #[test]
+    fn unterminated_tail_is_visible() {
+        let mut buffer = LineBuffer::new(8, 8, 100);
+        let seen = feed(&mut buffer, b"a 1\nhalf a li");
+        assert_eq!(seen, ["1:a 1"]);
+        assert_eq!(buffer.unterminated_tail(), Some(&b"half a li"[..]));
+        assert_eq!(buffer.next_line_number(), 2);
+    }
+}

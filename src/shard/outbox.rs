@@ -1,0 +1,88 @@
+//! Non-blocking sends into the channel mesh.
+//!
+//! Tasks that handle incoming frames must never wait on an outgoing send:
+//! two shards each blocked sending to the other while neither receives is
+//! the cyclic `send_to` deadlock of glommio issue #555. So every send goes
+//! through [`Outbox::send`], which tries the ring and, when it is full, queues
+//! the frame locally for a per-peer drainer task that does the awaiting. The
+//! queue keeps FIFO order per peer, and its length is bounded by the credit
+//! scheme (data batches by credit slots, grants by batches received, fetches
+//! by subscribers); `mesh_overflow_frames` counts how often it is used.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use glommio::channels::channel_mesh::Senders;
+
+use crate::shard::frame::Frame;
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::notify::Notify;
+
+struct PeerQueue {
+    queued: RefCell<VecDeque<Frame>>,
+    /// The drainer holds a frame it is awaiting a send for; later frames must
+    /// queue behind it.
+    draining: Cell<bool>,
+    notify: Notify,
+}
+
+pub struct Outbox {
+    senders: Senders<Frame>,
+    peers: Vec<PeerQueue>,
+}
+
+impl Outbox {
+    pub fn new(senders: Senders<Frame>) -> Outbox {
+        let peers = (0..senders.nr_consumers())
+            .map(|_| PeerQueue { queued: RefCell::default(), draining: Cell::new(false), notify: Notify::default() })
+            .collect();
+        Outbox { senders, peers }
+    }
+
+    /// Sends a frame to `peer` without waiting.
+    pub fn send(&self, peer: u16, frame: Frame, metrics: &ShardMetrics) {
+        let queue = &self.peers[usize::from(peer)];
+        if !queue.draining.get() && queue.queued.borrow().is_empty() {
+            match self.senders.try_send_to(usize::from(peer), frame) {
+                Ok(()) => return,
+                Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(frame))) => {
+                    queue.queued.borrow_mut().push_back(frame);
+                }
+                // The peer is gone (shutting down): nothing will read it.
+                Err(_) => return,
+            }
+        } else {
+            queue.queued.borrow_mut().push_back(frame);
+        }
+        ShardMetrics::add(&metrics.mesh_overflow_frames, 1);
+        queue.notify.notify();
+    }
+
+    /// Frames queued behind full rings, over all peers.
+    pub fn queued_frames(&self) -> usize {
+        self.peers.iter().map(|queue| queue.queued.borrow().len()).sum()
+    }
+
+    /// The drainer for one peer: awaits ring space for queued frames.
+    pub async fn drain(self: Rc<Self>, peer: u16) {
+        let queue = &self.peers[usize::from(peer)];
+        loop {
+            queue.notify.notified().await;
+            loop {
+                let Some(frame) = queue.queued.borrow_mut().pop_front() else { break };
+                queue.draining.set(true);
+                let sent = self.senders.send_to(usize::from(peer), frame).await;
+                queue.draining.set(false);
+                if sent.is_err() {
+                    queue.queued.borrow_mut().clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    pub fn close(&self) {
+        self.senders.close();
+    }
+}
