@@ -28,6 +28,7 @@
 //! ```
 
 pub mod admin;
+pub mod balance;
 pub mod client;
 pub mod config;
 pub mod ingest;

@@ -16,6 +16,9 @@ enum Command {
     Serve(spate::Config),
     /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
     Sub(spate::client::SubArgs),
+    /// Run the deterministic balancer simulator (same stealing rule as the
+    /// server, simulated clock, seeded randomness; the seed is printed).
+    Simulate(spate::balance::sim::SimArgs),
 }
 
 fn main() {
@@ -23,6 +26,9 @@ fn main() {
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
         Command::Sub(args) => spate::client::run_sub(&args),
+        Command::Simulate(args) => {
+            spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())
+        }
     };
     if let Err(error) = result {
         eprintln!("spate: {error}");

@@ -1,0 +1,243 @@
+//! Test harness: starts the real `spate` binary on free loopback ports and
+//! talks to it over TCP and HTTP like a user would.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Option<Child>,
+    pub ingest: SocketAddr,
+    pub subscribe: SocketAddr,
+    pub admin: SocketAddr,
+    pub log_path: std::path::PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    /// Starts `spate serve` with `args` and waits until /stats answers.
+    pub fn start(args: &[&str]) -> Server {
+        let ingest: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let subscribe: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_spate"))
+            .arg("serve")
+            .args(["--ingest", &ingest.to_string(), "--subscribe", &subscribe.to_string()])
+            .args(["--admin", &admin.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn spate");
+        let mut server = Server { child: Some(child), ingest, subscribe, admin, log_path };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("spate exited early ({status}): {}", self.log());
+            }
+            if self.try_get("/stats").is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("spate did not become ready: {}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn try_get(&self, path: &str) -> Result<String, String> {
+        let url = format!("http://{}{}", self.admin, path);
+        let mut response = ureq::get(&url).call().map_err(|error| error.to_string())?;
+        response.body_mut().read_to_string().map_err(|error| error.to_string())
+    }
+
+    pub fn get(&self, path: &str) -> String {
+        self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}", self.log()))
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        serde_json::from_str(&self.get("/stats")).unwrap()
+    }
+
+    pub fn total(&self, name: &str) -> u64 {
+        self.stats()["totals"][name].as_u64().unwrap_or_else(|| panic!("no total {name}"))
+    }
+
+    /// Whether the process is still running (it has not crashed).
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    /// Sends SIGTERM and returns the exit status once it stopped.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("spate did not stop within 30 s of SIGTERM: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn producer(&self) -> Producer {
+        Producer::connect(self.ingest)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A producer connection: buffered writes, and `#SYNC` to wait until
+/// everything sent before is stored.
+pub struct Producer {
+    writer: std::io::BufWriter<TcpStream>,
+    reader: BufReader<TcpStream>,
+    sync_count: u64,
+}
+
+impl Producer {
+    pub fn connect(address: SocketAddr) -> Producer {
+        let stream = TcpStream::connect(address).expect("connect ingest");
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Producer { writer: std::io::BufWriter::with_capacity(256 * 1024, stream), reader, sync_count: 0 }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).expect("write ingest");
+    }
+
+    /// Sends `#SYNC` and returns every reply line up to its `OK`.
+    pub fn sync(&mut self) -> Vec<String> {
+        self.sync_count += 1;
+        let token = format!("t{}", self.sync_count);
+        self.send(format!("#SYNC {token}\n").as_bytes());
+        self.writer.flush().unwrap();
+        let mut replies = Vec::new();
+        loop {
+            let mut line = String::new();
+            let count = self.reader.read_line(&mut line).expect("read reply");
+            assert!(count > 0, "server closed before OK SYNC; replies so far: {replies:?}");
+            let line = line.trim_end().to_string();
+            let done = line.starts_with("OK ") && line.ends_with(&format!("SYNC {token}"));
+            replies.push(line);
+            if done {
+                return replies;
+            }
+        }
+    }
+
+    pub fn into_stream(self) -> TcpStream {
+        self.writer.into_inner().unwrap()
+    }
+}
+
+/// One event line as a subscriber sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: u32,
+    pub offset: u64,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+/// A `SUB` connection.
+pub struct Subscriber {
+    reader: BufReader<TcpStream>,
+    pub notices: Vec<String>,
+}
+
+impl Subscriber {
+    pub fn connect(address: SocketAddr, request: &str) -> Subscriber {
+        let mut stream = TcpStream::connect(address).expect("connect subscribe");
+        stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Subscriber { reader: BufReader::with_capacity(1 << 20, stream), notices: Vec::new() }
+    }
+
+    /// The next raw line (without LF).
+    pub fn next_line(&mut self) -> Option<Vec<u8>> {
+        let mut line = Vec::new();
+        match self.reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                line.pop();
+                Some(line)
+            }
+        }
+    }
+
+    /// The next event; notices (`TRUNCATED`) are collected on the side.
+    pub fn next_event(&mut self) -> Option<Delivered> {
+        loop {
+            let line = self.next_line()?;
+            if line.starts_with(b"TRUNCATED ") || line.starts_with(b"ERR ") {
+                self.notices.push(String::from_utf8_lossy(&line).into_owned());
+                if line.starts_with(b"ERR ") {
+                    return None;
+                }
+                continue;
+            }
+            return Some(parse_delivered(&line));
+        }
+    }
+
+    /// Reads exactly `count` events (panics on timeout or close).
+    pub fn take(&mut self, count: usize) -> Vec<Delivered> {
+        (0..count)
+            .map(|index| self.next_event().unwrap_or_else(|| panic!("stream ended after {index} of {count} events")))
+            .collect()
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.reader.get_ref().set_read_timeout(Some(timeout)).unwrap();
+    }
+
+    pub fn read_raw(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        self.reader.read(buffer)
+    }
+}
+
+/// Parses `<partition> <offset> <key> <payload>`.
+pub fn parse_delivered(line: &[u8]) -> Delivered {
+    let mut parts = line.splitn(4, |&byte| byte == b' ');
+    let mut number = |name: &str| -> u64 {
+        let field = parts.next().unwrap_or_else(|| panic!("no {name} in {:?}", String::from_utf8_lossy(line)));
+        std::str::from_utf8(field).unwrap().parse().unwrap()
+    };
+    let partition = number("partition") as u32;
+    let offset = number("offset");
+    let key = parts.next().expect("key").to_vec();
+    let payload = parts.next().expect("payload (may be empty)").to_vec();
+    Delivered { partition, offset, key, payload }
+}
