@@ -20,6 +20,21 @@ pub const PARTITION_COUNT_MAX: u32 = 65_536;
 /// credit grants, subscriber fetches and replies, load reports and control.
 pub const MESH_CONTROL_SLOTS: usize = 256;
 
+/// The peak-memory formula, as `spate serve --help` prints it.
+pub const MEMORY_FORMULA_HELP: &str = "\
+Peak memory (S = shards, P = partitions; see README \"Limits and memory\"):
+    S * connections_per_shard_max * read_buffer_bytes            busy connection buffers
+  + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
+                                                                 (includes events a thief buffers
+                                                                 during a migration handoff)
+  + P * (retention_bytes + segment_bytes)                        partition logs
+  + S * subscribers_per_shard_max * (S + 1) * fetch_bytes_max    subscriber fetches
+  + S * (io_memory_bytes + 8 * P + mesh rings + 64 MiB)          fixed per shard
+plus, only if every connection holds a maximum-size line at once,
+    S * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
+An idle connection costs read_buffer_initial_bytes. GET /stats shows the bound for the
+running configuration (memory_bound) next to the measured RSS.";
+
 /// `spate serve` configuration. Sizes are bytes, durations carry their unit.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
@@ -109,6 +124,11 @@ pub struct Config {
     /// to make the apply stage slow and exercise backpressure.
     #[arg(long, default_value_t = 0)]
     pub apply_delay_ns_per_event: u64,
+
+    /// TEST KNOB: shards the apply delay applies to (comma-separated ids);
+    /// empty means every shard. Makes one shard the slow, "hot" one.
+    #[arg(long, value_delimiter = ',')]
+    pub apply_delay_shards: Vec<u16>,
 }
 
 /// A configuration that cannot work, with the numbers involved.
@@ -240,6 +260,12 @@ impl Config {
     /// The largest batch record a line can produce (its credit cost).
     pub fn line_record_size_max(&self) -> usize {
         crate::protocol::record::BATCH_HEADER_SIZE + self.line_size_max
+    }
+
+    /// The apply delay, in ns per event, for `shard` (the test knob).
+    pub fn apply_delay_ns_per_event_on(&self, shard: u16) -> u64 {
+        let applies = self.apply_delay_shards.is_empty() || self.apply_delay_shards.contains(&shard);
+        if applies { self.apply_delay_ns_per_event } else { 0 }
     }
 
     /// Frames each mesh channel holds: every credited batch plus control.

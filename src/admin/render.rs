@@ -54,6 +54,9 @@ const SHARD_FAMILIES: &[Family] = &[
     ("spate_credits_outstanding_bytes", "Credit bytes spent by this shard and not yet returned.", Kind::Gauge, |s| {
         s.credits_outstanding_bytes as f64
     }),
+    ("spate_read_buffer_bytes", "Bytes held by ingest connections' read buffers.", Kind::Gauge, |s| {
+        s.read_buffer_bytes as f64
+    }),
     ("spate_batch_buffered_bytes", "Bytes in open, unsent batches.", Kind::Gauge, |s| s.batch_buffered_bytes as f64),
     ("spate_apply_queue_bytes", "Bytes in the local apply queue.", Kind::Gauge, |s| s.apply_queue_bytes as f64),
     ("spate_mesh_overflow_frames_total", "Frames queued behind a full mesh ring.", Kind::Counter, |s| {

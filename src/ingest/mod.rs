@@ -89,15 +89,23 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
     let config = &shard.config;
     let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
     let mut replies = Vec::new();
+    // Owners this connection sent events to since its last #SYNC: a SYNC
+    // waits only for them, so a stalled shard does not hold up connections
+    // that never write to it.
+    let mut touched = vec![false; usize::from(shard.shard_count)];
+    let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     loop {
         loop {
-            match process_buffered(shard, &mut lines, &mut replies) {
+            match process_buffered(shard, &mut lines, &mut replies, &mut touched) {
                 Progress::NeedMore => break,
                 Progress::Blocked(blocked) => {
                     shard.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
                 Progress::Control(Control::Sync { line_number, token }) => {
-                    shard.sync_barrier().await;
+                    let owners = touched.iter().enumerate().filter(|(_, touched)| **touched);
+                    let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
+                    touched.fill(false);
+                    shard.sync_barrier(owners.into_iter()).await;
                     write_ok(&mut replies, line_number, b"SYNC", &token);
                 }
                 Progress::RepliesFull => {
@@ -121,6 +129,35 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
             return finish_at_eof(shard, &lines, &mut stream).await;
         }
         lines.filled(count);
+        buffer_gauge.set(lines.capacity());
+    }
+}
+
+/// Keeps the shard's `read_buffer_bytes` gauge in step with one
+/// connection's buffer, and takes it back out when the connection ends.
+struct BufferGauge<'a> {
+    shard: &'a Shard,
+    size: usize,
+}
+
+impl<'a> BufferGauge<'a> {
+    fn new(shard: &'a Shard, size: usize) -> BufferGauge<'a> {
+        ShardMetrics::add(&shard.metrics.read_buffer_bytes, size as u64);
+        BufferGauge { shard, size }
+    }
+
+    fn set(&mut self, size: usize) {
+        if size != self.size {
+            let gauge = &self.shard.metrics.read_buffer_bytes;
+            gauge.set(gauge.get() + size as u64 - self.size as u64);
+            self.size = size;
+        }
+    }
+}
+
+impl Drop for BufferGauge<'_> {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
@@ -141,7 +178,7 @@ async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream
 /// Parses and routes every complete buffered line, holding the shard's
 /// placement and router borrowed for the whole chunk (one borrow per chunk,
 /// not per event).
-fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>) -> Progress {
+fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>, touched: &mut [bool]) -> Progress {
     let config = &shard.config;
     let placement = shard.placement.borrow();
     let mut router = shard.router.borrow_mut();
@@ -166,6 +203,7 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
                 let owner = placement.owner(partition);
                 match router.try_push(owner, partition, key, payload) {
                     Ok(batch_full) => {
+                        touched[usize::from(owner)] = true;
                         event_count += 1;
                         byte_count += line_size;
                         if batch_full && let Some(batch) = router.take_batch(owner) {

@@ -24,6 +24,8 @@ pub struct ShardMetrics {
     pub credit_stalls: Cell<u64>,
     pub credit_stall_ns: Cell<u64>,
     pub mesh_overflow_frames: Cell<u64>,
+    /// Gauge: bytes held by ingest connections' read buffers.
+    pub read_buffer_bytes: Cell<u64>,
     /// Gauge.
     pub subscribers_open: Cell<u64>,
     pub subscribers_refused: Cell<u64>,
@@ -67,6 +69,7 @@ pub struct ShardStats {
     pub apply_queue_bytes: u64,
     pub mesh_overflow_frames: u64,
     pub mesh_queued_frames: u64,
+    pub read_buffer_bytes: u64,
     pub subscribers_open: u64,
     pub subscribers_refused: u64,
     pub events_delivered: u64,
@@ -97,6 +100,7 @@ impl ShardMetrics {
             credit_stalls: self.credit_stalls.get(),
             credit_stall_seconds: self.credit_stall_ns.get() as f64 / 1e9,
             mesh_overflow_frames: self.mesh_overflow_frames.get(),
+            read_buffer_bytes: self.read_buffer_bytes.get(),
             subscribers_open: self.subscribers_open.get(),
             subscribers_refused: self.subscribers_refused.get(),
             events_delivered: self.events_delivered.get(),

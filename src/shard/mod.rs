@@ -54,10 +54,13 @@ pub struct Shard {
     /// Per owner: tasks waiting for that owner's credits or grants.
     credit_waiters: Vec<WaitList>,
     pub(crate) outbox: std::rc::Rc<Outbox>,
-    /// Batches from this shard to itself, applied by the local applier task.
-    local_queue: RefCell<VecDeque<DataBatch>>,
-    local_queue_bytes: Cell<usize>,
-    local_notify: Notify,
+    /// Batches to apply, from every source (this shard included), in arrival
+    /// order; FIFO per source. Mesh receivers only enqueue here, so frames
+    /// that are not data (grants, fetches, replies) never wait behind a slow
+    /// apply. Bounded by the credits every source holds against this shard.
+    apply_queue: RefCell<VecDeque<(u16, DataBatch)>>,
+    apply_queue_bytes: Cell<usize>,
+    apply_notify: Notify,
     flush_notify: Notify,
     flush_requested: Cell<bool>,
     /// Fetches waiting for new events: (origin shard, request).
@@ -89,9 +92,9 @@ impl Shard {
             metrics: ShardMetrics::default(),
             credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
             outbox,
-            local_queue: RefCell::default(),
-            local_queue_bytes: Cell::new(0),
-            local_notify: Notify::default(),
+            apply_queue: RefCell::default(),
+            apply_queue_bytes: Cell::new(0),
+            apply_notify: Notify::default(),
             flush_notify: Notify::default(),
             flush_requested: Cell::new(false),
             parked_fetches: RefCell::default(),
@@ -117,9 +120,7 @@ impl Shard {
     pub fn deliver(&self, owner: u16, batch: DataBatch) {
         ShardMetrics::add(&self.metrics.batches_sent, 1);
         if owner == self.id {
-            self.local_queue_bytes.set(self.local_queue_bytes.get() + batch.bytes.len());
-            self.local_queue.borrow_mut().push_back(batch);
-            self.local_notify.notify();
+            self.enqueue_apply(self.id, batch);
         } else {
             self.outbox.send(owner, Frame::Data(batch), &self.metrics);
         }
@@ -172,7 +173,7 @@ impl Shard {
     /// Applies a batch from `source` to the partition logs, then grants its
     /// credits back.
     pub async fn apply_batch(&self, source: u16, batch: DataBatch) {
-        let delay_ns = self.config.apply_delay_ns_per_event * u64::from(batch.event_count);
+        let delay_ns = self.config.apply_delay_ns_per_event_on(self.id) * u64::from(batch.event_count);
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
         }
@@ -216,22 +217,30 @@ impl Shard {
         }
     }
 
-    /// The local applier: applies this shard's batches to itself in order.
-    async fn run_local_applier(&self) {
+    fn enqueue_apply(&self, source: u16, batch: DataBatch) {
+        self.apply_queue_bytes.set(self.apply_queue_bytes.get() + batch.bytes.len());
+        self.apply_queue.borrow_mut().push_back((source, batch));
+        self.apply_notify.notify();
+    }
+
+    /// The applier: applies queued batches in arrival order.
+    async fn run_applier(&self) {
         loop {
-            self.local_notify.notified().await;
+            self.apply_notify.notified().await;
             loop {
-                let Some(batch) = self.local_queue.borrow_mut().pop_front() else { break };
-                self.local_queue_bytes.set(self.local_queue_bytes.get() - batch.bytes.len());
-                self.apply_batch(self.id, batch).await;
+                let Some((source, batch)) = self.apply_queue.borrow_mut().pop_front() else { break };
+                self.apply_queue_bytes.set(self.apply_queue_bytes.get() - batch.bytes.len());
+                self.apply_batch(source, batch).await;
+                glommio::yield_if_needed().await;
             }
         }
     }
 
-    /// Resolves once every event this shard accepted before the call has
-    /// been applied by its owner (used by `#SYNC` and by drain).
-    pub async fn sync_barrier(&self) {
-        for owner in 0..self.shard_count {
+    /// Resolves once every event this shard accepted before the call for
+    /// the owners in `owners` has been applied by its owner (used by `#SYNC`,
+    /// for the owners a connection sent to, and by drain, for all).
+    pub async fn sync_barrier(&self, owners: impl Iterator<Item = u16>) {
+        for owner in owners {
             let waiters = &self.credit_waiters[usize::from(owner)];
             // The open batch may lack a slot: flush until it is gone.
             waiters
@@ -313,10 +322,10 @@ impl Shard {
         }
     }
 
-    /// Handles one frame from peer `source`.
-    async fn handle_frame(&self, source: u16, frame: Frame) {
+    /// Handles one frame from peer `source`; never waits.
+    fn handle_frame(&self, source: u16, frame: Frame) {
         match frame {
-            Frame::Data(batch) => self.apply_batch(source, batch).await,
+            Frame::Data(batch) => self.enqueue_apply(source, batch),
             Frame::Credit(grant) => self.on_grant(source, grant),
             Frame::Fetch(request) => self.handle_fetch(source, request),
             Frame::FetchReply(reply) => self.deliver_reply(self.id, reply),
@@ -354,8 +363,8 @@ impl Shard {
         self.connection_waiters.wait_until(|| self.metrics.connections_open.get() == 0).await
     }
 
-    /// Bytes waiting in the local apply queue.
+    /// Bytes waiting in the apply queue.
     pub fn apply_queue_bytes(&self) -> usize {
-        self.local_queue_bytes.get()
+        self.apply_queue_bytes.get()
     }
 }

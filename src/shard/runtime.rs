@@ -76,7 +76,7 @@ pub async fn run_shard(context: ShardContext) {
         let shard = shard.clone();
         glommio::spawn_local(async move {
             while let Some(frame) = stream.recv().await {
-                shard.handle_frame(peer as u16, frame).await;
+                shard.handle_frame(peer as u16, frame);
             }
         })
         .detach();
@@ -117,7 +117,7 @@ fn spawn_background_tasks(shard: &Rc<Shard>) {
     let flusher = shard.clone();
     glommio::spawn_local(async move { flusher.run_flusher().await }).detach();
     let applier = shard.clone();
-    glommio::spawn_local(async move { applier.run_local_applier().await }).detach();
+    glommio::spawn_local(async move { applier.run_applier().await }).detach();
     let servicer = shard.clone();
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
 }
@@ -161,7 +161,7 @@ async fn serve_control(
                 glommio::spawn_local(async move {
                     shard.request_shutdown();
                     shard.connections_closed().await;
-                    shard.sync_barrier().await;
+                    shard.sync_barrier(0..shard.shard_count).await;
                     let _ = events.send(ShardEvent::Drained { shard: shard.id });
                 })
                 .detach();
