@@ -120,6 +120,19 @@ pub struct Config {
     #[arg(long, default_value_t = 512 * KIB)]
     pub io_memory_bytes: usize,
 
+    /// Dynamic partitioning: `on` lets idle shards steal hot partitions from
+    /// busy ones at runtime; `off` keeps the initial static placement.
+    #[arg(long, value_enum, default_value_t = Rebalance::On)]
+    pub rebalance: Rebalance,
+
+    /// How often each shard gossips its load (and may ask for work), in ms.
+    #[arg(long, default_value_t = 100)]
+    pub rebalance_interval_ms: u64,
+
+    /// A partition that moved stays put at least this long, in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub rebalance_cooldown_ms: u64,
+
     /// TEST KNOB, off by default: nanoseconds of extra work per applied event,
     /// to make the apply stage slow and exercise backpressure.
     #[arg(long, default_value_t = 0)]
@@ -129,6 +142,13 @@ pub struct Config {
     /// empty means every shard. Makes one shard the slow, "hot" one.
     #[arg(long, value_delimiter = ',')]
     pub apply_delay_shards: Vec<u16>,
+}
+
+/// Whether shards move partitions between them at runtime.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebalance {
+    On,
+    Off,
 }
 
 /// A configuration that cannot work, with the numbers involved.
@@ -260,6 +280,18 @@ impl Config {
     /// The largest batch record a line can produce (its credit cost).
     pub fn line_record_size_max(&self) -> usize {
         crate::protocol::record::BATCH_HEADER_SIZE + self.line_size_max
+    }
+
+    /// The balancer's configuration: its defaults, with the flags applied.
+    pub fn balance_config(&self) -> crate::balance::BalanceConfig {
+        let defaults = crate::balance::BalanceConfig::default();
+        let report_interval_ms = self.rebalance_interval_ms.max(1);
+        crate::balance::BalanceConfig {
+            report_interval_ms,
+            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms * 5),
+            cooldown_ms: self.rebalance_cooldown_ms,
+            ..defaults
+        }
     }
 
     /// The apply delay, in ns per event, for `shard` (the test knob).

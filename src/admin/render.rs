@@ -77,6 +77,36 @@ const SHARD_FAMILIES: &[Family] = &[
         s.truncation_notices as f64
     }),
     (
+        "spate_load_events_per_second",
+        "Stored events/s, averaged over the balancer half-life (the balancer's load).",
+        Kind::Gauge,
+        |s| s.load_events_per_s,
+    ),
+    (
+        "spate_load_bytes_per_second",
+        "Stored payload bytes/s, averaged over the balancer half-life.",
+        Kind::Gauge,
+        |s| s.load_bytes_per_s,
+    ),
+    ("spate_hottest_partition_events_per_second", "Rate of this shard's hottest partition.", Kind::Gauge, |s| {
+        s.hottest_partition_events_per_s
+    }),
+    ("spate_steal_requests_sent_total", "Steal requests this shard sent as a thief.", Kind::Counter, |s| {
+        s.steal_requests_sent as f64
+    }),
+    ("spate_migrations_refused_total", "Steal requests this shard refused as an owner.", Kind::Counter, |s| {
+        s.steal_refusals_sent as f64
+    }),
+    ("spate_migrations_started_total", "Migrations this shard started as the owner.", Kind::Counter, |s| {
+        s.migrations_started as f64
+    }),
+    ("spate_migrations_completed_total", "Migrations completed into this shard.", Kind::Counter, |s| {
+        s.migrations_completed as f64
+    }),
+    ("spate_migration_pending_bytes", "Events buffered for partitions migrating to this shard.", Kind::Gauge, |s| {
+        s.migration_pending_bytes as f64
+    }),
+    (
         "spate_events_misrouted_total",
         "Events that reached a shard that does not own their partition.",
         Kind::Counter,
@@ -84,7 +114,6 @@ const SHARD_FAMILIES: &[Family] = &[
     ),
 ];
 
-/// Line rejections by reason.
 /// A rejection reason and how to read its counter.
 type Rejection = (&'static str, fn(&ShardStats) -> u64);
 
@@ -115,8 +144,15 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
             let _ = writeln!(out, "{name}{{shard=\"{}\",reason=\"{reason}\"}} {}", shard.shard, read(shard));
         }
     }
+    let (imbalance, imbalance_bound) = imbalance(stats);
     let (rss, rss_peak) = process_rss_bytes();
-    let process: [(&str, &str, f64); 4] = [
+    let process: [(&str, &str, f64); 6] = [
+        ("spate_imbalance_ratio", "Max shard load / mean shard load, over the balancer half-life.", imbalance),
+        (
+            "spate_imbalance_bound_ratio",
+            "The imbalance the hottest partition forces: max(hottest, mean) / mean.",
+            imbalance_bound,
+        ),
         ("spate_process_resident_bytes", "Resident set size of the server process.", rss as f64),
         ("spate_process_resident_peak_bytes", "Peak resident set size of the server process.", rss_peak as f64),
         (
@@ -130,6 +166,20 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
     }
     out
+}
+
+/// `(max / mean shard load, max(hottest partition, mean) / mean)`; 1.0
+/// when idle. One key lives in one partition, so no balancer can go below
+/// the second number.
+pub fn imbalance(stats: &[ShardStats]) -> (f64, f64) {
+    let loads: Vec<f64> = stats.iter().map(|s| s.load_events_per_s).collect();
+    let mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
+    if mean <= 0.0 {
+        return (1.0, 1.0);
+    }
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    let hottest = stats.iter().map(|s| s.hottest_partition_events_per_s).fold(0.0, f64::max);
+    (max / mean, hottest.max(mean) / mean)
 }
 
 fn sum(stats: &[ShardStats], read: impl Fn(&ShardStats) -> u64) -> u64 {
@@ -159,6 +209,12 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
         "credit_stall_seconds": stats.iter().map(|s| s.credit_stall_seconds).sum::<f64>(),
         "events_delivered": sum(stats, |s| s.events_delivered),
         "log_bytes": sum(stats, |s| s.log_bytes),
+        "load_events_per_s": stats.iter().map(|s| s.load_events_per_s).sum::<f64>(),
+        "imbalance_ratio": imbalance(stats).0,
+        "imbalance_bound_ratio": imbalance(stats).1,
+        "migrations_started": sum(stats, |s| s.migrations_started),
+        "migrations_completed": sum(stats, |s| s.migrations_completed),
+        "migrations_refused": sum(stats, |s| s.steal_refusals_sent),
     });
     let shards: Vec<_> = stats
         .iter()
@@ -172,7 +228,11 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
     let document = json!({
         "shards": shards,
         "totals": totals,
-        "config": { "shards": state.controls.len(), "partitions": state.config.partitions },
+        "config": {
+            "shards": state.controls.len(),
+            "partitions": state.config.partitions,
+            "rebalance": state.config.rebalance == crate::config::Rebalance::On,
+        },
         "process": { "rss_bytes": rss, "rss_peak_bytes": rss_peak, "uptime_seconds": state.started.elapsed().as_secs_f64() },
         "memory_bound": state.memory_bound,
     });

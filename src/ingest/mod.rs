@@ -27,7 +27,7 @@ use std::rc::Rc;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::protocol::{Line, LineBuffer, LineError, Next, parse_line, partition_of};
+use crate::protocol::{Line, LineBuffer, LineError, Next, batch_record_size, parse_line, partition_of};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
@@ -201,6 +201,11 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
             Ok(Line::Event { key, payload }) => {
                 let partition = partition_of(key, config.partitions);
                 let owner = placement.owner(partition);
+                if router.would_overflow(owner, batch_record_size(key, payload))
+                    && let Some(batch) = router.take_batch(owner)
+                {
+                    shard.deliver(owner, batch);
+                }
                 match router.try_push(owner, partition, key, payload) {
                     Ok(batch_full) => {
                         touched[usize::from(owner)] = true;

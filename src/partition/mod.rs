@@ -5,6 +5,8 @@ pub mod log;
 
 pub use log::{PartitionLog, ReadOutcome, Truncated};
 
+use crate::balance::Ewma;
+
 /// Where a partition lives: its owner shard and the epoch of that decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Placement {
@@ -60,12 +62,48 @@ impl PlacementTable {
     }
 }
 
-/// One partition owned by this shard.
+/// One partition owned by this shard. Everything here moves with the
+/// partition when it migrates: the log, the counters and the rate history
+/// (so the new owner's load is right at once).
 #[derive(Debug)]
 pub struct Partition {
     pub log: PartitionLog,
     pub events_total: u64,
     pub bytes_total: u64,
+    /// Events/s and payload bytes/s, averaged over the balancer's half-life.
+    pub events_rate: Ewma,
+    pub bytes_rate: Ewma,
+    /// `events_total` / `bytes_total` at the last rate sample.
+    pub sampled_events: u64,
+    pub sampled_bytes: u64,
+    /// When this partition last arrived at a new owner (process clock, ms).
+    pub moved_ms: Option<u64>,
+}
+
+impl Partition {
+    pub fn new(log: PartitionLog, rate_half_life_ms: u64) -> Partition {
+        Partition {
+            log,
+            events_total: 0,
+            bytes_total: 0,
+            events_rate: Ewma::new(rate_half_life_ms),
+            bytes_rate: Ewma::new(rate_half_life_ms),
+            sampled_events: 0,
+            sampled_bytes: 0,
+            moved_ms: None,
+        }
+    }
+
+    /// Folds the events since the last sample into the rates.
+    pub fn sample_rates(&mut self, elapsed_ms: u64, now_ms: u64) {
+        let seconds = elapsed_ms.max(1) as f64 / 1000.0;
+        let events = (self.events_total - self.sampled_events) as f64;
+        let bytes = (self.bytes_total - self.sampled_bytes) as f64;
+        self.events_rate.update(events / seconds, now_ms);
+        self.bytes_rate.update(bytes / seconds, now_ms);
+        self.sampled_events = self.events_total;
+        self.sampled_bytes = self.bytes_total;
+    }
 }
 
 /// The partitions one shard owns, indexed by partition id.
@@ -85,6 +123,22 @@ impl PartitionManager {
         assert!(slot.is_none(), "partition {partition} installed twice");
         *slot = Some(value);
         self.owned_count += 1;
+    }
+
+    /// Takes a partition out (it is migrating away).
+    pub fn remove(&mut self, partition: u32) -> Option<Box<Partition>> {
+        let value = self.partitions.get_mut(partition as usize)?.take();
+        if value.is_some() {
+            self.owned_count -= 1;
+        }
+        value
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Partition)> + '_ {
+        self.partitions
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(partition, value)| value.as_deref_mut().map(|value| (partition as u32, value)))
     }
 
     #[inline]

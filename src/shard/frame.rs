@@ -5,6 +5,8 @@
 //! fetch per owner at a time. Every frame is bounded by the credit scheme
 //! (see [`crate::config::Config::mesh_channel_frames`]).
 
+use crate::balance::{LoadReport, Refusal};
+use crate::partition::Partition;
 use crate::subscribe::{FetchReply, FetchRequest};
 
 /// A message between two shards.
@@ -20,6 +22,35 @@ pub enum Frame {
     FetchReply(FetchReply),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },
+    /// Gossip: the sender's load, every report interval.
+    Load(LoadReport),
+    /// The sender (an underloaded shard) asks the receiver for a partition.
+    StealRequest { thief_events_per_s: f64, victim_events_per_s: f64 },
+    /// The receiver's steal request was refused.
+    StealRefused(Refusal),
+    /// The sender, the partition's current owner, moves it to `owner` with a
+    /// higher epoch (step 1 of the migration protocol, sent to every shard).
+    Placement { partition: u32, owner: u16, epoch: u32 },
+    /// The partition itself, once the old owner has applied every event
+    /// routed to it before the switch (step 4).
+    Handoff(Handoff),
+}
+
+/// A partition in transit: its log (segments move, no copy), processor
+/// state and rate history. Offsets continue at the thief without a gap.
+#[derive(Debug)]
+pub struct Handoff {
+    pub partition_id: u32,
+    pub epoch: u32,
+    pub partition: Box<Partition>,
+}
+
+/// Step 2 of the migration protocol: "every event I routed to you for
+/// `partition` before epoch `epoch` is in front of this marker".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    pub partition: u32,
+    pub epoch: u32,
 }
 
 /// A batch of events from one source shard for one owner shard.
@@ -30,6 +61,8 @@ pub struct DataBatch {
     /// Batch records ([`crate::protocol::record`]).
     pub bytes: Vec<u8>,
     pub event_count: u32,
+    /// Markers that follow this batch's events (usually none: no allocation).
+    pub markers: Vec<Marker>,
 }
 
 /// Credits returned by an owner after applying batches up to `sequence`.

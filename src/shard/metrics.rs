@@ -76,6 +76,17 @@ pub struct ShardStats {
     pub bytes_delivered: u64,
     pub truncation_notices: u64,
     pub events_misrouted: u64,
+    /// Stored events/s over the balancer's half-life (the balancer's load).
+    pub load_events_per_s: f64,
+    pub load_bytes_per_s: f64,
+    pub hottest_partition_events_per_s: f64,
+    pub steal_requests_sent: u64,
+    pub steal_refusals_sent: u64,
+    pub steal_refusals_received: u64,
+    pub migrations_started: u64,
+    pub migrations_completed: u64,
+    /// Events buffered at this shard for partitions migrating here.
+    pub migration_pending_bytes: u64,
 }
 
 impl ShardMetrics {

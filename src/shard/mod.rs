@@ -15,8 +15,10 @@
 //!    ([`Shard::apply_batch`]) and returns a [`frame::CreditGrant`], which wakes
 //!    the connections that were waiting for credits.
 
+pub mod balancer;
 pub mod frame;
 pub mod metrics;
+pub mod migration;
 pub mod notify;
 mod outbox;
 pub mod router;
@@ -36,8 +38,10 @@ use crate::config::Config;
 use crate::partition::{PartitionManager, PlacementTable};
 use crate::protocol::record::BatchIter;
 use crate::subscribe::{FetchReply, FetchRequest, serve_fetch};
+use balancer::Balancer;
 use frame::{CreditGrant, DataBatch, Frame};
 use metrics::ShardMetrics;
+use migration::Migrations;
 use notify::{Notify, WaitList};
 use outbox::Outbox;
 use router::Router;
@@ -51,6 +55,8 @@ pub struct Shard {
     pub partitions: RefCell<PartitionManager>,
     pub router: RefCell<Router>,
     pub metrics: ShardMetrics,
+    pub balancer: RefCell<Balancer>,
+    pub migrations: RefCell<Migrations>,
     /// Per owner: tasks waiting for that owner's credits or grants.
     credit_waiters: Vec<WaitList>,
     pub(crate) outbox: std::rc::Rc<Outbox>,
@@ -90,6 +96,12 @@ impl Shard {
             placement: RefCell::new(placement),
             router: RefCell::new(router),
             metrics: ShardMetrics::default(),
+            balancer: RefCell::new(Balancer::new(
+                config.balance_config(),
+                config.rebalance == crate::config::Rebalance::On,
+                shard_count,
+            )),
+            migrations: RefCell::default(),
             credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
             outbox,
             apply_queue: RefCell::default(),
@@ -170,16 +182,19 @@ impl Shard {
         stalled
     }
 
-    /// Applies a batch from `source` to the partition logs, then grants its
-    /// credits back.
+    /// Applies a batch from `source` to the partition logs, processes its
+    /// markers, then grants its credits back (or holds them, when it carried
+    /// events for a partition still migrating here).
     pub async fn apply_batch(&self, source: u16, batch: DataBatch) {
         let delay_ns = self.config.apply_delay_ns_per_event_on(self.id) * u64::from(batch.event_count);
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
         }
-        let (mut stored, mut misrouted) = (0u64, 0u64);
+        let (mut stored, mut stored_bytes, mut misrouted) = (0u64, 0u64, 0u64);
+        let mut held_for = None;
         {
             let mut partitions = self.partitions.borrow_mut();
+            let mut migrations = self.migrations.borrow_mut();
             for (partition_id, record) in BatchIter::new(&batch.bytes) {
                 match partitions.get_mut(partition_id) {
                     Some(partition) => {
@@ -187,24 +202,37 @@ impl Shard {
                         partition.events_total += 1;
                         partition.bytes_total += record.payload.len() as u64;
                         stored += 1;
+                        stored_bytes += record.log_record.len() as u64 + 4;
                     }
+                    None if migrations.buffer(partition_id, record.log_record) => held_for = Some(partition_id),
                     None => misrouted += 1,
                 }
             }
         }
-        debug_assert_eq!(misrouted, 0, "batch for a partition this shard does not own");
+        assert_eq!(misrouted, 0, "batch for a partition this shard neither owns nor expects: a routing bug");
         ShardMetrics::add(&self.metrics.events_stored, stored);
-        ShardMetrics::add(&self.metrics.bytes_stored, batch.bytes.len() as u64);
+        ShardMetrics::add(&self.metrics.bytes_stored, stored_bytes);
         ShardMetrics::add(&self.metrics.events_misrouted, misrouted);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
+        for marker in &batch.markers {
+            self.on_marker(source, *marker);
+        }
         let grant = CreditGrant { sequence: batch.sequence, credit_bytes: batch.bytes.len(), recycled: batch.bytes };
+        match held_for {
+            Some(partition) => self.migrations.borrow_mut().hold_grant(partition, source, grant),
+            None => self.send_grant(source, grant),
+        }
+        if !self.parked_fetches.borrow().is_empty() {
+            self.fetch_notify.notify();
+        }
+    }
+
+    /// Returns credits to `source` (this shard included).
+    fn send_grant(&self, source: u16, grant: CreditGrant) {
         if source == self.id {
             self.on_grant(source, grant);
         } else {
             self.outbox.send(source, Frame::Credit(grant), &self.metrics);
-        }
-        if !self.parked_fetches.borrow().is_empty() {
-            self.fetch_notify.notify();
         }
     }
 
@@ -256,7 +284,10 @@ impl Shard {
 
     /// A fetch from a subscriber on shard `origin` (possibly this one).
     pub fn handle_fetch(&self, origin: u16, request: FetchRequest) {
-        let reply = serve_fetch(self.id, &self.partitions.borrow(), &request);
+        let reply = {
+            let migrations = self.migrations.borrow();
+            serve_fetch(self.id, &self.partitions.borrow(), |partition| migrations.is_incoming(partition), &request)
+        };
         match reply {
             Some(reply) => self.deliver_reply(origin, reply),
             None => self.parked_fetches.borrow_mut().push((origin, request)),
@@ -330,6 +361,13 @@ impl Shard {
             Frame::Fetch(request) => self.handle_fetch(source, request),
             Frame::FetchReply(reply) => self.deliver_reply(self.id, reply),
             Frame::FetchCancel { subscription_id } => self.cancel_fetch(source, subscription_id),
+            Frame::Load(report) => {
+                self.balancer.borrow_mut().view.update(report);
+            }
+            Frame::StealRequest { thief_events_per_s, .. } => self.on_steal_request(source, thief_events_per_s),
+            Frame::StealRefused(refusal) => self.on_steal_refused(source, refusal),
+            Frame::Placement { partition, owner, epoch } => self.on_placement(partition, owner, epoch),
+            Frame::Handoff(handoff) => self.on_handoff(handoff),
         }
     }
 

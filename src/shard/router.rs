@@ -12,7 +12,7 @@
 //! without executors.
 
 use crate::protocol::record::{batch_record_size, encode_batch_record};
-use crate::shard::frame::{CreditGrant, DataBatch};
+use crate::shard::frame::{CreditGrant, DataBatch, Marker};
 
 /// Batch buffers kept for reuse per destination beyond the one open batch.
 const SPARE_BUFFERS_MAX: usize = 4;
@@ -29,6 +29,8 @@ struct Destination {
     sequence_sent: u64,
     sequence_applied: u64,
     spare_buffers: Vec<Vec<u8>>,
+    /// Markers to send behind the open batch's events.
+    markers: Vec<Marker>,
 }
 
 /// Why an event cannot be batched now.
@@ -64,6 +66,7 @@ impl Router {
                 sequence_sent: 0,
                 sequence_applied: 0,
                 spare_buffers: Vec::new(),
+                markers: Vec::new(),
             })
             .collect();
         Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches }
@@ -84,6 +87,15 @@ impl Router {
         Ok(destination.batch.len() >= self.batch_bytes)
     }
 
+    /// Whether a record of `size` bytes would push `owner`'s open batch past
+    /// its buffer: take the batch first, so buffers never reallocate (and an
+    /// in-flight batch holds `batch_bytes`, not twice that).
+    #[inline]
+    pub fn would_overflow(&self, owner: u16, size: usize) -> bool {
+        let batch = &self.destinations[usize::from(owner)].batch;
+        !batch.is_empty() && batch.len() + size > batch.capacity()
+    }
+
     /// Whether an event of `size` credit bytes for `owner` fits now.
     pub fn has_credits(&self, owner: u16, size: usize) -> bool {
         self.destinations[usize::from(owner)].credit_bytes >= size
@@ -94,7 +106,7 @@ impl Router {
     pub fn take_batch(&mut self, owner: u16) -> Option<DataBatch> {
         let batch_bytes = self.batch_bytes;
         let destination = &mut self.destinations[usize::from(owner)];
-        if destination.batch.is_empty() || destination.batch_slots == 0 {
+        if (destination.batch.is_empty() && destination.markers.is_empty()) || destination.batch_slots == 0 {
             return None;
         }
         destination.batch_slots -= 1;
@@ -102,7 +114,14 @@ impl Router {
         let fresh = destination.spare_buffers.pop().unwrap_or_else(|| Vec::with_capacity(batch_bytes));
         let bytes = std::mem::replace(&mut destination.batch, fresh);
         let event_count = std::mem::take(&mut destination.batch_event_count);
-        Some(DataBatch { sequence: destination.sequence_sent, bytes, event_count })
+        let markers = std::mem::take(&mut destination.markers);
+        Some(DataBatch { sequence: destination.sequence_sent, bytes, event_count, markers })
+    }
+
+    /// Queues a marker for `owner` behind every event batched for it so far;
+    /// it leaves with the next batch taken (which may hold no events).
+    pub fn add_marker(&mut self, owner: u16, marker: Marker) {
+        self.destinations[usize::from(owner)].markers.push(marker);
     }
 
     /// Applies a grant from `owner`: credits and a batch slot come back.
@@ -127,7 +146,7 @@ impl Router {
         self.destinations
             .iter()
             .enumerate()
-            .filter(|(_, destination)| !destination.batch.is_empty())
+            .filter(|(_, destination)| !destination.batch.is_empty() || !destination.markers.is_empty())
             .map(|(owner, _)| owner as u16)
     }
 
@@ -140,7 +159,9 @@ impl Router {
     /// True when nothing is batched or in flight to any owner.
     pub fn is_idle(&self) -> bool {
         self.destinations.iter().all(|destination| {
-            destination.batch.is_empty() && destination.sequence_applied == destination.sequence_sent
+            destination.batch.is_empty()
+                && destination.markers.is_empty()
+                && destination.sequence_applied == destination.sequence_sent
         })
     }
 

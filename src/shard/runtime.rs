@@ -107,8 +107,8 @@ fn install_initial_partitions(shard: &Shard) {
     for (partition, entry) in placement.iter() {
         if entry.owner == shard.id {
             let log = crate::partition::PartitionLog::new(shard.config.retention_bytes, shard.config.segment_bytes);
-            partitions
-                .install(partition, Box::new(crate::partition::Partition { log, events_total: 0, bytes_total: 0 }));
+            let half_life_ms = shard.balancer.borrow().config.ewma_half_life_ms;
+            partitions.install(partition, Box::new(crate::partition::Partition::new(log, half_life_ms)));
         }
     }
 }
@@ -118,6 +118,8 @@ fn spawn_background_tasks(shard: &Rc<Shard>) {
     glommio::spawn_local(async move { flusher.run_flusher().await }).detach();
     let applier = shard.clone();
     glommio::spawn_local(async move { applier.run_applier().await }).detach();
+    let balancer = shard.clone();
+    glommio::spawn_local(async move { balancer.run_balancer().await }).detach();
     let servicer = shard.clone();
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
 }
@@ -181,6 +183,17 @@ fn stats(shard: &Shard) -> ShardStats {
     stats.batch_buffered_bytes = router.batch_buffered_bytes() as u64;
     stats.apply_queue_bytes = shard.apply_queue_bytes() as u64;
     stats.mesh_queued_frames = shard.outbox.queued_frames() as u64;
+    let balancer = shard.balancer.borrow();
+    stats.load_events_per_s = balancer.events_per_s;
+    stats.load_bytes_per_s = balancer.bytes_per_s;
+    stats.hottest_partition_events_per_s = balancer.hottest_events_per_s();
+    let counters = balancer.counters;
+    stats.steal_requests_sent = counters.steal_requests_sent;
+    stats.steal_refusals_sent = counters.steal_refusals_sent;
+    stats.steal_refusals_received = counters.steal_refusals_received;
+    stats.migrations_started = counters.migrations_started;
+    stats.migrations_completed = counters.migrations_completed;
+    stats.migration_pending_bytes = shard.migrations.borrow().pending_bytes() as u64;
     stats
 }
 

@@ -24,6 +24,11 @@ pub use session::serve_subscriber;
 
 use crate::partition::PartitionManager;
 
+/// A fetch reply's buffer is reserved this large (or at the fetch's budget)
+/// once it has data, so a full reply does not regrow it; a fetch that finds
+/// nothing (and parks) allocates nothing.
+const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * 1024;
+
 /// Where a cursor stands before the owner has resolved it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Position {
@@ -52,11 +57,19 @@ pub struct FetchReply {
     pub cursors: Vec<(u32, u64)>,
     /// Requested partitions the owner does not hold (they moved).
     pub moved: Vec<u32>,
+    /// Requested partitions that are migrating to this owner and not yet
+    /// installed: the cursor stays, the next fetch comes back here.
+    pub waiting: Vec<u32>,
 }
 
 /// Serves a fetch from the owner's logs. `None` means there is nothing to
 /// say yet (every cursor is resolved and at the end of its log): park it.
-pub fn serve_fetch(owner: u16, partitions: &PartitionManager, request: &FetchRequest) -> Option<FetchReply> {
+pub fn serve_fetch(
+    owner: u16,
+    partitions: &PartitionManager,
+    is_incoming: impl Fn(u32) -> bool,
+    request: &FetchRequest,
+) -> Option<FetchReply> {
     let mut reply = FetchReply {
         subscription_id: request.subscription_id,
         owner,
@@ -65,11 +78,16 @@ pub fn serve_fetch(owner: u16, partitions: &PartitionManager, request: &FetchReq
         truncation_count: 0,
         cursors: Vec::with_capacity(request.cursors.len()),
         moved: Vec::new(),
+        waiting: Vec::new(),
     };
     let mut resolved_any = false;
     for &(partition_id, position) in &request.cursors {
         let Some(partition) = partitions.get(partition_id) else {
-            reply.moved.push(partition_id);
+            if is_incoming(partition_id) {
+                reply.waiting.push(partition_id);
+            } else {
+                reply.moved.push(partition_id);
+            }
             continue;
         };
         let log = &partition.log;
@@ -80,6 +98,9 @@ pub fn serve_fetch(owner: u16, partitions: &PartitionManager, request: &FetchReq
         };
         resolved_any |= !matches!(position, Position::At(_));
         if reply.data.len() < request.bytes_max && offset < log.next_offset() {
+            if reply.data.capacity() == 0 {
+                reply.data.reserve(request.bytes_max.min(FETCH_BUFFER_BYTES_INITIAL_MAX));
+            }
             if offset < log.earliest_offset() {
                 write_truncated(&mut reply.data, partition_id, offset, log.earliest_offset());
                 reply.truncation_count += 1;
@@ -116,7 +137,7 @@ mod tests {
         let mut manager = PartitionManager::new(4);
         for partition in [0, 1] {
             let log = PartitionLog::new(4096, 1024);
-            manager.install(partition, Box::new(Partition { log, events_total: 0, bytes_total: 0 }));
+            manager.install(partition, Box::new(Partition::new(log, 500)));
         }
         for &(partition, payload) in events {
             let mut batch = Vec::new();
@@ -135,15 +156,19 @@ mod tests {
     #[test]
     fn fetch_serves_resolves_and_parks() {
         let manager = manager_with(&[(0, "a"), (0, "b"), (1, "c")]);
-        let reply =
-            serve_fetch(3, &manager, &request(&[(0, Position::Earliest), (1, Position::Latest), (2, Position::At(0))]))
-                .unwrap();
+        let reply = serve_fetch(
+            3,
+            &manager,
+            |_| false,
+            &request(&[(0, Position::Earliest), (1, Position::Latest), (2, Position::At(0))]),
+        )
+        .unwrap();
         assert_eq!(reply.data, b"0 0 k a\n0 1 k b\n");
         assert_eq!(reply.cursors, [(0, 2), (1, 1)]);
         assert_eq!(reply.moved, [2]);
         assert_eq!(reply.event_count, 2);
-        assert!(serve_fetch(3, &manager, &request(&[(0, Position::At(2)), (1, Position::At(1))])).is_none());
-        let tail = serve_fetch(3, &manager, &request(&[(1, Position::At(0))])).unwrap();
+        assert!(serve_fetch(3, &manager, |_| false, &request(&[(0, Position::At(2)), (1, Position::At(1))])).is_none());
+        let tail = serve_fetch(3, &manager, |_| false, &request(&[(1, Position::At(0))])).unwrap();
         assert_eq!(tail.data, b"1 0 k c\n");
     }
 
@@ -155,7 +180,7 @@ mod tests {
         let manager = manager_with(&events);
         let earliest = manager.get(0).unwrap().log.earliest_offset();
         assert!(earliest > 0);
-        let reply = serve_fetch(0, &manager, &request(&[(0, Position::At(0))])).unwrap();
+        let reply = serve_fetch(0, &manager, |_| false, &request(&[(0, Position::At(0))])).unwrap();
         let text = String::from_utf8(reply.data).unwrap();
         assert!(text.starts_with(&format!("TRUNCATED 0 0 {earliest}\n0 {earliest} k ")), "{}", &text[..60]);
         assert_eq!(reply.truncation_count, 1);

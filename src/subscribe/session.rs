@@ -174,8 +174,9 @@ impl Session<'_> {
             cursor.position = Position::At(offset);
             cursor.in_flight = false;
         }
-        for &partition in &reply.moved {
-            // The partition moved: the next fetch goes to its new owner.
+        for &partition in reply.moved.iter().chain(&reply.waiting) {
+            // Moved: the next fetch goes to its new owner. Waiting: it is
+            // being installed there; the next fetch goes there again.
             self.cursor_mut(partition).in_flight = false;
         }
     }
