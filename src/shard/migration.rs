@@ -48,8 +48,6 @@ struct Incoming {
     /// Log records of p that arrived before the handoff, in arrival order.
     pending_records: Vec<u8>,
     pending_count: u64,
-    /// Grants of the batches those records came in: released on install.
-    held_grants: Vec<(u16, CreditGrant)>,
 }
 
 /// Migrations in flight on one shard (the balancer allows one in or out at
@@ -58,6 +56,11 @@ struct Incoming {
 pub struct Migrations {
     outgoing: Option<Outgoing>,
     incoming: AHashMap<u32, Incoming>,
+    /// Credit grants held back, in the order their batches were applied:
+    /// (source, grant, the incoming partition that made us hold it, if any).
+    /// Once one grant of a source is held, its later grants queue behind it,
+    /// because a source takes grants strictly in sequence.
+    held_grants: Vec<(u16, CreditGrant, Option<u32>)>,
 }
 
 impl Migrations {
@@ -83,10 +86,33 @@ impl Migrations {
         true
     }
 
-    /// Holds a grant until `partition` is installed.
-    pub fn hold_grant(&mut self, partition: u32, source: u16, grant: CreditGrant) {
-        let incoming = self.incoming.get_mut(&partition).expect("held for an incoming partition");
-        incoming.held_grants.push((source, grant));
+    /// Whether a grant for `source` must queue behind held ones.
+    pub fn holds_grants_for(&self, source: u16) -> bool {
+        self.held_grants.iter().any(|(held_source, _, _)| *held_source == source)
+    }
+
+    /// Holds a grant: until `partition` is installed, or (None) until the
+    /// grants of the same source before it are released.
+    pub fn hold_grant(&mut self, source: u16, grant: CreditGrant, partition: Option<u32>) {
+        debug_assert!(partition.is_none_or(|partition| self.incoming.contains_key(&partition)));
+        self.held_grants.push((source, grant, partition));
+    }
+
+    /// Releases, in order, every held grant no longer waiting for an
+    /// incoming partition (and not queued behind one that is).
+    fn release_grants(&mut self) -> Vec<(u16, CreditGrant)> {
+        let mut blocked_sources: Vec<u16> = Vec::new();
+        let mut released = Vec::new();
+        for (source, grant, partition) in std::mem::take(&mut self.held_grants) {
+            let waiting = partition.is_some_and(|partition| self.incoming.contains_key(&partition));
+            if waiting || blocked_sources.contains(&source) {
+                blocked_sources.push(source);
+                self.held_grants.push((source, grant, partition));
+            } else {
+                released.push((source, grant));
+            }
+        }
+        released
     }
 }
 
@@ -116,7 +142,7 @@ impl Shard {
             for peer in (0..self.shard_count).filter(|&peer| peer != self.id && peer != old_owner) {
                 self.outbox.send(peer, Frame::Placement { partition, owner, epoch }, &self.metrics);
             }
-            let incoming = Incoming { epoch, pending_records: Vec::new(), pending_count: 0, held_grants: Vec::new() };
+            let incoming = Incoming { epoch, pending_records: Vec::new(), pending_count: 0 };
             self.migrations.borrow_mut().incoming.insert(partition, incoming);
             let mut balancer = self.balancer.borrow_mut();
             balancer.request_answered();
@@ -179,7 +205,8 @@ impl Shard {
         ShardMetrics::add(&self.metrics.bytes_stored, bytes);
         let moved_ms = partition.moved_ms.unwrap_or_else(now_ms);
         self.partitions.borrow_mut().install(handoff.partition_id, partition);
-        for (source, grant) in incoming.held_grants {
+        let released = self.migrations.borrow_mut().release_grants();
+        for (source, grant) in released {
             self.send_grant(source, grant);
         }
         let mut balancer = self.balancer.borrow_mut();

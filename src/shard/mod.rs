@@ -218,9 +218,12 @@ impl Shard {
             self.on_marker(source, *marker);
         }
         let grant = CreditGrant { sequence: batch.sequence, credit_bytes: batch.bytes.len(), recycled: batch.bytes };
-        match held_for {
-            Some(partition) => self.migrations.borrow_mut().hold_grant(partition, source, grant),
-            None => self.send_grant(source, grant),
+        let mut migrations = self.migrations.borrow_mut();
+        if held_for.is_some() || migrations.holds_grants_for(source) {
+            migrations.hold_grant(source, grant, held_for);
+        } else {
+            drop(migrations);
+            self.send_grant(source, grant);
         }
         if !self.parked_fetches.borrow().is_empty() {
             self.fetch_notify.notify();

@@ -47,33 +47,84 @@ impl Future for Notified<'_> {
 }
 
 /// Tasks waiting for a condition that they re-check after every wake-up.
+///
+/// Each waiting future holds one slot, registered on its first poll,
+/// refreshed (not duplicated) on later polls and freed when it completes or
+/// is dropped; so a task that polls a wait many times (a connection racing
+/// every read against shutdown) never piles up waker clones.
 #[derive(Default)]
 pub struct WaitList {
-    wakers: RefCell<Vec<Waker>>,
+    slots: RefCell<Vec<Option<Waker>>>,
+    free: RefCell<Vec<usize>>,
 }
 
 impl WaitList {
     pub fn wake_all(&self) {
-        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        let wakers: Vec<Waker> = self.slots.borrow().iter().flatten().cloned().collect();
         for waker in wakers {
             waker.wake();
         }
     }
 
     pub fn waiter_count(&self) -> usize {
-        self.wakers.borrow().len()
+        self.slots.borrow().iter().filter(|slot| slot.is_some()).count()
     }
 
     /// Resolves once `ready()` returns true; re-checked on every wake-up.
-    pub async fn wait_until(&self, mut ready: impl FnMut() -> bool) {
-        std::future::poll_fn(|context| {
-            if ready() {
-                return Poll::Ready(());
+    pub fn wait_until<F: FnMut() -> bool + Unpin>(&self, ready: F) -> WaitUntil<'_, F> {
+        WaitUntil { list: self, ready, slot: None }
+    }
+
+    fn register(&self, slot: &mut Option<usize>, waker: &Waker) {
+        let mut slots = self.slots.borrow_mut();
+        match *slot {
+            Some(index) => match &mut slots[index] {
+                Some(current) if current.will_wake(waker) => {}
+                entry => *entry = Some(waker.clone()),
+            },
+            None => {
+                let index = self.free.borrow_mut().pop().unwrap_or_else(|| {
+                    slots.push(None);
+                    slots.len() - 1
+                });
+                slots[index] = Some(waker.clone());
+                *slot = Some(index);
             }
-            self.wakers.borrow_mut().push(context.waker().clone());
-            Poll::Pending
-        })
-        .await
+        }
+    }
+
+    fn unregister(&self, slot: &mut Option<usize>) {
+        if let Some(index) = slot.take() {
+            self.slots.borrow_mut()[index] = None;
+            self.free.borrow_mut().push(index);
+        }
+    }
+}
+
+/// The future of [`WaitList::wait_until`].
+pub struct WaitUntil<'a, F: FnMut() -> bool + Unpin> {
+    list: &'a WaitList,
+    ready: F,
+    slot: Option<usize>,
+}
+
+impl<F: FnMut() -> bool + Unpin> Future for WaitUntil<'_, F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if (this.ready)() {
+            this.list.unregister(&mut this.slot);
+            return Poll::Ready(());
+        }
+        this.list.register(&mut this.slot, context.waker());
+        Poll::Pending
+    }
+}
+
+impl<F: FnMut() -> bool + Unpin> Drop for WaitUntil<'_, F> {
+    fn drop(&mut self) {
+        self.list.unregister(&mut self.slot);
     }
 }
 

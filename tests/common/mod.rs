@@ -137,6 +137,12 @@ impl Producer {
         self.writer.write_all(bytes).expect("write ingest");
     }
 
+    /// Pushes buffered bytes to the socket now (a paced producer calls this
+    /// after each chunk, or its events would leave in 256 KiB bursts).
+    pub fn flush(&mut self) {
+        self.writer.flush().expect("flush ingest");
+    }
+
     /// Sends `#SYNC` and returns every reply line up to its `OK`.
     pub fn sync(&mut self) -> Vec<String> {
         self.sync_count += 1;
