@@ -29,6 +29,7 @@
 
 pub mod admin;
 pub mod balance;
+pub mod bench;
 pub mod client;
 pub mod config;
 pub mod ingest;

@@ -20,6 +20,9 @@ enum Command {
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
+    /// Load generator: drive a server (or start one) and report events/s,
+    /// latency percentiles and per-shard balance.
+    Bench(spate::bench::BenchArgs),
 }
 
 fn main() {
@@ -27,6 +30,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
         Command::Sub(args) => spate::client::run_sub(&args),
+        Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())
         }

@@ -1,0 +1,301 @@
+//! `spate bench` flags, and the checked [`Plan`] a run follows.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::bench::BenchError;
+use crate::bench::keys::{KeyDistribution, KeySampler};
+use crate::bench::stamp::STAMP_WIDTH;
+use crate::protocol::KEY_SIZE_MAX;
+
+/// Most producer connections (each costs a thread, a write buffer and a 4 MiB draw ring).
+pub const CONNECTION_COUNT_MAX: usize = 1024;
+/// Largest payload (a line must stay far below the server's 1 MiB default limit).
+pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
+/// Largest write buffer per connection.
+pub const WRITE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Longest pacing tick of the open loop.
+pub const TICK_US_MAX: u64 = 100_000;
+/// Run length when neither --events nor --duration-s is given.
+pub const DURATION_S_DEFAULT: f64 = 10.0;
+
+/// `spate bench` flags.
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "Closed loop (no --rate) sends as fast as TCP accepts, so its latency includes queueing \
+behind the producer's own backlog. Open loop (--rate) sends on a fixed schedule and measures latency from each \
+event's intended send time (coordinated-omission-correct).")]
+pub struct BenchArgs {
+    /// Ingest address of a running server (unused with --start-server).
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub ingest: String,
+    /// Subscribe address of a running server (unused with --start-server).
+    #[arg(long, default_value = "127.0.0.1:9401")]
+    pub subscribe: String,
+    /// Admin HTTP address of a running server (unused with --start-server).
+    #[arg(long, default_value = "127.0.0.1:9402")]
+    pub admin: String,
+    /// Start `spate serve` (this binary) on free loopback ports, and stop it with SIGTERM at the end.
+    #[arg(long)]
+    pub start_server: bool,
+    /// Shards of the server --start-server starts.
+    #[arg(long, default_value_t = 2)]
+    pub server_shards: usize,
+    /// One more argument for the started server, repeated per token:
+    /// `--server-arg=--partitions --server-arg=64`.
+    #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub server_args: Vec<String>,
+
+    /// Producer connections (one thread each).
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Events to send in total (split evenly over connections).
+    #[arg(long, conflicts_with = "duration_s")]
+    pub events: Option<u64>,
+    /// Send for this many seconds instead of a fixed count (default 10 s if --events is absent).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Payload bytes per event. The first 16 carry the send-time stamp.
+    #[arg(long, default_value_t = 64)]
+    pub payload_bytes: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u32,
+    /// How keys are drawn.
+    #[arg(long, value_enum, default_value_t = KeyDist::Uniform)]
+    pub key_dist: KeyDist,
+    /// Zipf exponent (--key-dist zipf).
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf_s: f64,
+    /// Keys in the hot set (--key-dist hotspot).
+    #[arg(long, default_value_t = 16)]
+    pub hot_keys: u32,
+    /// Share of events that go to the hot set (--key-dist hotspot).
+    #[arg(long, default_value_t = 0.5)]
+    pub hot_share: f64,
+    /// The hot set moves to other keys this often, in seconds (--key-dist hotspot).
+    #[arg(long, default_value_t = 5.0)]
+    pub shift_every_s: f64,
+
+    /// Open loop: send this many events/s in total, on a fixed schedule. Absent: closed loop, as fast as possible.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Open loop: a connection wakes up at most once per tick and sends everything due in one write. The wait
+    /// counts in the latency (up to one tick); shorter ticks cost more CPU (a wake-up and a send per tick per
+    /// connection, about 10 µs each on a VM).
+    #[arg(long, default_value_t = 100)]
+    pub tick_us: u64,
+    /// Bytes a connection builds and writes at once.
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub write_bytes: usize,
+    /// No subscriber: measure pure ingest (no latency figures).
+    #[arg(long)]
+    pub no_subscriber: bool,
+    /// Where the subscriber starts: `latest` (opened before sending starts) or `earliest` (replay too).
+    #[arg(long, value_enum, default_value_t = SubFrom::Latest)]
+    pub sub_from: SubFrom,
+    /// After the last SYNC, wait this long (without progress) for the subscriber to see every event.
+    #[arg(long, default_value_t = 10.0)]
+    pub drain_timeout_s: f64,
+    /// Seed of the key draws (connection i uses seed + i).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write latency.svg and shards.svg into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub plot_dir: Option<PathBuf>,
+}
+
+/// `--key-dist`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyDist {
+    Uniform,
+    Zipf,
+    Hotspot,
+}
+
+/// `--sub-from`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubFrom {
+    Earliest,
+    Latest,
+}
+
+impl SubFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubFrom::Earliest => "earliest",
+            SubFrom::Latest => "latest",
+        }
+    }
+}
+
+/// When the producers stop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stop {
+    /// After this many events in total.
+    Events(u64),
+    /// After this long.
+    Duration(Duration),
+}
+
+/// A run's checked parameters, in units the code uses.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub connection_count: usize,
+    pub stop: Stop,
+    pub payload_bytes: usize,
+    pub sampler: KeySampler,
+    /// Events/s over all connections; `None` is closed loop.
+    pub rate: Option<f64>,
+    pub tick: Duration,
+    pub write_bytes: usize,
+    pub subscriber: bool,
+    pub drain_timeout: Duration,
+}
+
+impl Plan {
+    pub fn from_args(args: &BenchArgs) -> Result<Plan, BenchError> {
+        let invalid =
+            |flag: &'static str, value: String, reason: &'static str| BenchError::Invalid { flag, value, reason };
+        if args.connections == 0 || args.connections > CONNECTION_COUNT_MAX {
+            return Err(invalid("--connections", args.connections.to_string(), "must be between 1 and 1024"));
+        }
+        let subscriber = !args.no_subscriber;
+        if subscriber && args.payload_bytes < STAMP_WIDTH {
+            return Err(invalid(
+                "--payload-bytes",
+                args.payload_bytes.to_string(),
+                "must be at least 16 (the send-time stamp) unless --no-subscriber",
+            ));
+        }
+        if args.payload_bytes > PAYLOAD_BYTES_MAX {
+            return Err(invalid("--payload-bytes", args.payload_bytes.to_string(), "must be at most 65536"));
+        }
+        let stop = match (args.events, args.duration_s) {
+            (Some(0), _) => return Err(invalid("--events", "0".into(), "must be at least 1")),
+            (Some(events), _) => Stop::Events(events),
+            (None, duration_s) => {
+                let duration_s = duration_s.unwrap_or(DURATION_S_DEFAULT);
+                if !(duration_s.is_finite() && duration_s > 0.0 && duration_s < 1e6) {
+                    return Err(invalid("--duration-s", duration_s.to_string(), "must be a number of seconds > 0"));
+                }
+                Stop::Duration(Duration::from_secs_f64(duration_s))
+            }
+        };
+        if let Some(rate) = args.rate
+            && !(rate.is_finite() && rate >= 1.0)
+        {
+            return Err(invalid("--rate", rate.to_string(), "must be at least 1 event/s"));
+        }
+        if args.tick_us == 0 || args.tick_us > TICK_US_MAX {
+            return Err(invalid("--tick-us", args.tick_us.to_string(), "must be between 1 and 100000"));
+        }
+        if args.write_bytes < 4096 || args.write_bytes > WRITE_BYTES_MAX {
+            return Err(invalid("--write-bytes", args.write_bytes.to_string(), "must be between 4 KiB and 64 MiB"));
+        }
+        if !(args.drain_timeout_s.is_finite() && args.drain_timeout_s >= 0.0 && args.drain_timeout_s < 1e6) {
+            return Err(invalid("--drain-timeout-s", args.drain_timeout_s.to_string(), "must be a number of seconds"));
+        }
+        if args.start_server && (args.server_shards == 0 || args.server_shards > crate::config::SHARD_COUNT_MAX) {
+            return Err(invalid("--server-shards", args.server_shards.to_string(), "must be between 1 and 256"));
+        }
+        let distribution = match args.key_dist {
+            KeyDist::Uniform => KeyDistribution::Uniform,
+            KeyDist::Zipf => KeyDistribution::Zipf { exponent: args.zipf_s },
+            KeyDist::Hotspot => {
+                if !(args.shift_every_s.is_finite() && args.shift_every_s > 0.0 && args.shift_every_s < 1e6) {
+                    return Err(invalid("--shift-every-s", args.shift_every_s.to_string(), "must be > 0"));
+                }
+                KeyDistribution::Hotspot {
+                    hot_key_count: args.hot_keys,
+                    hot_share: args.hot_share,
+                    shift_every_ns: (args.shift_every_s * 1e9) as u64,
+                }
+            }
+        };
+        let sampler = KeySampler::new(distribution, args.keys).map_err(BenchError::Keys)?;
+        Ok(Plan {
+            connection_count: args.connections,
+            stop,
+            payload_bytes: args.payload_bytes,
+            sampler,
+            rate: args.rate,
+            tick: Duration::from_micros(args.tick_us),
+            write_bytes: args.write_bytes,
+            subscriber,
+            drain_timeout: Duration::from_secs_f64(args.drain_timeout_s),
+        })
+    }
+
+    /// Events connection `index` sends under `Stop::Events` (the remainder
+    /// goes to the first connections); `None` for a timed run.
+    pub fn connection_quota(&self, index: usize) -> Option<u64> {
+        let Stop::Events(events) = self.stop else { return None };
+        let count = self.connection_count as u64;
+        Some(events / count + u64::from((index as u64) < events % count))
+    }
+}
+
+// Bench keys must be valid protocol keys.
+const _: () = assert!(crate::bench::keys::KEY_WIDTH_MAX <= KEY_SIZE_MAX, "the widest bench key is a valid key");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn plan(flags: &[&str]) -> Result<Plan, BenchError> {
+        let cli = Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied())).unwrap();
+        Plan::from_args(&cli.args)
+    }
+
+    /// Defaults give a 10 s closed-loop run with a subscriber.
+    #[test]
+    fn defaults_are_a_timed_closed_loop() {
+        let plan = plan(&[]).unwrap();
+        assert_eq!(plan.stop, Stop::Duration(Duration::from_secs(10)));
+        assert_eq!(plan.rate, None);
+        assert!(plan.subscriber);
+        assert_eq!(plan.connection_count, 4);
+    }
+
+    /// Event quotas add up to --events exactly.
+    #[test]
+    fn quotas_add_up() {
+        let plan = plan(&["--events", "10", "--connections", "4"]).unwrap();
+        let quotas: Vec<u64> = (0..4).map(|index| plan.connection_quota(index).unwrap()).collect();
+        assert_eq!(quotas, [3, 3, 2, 2]);
+    }
+
+    /// Bad flags are refused with the flag's name.
+    #[test]
+    fn bad_flags_are_refused() {
+        let flag_of = |flags: &[&str]| match plan(flags) {
+            Err(BenchError::Invalid { flag, .. }) => flag,
+            other => panic!("{flags:?}: {other:?}"),
+        };
+        assert_eq!(flag_of(&["--connections", "0"]), "--connections");
+        assert_eq!(flag_of(&["--payload-bytes", "8"]), "--payload-bytes");
+        assert_eq!(flag_of(&["--rate", "0"]), "--rate");
+        assert_eq!(flag_of(&["--events", "0"]), "--events");
+        assert!(plan(&["--payload-bytes", "8", "--no-subscriber"]).is_ok());
+        assert!(matches!(plan(&["--key-dist", "hotspot", "--hot-keys", "0"]), Err(BenchError::Keys(_))));
+    }
+
+    /// Server arguments pass through, hyphens and all.
+    #[test]
+    fn server_args_pass_through() {
+        let cli = Cli::try_parse_from(["bench", "--server-arg=--partitions", "--server-arg", "64"]).unwrap();
+        assert_eq!(cli.args.server_args, ["--partitions", "64"]);
+    }
+}

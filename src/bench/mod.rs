@@ -1,0 +1,492 @@
+//! `spate bench`: the load generator.
+//!
+//! It drives a running server (`--ingest/--subscribe/--admin`) or starts one
+//! (`--start-server`, see [`server`]), and measures what DESIGN.md section 6
+//! asks for: stored, routed events/s and end-to-end latency percentiles.
+//!
+//! A run, in order:
+//!
+//! 1. [`args::Plan`] checks the flags and builds the [`keys::KeySampler`].
+//! 2. `/stats` is read ([`stats`]) and "how it was run" is printed.
+//! 3. The subscriber ([`subscriber`]) sends `SUB * latest` and the bench waits
+//!    until the server counts it, so it sees every event sent afterwards.
+//! 4. One thread per producer connection ([`producer`]) connects, draws its
+//!    ring of keys, and waits at a barrier; then all start at once. Each builds
+//!    lines into a reusable buffer and writes them in big chunks, closed loop
+//!    or on an open-loop schedule, and ends with `#SYNC`; the run's time is from
+//!    the first byte to the last `OK`.
+//! 5. Meanwhile the sampler polls `/stats` every 200 ms (plot data) and prints
+//!    a progress line each second.
+//! 6. The subscriber drains; `/stats` is read again; the [`report`] (table,
+//!    `--json`) and the [`plot`]s (`--plot-dir`) are written; a started server
+//!    gets SIGTERM.
+//!
+//! Every event's payload starts with its send time ([`stamp`]): in open loop
+//! the *intended* time on the schedule, so latency is coordinated-omission-
+//! correct; in closed loop the time its chunk was built, so latency includes
+//! queueing behind the producers' own backlog (the report says so).
+//!
+//! ```no_run
+//! use clap::Parser;
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     bench: spate::bench::BenchArgs,
+//! }
+//! let cli = Cli::parse_from(["bench", "--start-server", "--events", "1000000", "--no-subscriber"]);
+//! spate::bench::run(&cli.bench).unwrap();
+//! ```
+
+mod args;
+mod keys;
+mod plot;
+mod producer;
+mod report;
+mod server;
+mod stamp;
+mod stats;
+mod subscriber;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use args::{BenchArgs, KeyDist, SubFrom};
+pub use keys::KeyError;
+pub use report::Report;
+
+use args::{Plan, Stop};
+use producer::{LineLayout, ProducerOutcome, ProducerTask, Shared};
+use report::{CpuUse, LatencyUs, Machine, RunInfo, ServerInfo, SubscriberCounts};
+use server::{ServerProcess, Targets};
+use stamp::{BenchClock, RunTag};
+use stats::{AdminClient, Sample, SamplerInputs, StatsSnapshot};
+use subscriber::{SubscriberOutcome, SubscriberShared};
+
+/// How long the bench waits for the server to count its subscriber.
+const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
+/// After the server counts the subscriber, time for its first fetches to
+/// resolve `latest` on every owner (they are answered at once).
+const SUBSCRIBED_SETTLE: Duration = Duration::from_millis(100);
+
+/// Why a bench run failed.
+#[derive(Debug)]
+pub enum BenchError {
+    Invalid { flag: &'static str, value: String, reason: &'static str },
+    Keys(KeyError),
+    Connect { what: &'static str, addr: String, source: std::io::Error },
+    Io { what: &'static str, source: std::io::Error },
+    Admin { url: String, detail: String },
+    StatsJson { detail: String },
+    StatsField { field: &'static str },
+    ServerExited { status: String, log_tail: String },
+    ServerNotReady { waited_s: u64, log_tail: String },
+    ServerStopTimeout { waited_s: u64, log_tail: String },
+    SyncClosed { connection: usize },
+    ServerStalled { connection: usize, waited_s: u64 },
+    SubscribeRefused { line: String },
+    SubscribeLineTooLong { line_bytes_min: usize },
+    WriteReport { path: PathBuf, source: std::io::Error },
+    Plot { path: PathBuf, detail: String },
+    ThreadPanicked { thread: String },
+}
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchError::Invalid { flag, value, reason } => write!(f, "{flag} {value}: {reason}"),
+            BenchError::Keys(error) => write!(f, "{error}"),
+            BenchError::Connect { what, addr, source } => write!(f, "connect to {what} {addr}: {source}"),
+            BenchError::Io { what, source } => write!(f, "{what}: {source}"),
+            BenchError::Admin { url, detail } => write!(f, "GET {url}: {detail}"),
+            BenchError::StatsJson { detail } => write!(f, "/stats is not JSON: {detail}"),
+            BenchError::StatsField { field } => write!(f, "/stats has no field {field:?}"),
+            BenchError::ServerExited { status, log_tail } => {
+                write!(f, "the started server exited ({status}):\n{log_tail}")
+            }
+            BenchError::ServerNotReady { waited_s, log_tail } => {
+                write!(f, "the started server did not answer /stats within {waited_s} s:\n{log_tail}")
+            }
+            BenchError::ServerStopTimeout { waited_s, log_tail } => {
+                write!(f, "the started server did not stop within {waited_s} s of SIGTERM (killed):\n{log_tail}")
+            }
+            BenchError::SyncClosed { connection } => {
+                write!(f, "producer {connection}: the server closed the connection before answering #SYNC")
+            }
+            BenchError::ServerStalled { connection, waited_s } => {
+                write!(f, "producer {connection}: the server read nothing for {waited_s} s (hung or crashed?)")
+            }
+            BenchError::SubscribeRefused { line } => write!(f, "the server refused the subscriber: {line}"),
+            BenchError::SubscribeLineTooLong { line_bytes_min } => {
+                write!(f, "a subscription line is longer than the subscriber's buffer ({line_bytes_min} bytes)")
+            }
+            BenchError::WriteReport { path, source } => write!(f, "write {}: {source}", path.display()),
+            BenchError::Plot { path, detail } => write!(f, "plot {}: {detail}", path.display()),
+            BenchError::ThreadPanicked { thread } => write!(f, "thread {thread} panicked"),
+        }
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+/// What the threads of a run measured.
+struct Measured {
+    producers: Vec<ProducerOutcome>,
+    subscriber: Option<SubscriberOutcome>,
+    samples: Vec<Sample>,
+    bench_cpu_s: f64,
+    server_cpu_s: Option<f64>,
+}
+
+/// Runs a bench as `args` say and prints (and writes) its report.
+pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
+    let plan = Plan::from_args(args)?;
+    let layout = LineLayout::new(plan.sampler.key_width(), plan.payload_bytes, RunTag::for_this_run());
+    let server =
+        if args.start_server { Some(ServerProcess::start(args.server_shards, &args.server_args)?) } else { None };
+    let targets = match &server {
+        Some(server) => server.targets.clone(),
+        None => Targets { ingest: args.ingest.clone(), subscribe: args.subscribe.clone(), admin: args.admin.clone() },
+    };
+    let admin = AdminClient::new(&targets.admin);
+    let before = admin.stats()?;
+    let run_info = run_info(args, &plan, layout, &targets, server.as_ref(), &before);
+    print!("{}", report::render_run_info(&run_info));
+    // The header goes out before the progress lines on stderr.
+    let _ = std::io::stdout().flush();
+    let measured = drive(args, &plan, &targets, &admin, &before, layout, server.as_ref()).inspect_err(|_| {
+        if let Some(server) = &server {
+            eprintln!("spate bench: the started server's log ({}):\n{}", server.log_path.display(), server.log_tail());
+        }
+    })?;
+    let after = admin.stats()?;
+    if let Some(server) = server {
+        let status = server.stop()?;
+        if !status.success() {
+            eprintln!("spate bench: warning: the started server exited with {status}");
+        }
+    }
+    let report = build_report(run_info, &plan, layout, &before, &after, &measured);
+    print!("{}", report::render_report(&report));
+    if report.events_stored_delta != report.events {
+        eprintln!(
+            "spate bench: warning: the server stored {} events during the run, the producers had {} acknowledged \
+             (another producer on the server?)",
+            report.events_stored_delta, report.events
+        );
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).expect("reports serialize");
+        std::fs::write(path, text + "\n").map_err(|source| BenchError::WriteReport { path: path.clone(), source })?;
+    }
+    if let Some(dir) = &args.plot_dir {
+        write_plots(dir, &report, &measured)?;
+    }
+    Ok(report)
+}
+
+fn run_info(
+    args: &BenchArgs,
+    plan: &Plan,
+    layout: LineLayout,
+    targets: &Targets,
+    server: Option<&ServerProcess>,
+    before: &StatsSnapshot,
+) -> RunInfo {
+    let key_dist = match args.key_dist {
+        KeyDist::Uniform => "uniform".to_string(),
+        KeyDist::Zipf => format!("zipf(s={})", args.zipf_s),
+        KeyDist::Hotspot => format!(
+            "hotspot({} hot keys take {}%, shifting every {} s)",
+            args.hot_keys,
+            args.hot_share * 100.0,
+            args.shift_every_s
+        ),
+    };
+    let (events_requested, duration_s_requested) = match plan.stop {
+        Stop::Events(events) => (Some(events), None),
+        Stop::Duration(duration) => (None, Some(duration.as_secs_f64())),
+    };
+    RunInfo {
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        mode: if plan.rate.is_some() { "open-loop" } else { "closed-loop" },
+        rate_per_s: plan.rate,
+        connections: plan.connection_count,
+        events_requested,
+        duration_s_requested,
+        payload_bytes: plan.payload_bytes,
+        line_bytes: layout.line_bytes(),
+        keys: args.keys,
+        key_dist,
+        subscriber: plan.subscriber.then_some(args.sub_from.as_str()),
+        write_bytes: plan.write_bytes,
+        tick_us: plan.rate.map(|_| plan.tick.as_micros() as u64),
+        server: ServerInfo {
+            started: server.is_some(),
+            command_line: server.map(|server| server.command_line.clone()),
+            ingest: targets.ingest.clone(),
+            shards: before.shard_count.or(Some(before.shards.len() as u64)),
+            partitions: before.partition_count,
+        },
+        machine: Machine::detect(),
+    }
+}
+
+fn spawn<T: Send + 'static>(
+    name: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<(String, JoinHandle<T>), BenchError> {
+    let handle = std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(body)
+        .map_err(|source| BenchError::Io { what: "spawn a bench thread", source })?;
+    Ok((name, handle))
+}
+
+fn join<T>((name, handle): (String, JoinHandle<T>)) -> Result<T, BenchError> {
+    handle.join().map_err(|_| BenchError::ThreadPanicked { thread: name })
+}
+
+/// Starts the subscriber, the producers and the sampler; waits for all.
+fn drive(
+    args: &BenchArgs,
+    plan: &Plan,
+    targets: &Targets,
+    admin: &AdminClient,
+    before: &StatsSnapshot,
+    layout: LineLayout,
+    server: Option<&ServerProcess>,
+) -> Result<Measured, BenchError> {
+    let clock = BenchClock::new();
+    let shared = Arc::new(Shared {
+        clock,
+        start_barrier: Barrier::new(plan.connection_count + 1),
+        start_ns: AtomicU64::new(0),
+        abort: AtomicBool::new(false),
+        events_sent: AtomicU64::new(0),
+        line_bytes_sent: AtomicU64::new(0),
+    });
+    let subscriber =
+        if plan.subscriber { Some(start_subscriber(args, layout, targets, admin, before, clock)?) } else { None };
+    let mut producers = Vec::with_capacity(plan.connection_count);
+    for index in 0..plan.connection_count {
+        let task = ProducerTask {
+            index,
+            ingest: targets.ingest.clone(),
+            quota: plan.connection_quota(index),
+            duration: match plan.stop {
+                Stop::Duration(duration) => Some(duration),
+                Stop::Events(_) => None,
+            },
+            rate: plan.rate.map(|rate| rate / plan.connection_count as f64),
+            connection_count: plan.connection_count,
+            tick: plan.tick,
+            layout,
+            write_bytes: plan.write_bytes,
+            sampler: plan.sampler.clone(),
+            seed: args.seed.wrapping_add(index as u64),
+            shared: shared.clone(),
+        };
+        producers.push(spawn(format!("bench-producer-{index}"), move || task.run())?);
+    }
+    let cpu_before = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
+    let start_ns = clock.now_ns();
+    shared.start_ns.store(start_ns, Ordering::SeqCst);
+    shared.start_barrier.wait();
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    let inputs = SamplerInputs {
+        admin: admin.clone(),
+        before: before.clone(),
+        producers: shared.clone(),
+        subscriber: subscriber.as_ref().map(|(shared, _)| shared.clone()),
+        start_ns,
+        stop: sampler_stop.clone(),
+    };
+    let sampler = spawn("bench-sampler".into(), move || stats::run_sampler(inputs))?;
+    let outcomes: Vec<Result<ProducerOutcome, BenchError>> =
+        producers.into_iter().map(|producer| join(producer).and_then(|outcome| outcome)).collect();
+    let events_sent = shared.events_sent.load(Ordering::SeqCst);
+    let cpu_after = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
+    let subscriber = match subscriber {
+        Some((subscriber_shared, handle)) => {
+            subscriber_shared.events_expected.store(events_sent, Ordering::SeqCst);
+            wait_drained(&subscriber_shared, events_sent, plan.drain_timeout);
+            subscriber_shared.stop.store(true, Ordering::SeqCst);
+            Some(join(handle)??)
+        }
+        None => None,
+    };
+    sampler_stop.store(true, Ordering::SeqCst);
+    let samples = join(sampler)?;
+    Ok(Measured {
+        producers: outcomes.into_iter().collect::<Result<_, _>>()?,
+        subscriber,
+        samples,
+        bench_cpu_s: cpu_after.0 - cpu_before.0,
+        server_cpu_s: cpu_before.1.zip(cpu_after.1).map(|(before, after)| after - before),
+    })
+}
+
+type SubscriberThread = (Arc<SubscriberShared>, (String, JoinHandle<Result<SubscriberOutcome, BenchError>>));
+
+/// Subscribes and waits until the server counts the subscriber, so that
+/// `latest` is resolved before the first event is sent.
+fn start_subscriber(
+    args: &BenchArgs,
+    layout: LineLayout,
+    targets: &Targets,
+    admin: &AdminClient,
+    before: &StatsSnapshot,
+    clock: BenchClock,
+) -> Result<SubscriberThread, BenchError> {
+    let stream = subscriber::subscribe(&targets.subscribe, args.sub_from)?;
+    let started = Instant::now();
+    loop {
+        if admin.stats()?.subscribers_open() > before.subscribers_open() {
+            std::thread::sleep(SUBSCRIBED_SETTLE);
+            break;
+        }
+        if started.elapsed() > SUBSCRIBED_TIMEOUT {
+            eprintln!("spate bench: warning: /stats does not count the subscriber yet; it may miss the first events");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let shared = Arc::new(SubscriberShared::new(clock));
+    let thread_shared = shared.clone();
+    let handle = spawn("bench-subscriber".into(), move || {
+        subscriber::run(stream, layout.payload_bytes, layout.tag, thread_shared)
+    })?;
+    Ok((shared, handle))
+}
+
+/// How long the drain waits without progress once every sent event is
+/// either received or reported lost to truncation (late lines may still come).
+const DRAIN_GRACE_TRUNCATED: Duration = Duration::from_secs(1);
+
+/// Waits until the subscriber has every sent event, or made no progress for
+/// `timeout` (a shorter grace if the missing ones were truncated).
+fn wait_drained(shared: &SubscriberShared, events_sent: u64, timeout: Duration) {
+    let mut last = (shared.events_received.load(Ordering::Relaxed), Instant::now());
+    loop {
+        let received = shared.events_received.load(Ordering::Relaxed);
+        if received >= events_sent {
+            return;
+        }
+        let truncated = shared.events_truncated.load(Ordering::Relaxed);
+        let patience = if received + truncated >= events_sent { timeout.min(DRAIN_GRACE_TRUNCATED) } else { timeout };
+        if received != last.0 {
+            last = (received, Instant::now());
+        } else if last.1.elapsed() >= patience {
+            eprintln!(
+                "spate bench: the subscriber saw {received} of {events_sent} events ({truncated} reported \
+                 truncated); stopped waiting after {patience:?} without progress"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// User plus system CPU seconds of this process (every thread).
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes one rusage struct, which we own.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+fn build_report(
+    run: RunInfo,
+    plan: &Plan,
+    layout: LineLayout,
+    before: &StatsSnapshot,
+    after: &StatsSnapshot,
+    measured: &Measured,
+) -> Report {
+    let producers = &measured.producers;
+    let events: u64 = producers.iter().map(|outcome| outcome.events_sent).sum();
+    let line_bytes: u64 = producers.iter().map(|outcome| outcome.line_bytes_sent).sum();
+    let writes: u64 = producers.iter().map(|outcome| outcome.write_count).sum();
+    let first_ns = producers.iter().map(|outcome| outcome.first_write_ns).min().unwrap_or(0);
+    let last_ns = producers.iter().map(|outcome| outcome.sync_ok_ns).max().unwrap_or(0);
+    let seconds = last_ns.saturating_sub(first_ns) as f64 / 1e9;
+    let per_s = |count: f64| if seconds > 0.0 { count / seconds } else { 0.0 };
+    let per_shard = report::shard_deltas(before, after, seconds);
+    let per_event = |cpu_s: f64| if events > 0 { cpu_s * 1e9 / events as f64 } else { 0.0 };
+    let subscriber = measured.subscriber.as_ref();
+    Report {
+        events,
+        events_stored_delta: after.events_stored.saturating_sub(before.events_stored),
+        seconds,
+        events_per_s: per_s(events as f64),
+        mb_per_s: per_s((events * layout.payload_bytes as u64) as f64) / 1e6,
+        line_mb_per_s: per_s(line_bytes as f64) / 1e6,
+        latency_us: subscriber.and_then(|outcome| LatencyUs::from_histogram(&outcome.latency_ns)),
+        latency_note: plan.subscriber.then_some(if plan.rate.is_some() {
+            report::OPEN_LOOP_LATENCY_NOTE
+        } else {
+            report::CLOSED_LOOP_LATENCY_NOTE
+        }),
+        subscriber: subscriber.map(|outcome| {
+            let seconds = outcome.last_event_ns.saturating_sub(first_ns) as f64 / 1e9;
+            SubscriberCounts {
+                events_received: outcome.events_received,
+                seconds,
+                events_per_s: if seconds > 0.0 { outcome.events_received as f64 / seconds } else { 0.0 },
+                events_missing: events.saturating_sub(outcome.events_received),
+                foreign_lines: outcome.foreign_line_count,
+                truncated_notices: outcome.truncated_notice_count,
+                events_truncated: outcome.events_truncated,
+            }
+        }),
+        imbalance: report::imbalance(&per_shard),
+        per_shard,
+        credit_stalls: after.credit_stalls().saturating_sub(before.credit_stalls()),
+        credit_stall_seconds: (after.credit_stall_seconds() - before.credit_stall_seconds()).max(0.0),
+        error_lines: producers.iter().map(|outcome| outcome.error_line_count).sum(),
+        writes,
+        bytes_per_write: if writes > 0 { line_bytes as f64 / writes as f64 } else { 0.0 },
+        cpu: CpuUse {
+            bench_cpu_s: measured.bench_cpu_s,
+            server_cpu_s: measured.server_cpu_s,
+            bench_ns_per_event: per_event(measured.bench_cpu_s),
+            server_ns_per_event: measured.server_cpu_s.map(per_event),
+        },
+        run,
+    }
+}
+
+fn write_plots(dir: &std::path::Path, report: &Report, measured: &Measured) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir).map_err(|source| BenchError::WriteReport { path: dir.to_path_buf(), source })?;
+    let run = &report.run;
+    let mode = match run.rate_per_s {
+        Some(rate) => format!("open loop {}/s", report::format_rate(rate)),
+        None => "closed loop".into(),
+    };
+    let subtitle = format!(
+        "{mode}, {} conns, {} B payload, {} keys {}, {} shards: {} events/s stored",
+        run.connections,
+        run.payload_bytes,
+        report::format_count(u64::from(run.keys)),
+        run.key_dist,
+        run.server.shards.unwrap_or(0),
+        report::format_rate(report.events_per_s)
+    );
+    if let Some(outcome) = &measured.subscriber
+        && !outcome.latency_ns.is_empty()
+    {
+        let path = plot::latency_plot(dir, &outcome.latency_ns, &subtitle)?;
+        println!("  plot                   {}", path.display());
+    }
+    let path = plot::shard_plot(dir, &measured.samples, report.seconds, &subtitle)?;
+    println!("  plot                   {}", path.display());
+    Ok(())
+}

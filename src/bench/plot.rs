@@ -1,0 +1,235 @@
+//! `--plot-dir`: two SVGs (plotters, SVG backend only: text is left to the
+//! viewer's fonts, nothing is rasterised here).
+//!
+//! * `latency.svg`: latency against percentile on a "nines" axis
+//!   (x = -log10(1 - p): 90 % at 1, 99 % at 2, 99.9 % at 3), log µs on y, the
+//!   usual way to show a tail without hiding it.
+//! * `shards.svg`: each shard's stored events/s over time, from the 200 ms
+//!   `/stats` samples, so load moving between shards (a shifting hot set, a
+//!   partition migration) is visible.
+
+use std::path::{Path, PathBuf};
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::bench::BenchError;
+use crate::bench::stats::Sample;
+
+/// Pixels of each plot.
+const PLOT_SIZE: (u32, u32) = (1000, 600);
+/// Most nines the latency axis shows (99.9999 %).
+const NINES_MAX: f64 = 6.0;
+/// Points per nine on the latency curve.
+const POINTS_PER_NINE: u32 = 40;
+
+/// Pixels above the chart for the title and the subtitle.
+const TITLE_HEIGHT: u32 = 60;
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Fills the plot white, writes a title and a smaller subtitle line (SVG
+/// text has no line breaks) and returns the area below them.
+fn titled<'a>(root: &Area<'a>, title: &str, subtitle: &str) -> Result<Area<'a>, String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (top, body) = root.split_vertically(TITLE_HEIGHT);
+    let centre = (PLOT_SIZE.0 / 2) as i32;
+    let style = |size| TextStyle::from(("sans-serif", size).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    top.draw(&Text::new(title, (centre, 8), style(22))).map_err(|e| e.to_string())?;
+    top.draw(&Text::new(subtitle, (centre, 36), style(15))).map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+fn plot_error(path: &Path) -> impl Fn(String) -> BenchError + '_ {
+    move |detail| BenchError::Plot { path: path.to_path_buf(), detail }
+}
+
+/// `1 - 10^-nines` as a percentage label: 0 → `0%`, 2 → `99%`, 3 → `99.9%`.
+pub fn nines_label(nines: f64) -> String {
+    let percent = 100.0 * (1.0 - 10f64.powf(-nines));
+    let decimals = (nines.ceil() as i32 - 2).clamp(0, 6) as usize;
+    format!("{percent:.decimals$}%")
+}
+
+/// Percentile points `(nines, µs)` of a histogram, up to the nines its count
+/// supports (no extrapolating past the last sample).
+pub fn latency_points(latency_ns: &Histogram<u64>) -> Vec<(f64, f64)> {
+    let count = latency_ns.len().max(1) as f64;
+    let nines_max = count.log10().clamp(1.0, NINES_MAX);
+    let point_count = (nines_max * f64::from(POINTS_PER_NINE)).ceil() as u32;
+    (0..=point_count)
+        .map(|index| {
+            let nines = (f64::from(index) / f64::from(POINTS_PER_NINE)).min(nines_max);
+            let quantile = 1.0 - 10f64.powf(-nines);
+            (nines, latency_ns.value_at_quantile(quantile) as f64 / 1e3)
+        })
+        .collect()
+}
+
+/// Writes `latency.svg`; returns its path.
+pub fn latency_plot(dir: &Path, latency_ns: &Histogram<u64>, subtitle: &str) -> Result<PathBuf, BenchError> {
+    let path = dir.join("latency.svg");
+    draw_latency(&path, latency_ns, subtitle)?;
+    Ok(path)
+}
+
+fn draw_latency(path: &Path, latency_ns: &Histogram<u64>, subtitle: &str) -> Result<(), BenchError> {
+    let error = plot_error(path);
+    let points = latency_points(latency_ns);
+    let nines_max = points.last().map_or(1.0, |point| point.0);
+    let y_min = points.iter().map(|point| point.1).fold(f64::INFINITY, f64::min).max(0.1) / 1.5;
+    let y_max = (latency_ns.max() as f64 / 1e3).max(y_min * 10.0) * 1.5;
+    let root = SVGBackend::new(path, PLOT_SIZE).into_drawing_area();
+    let body = titled(&root, "spate bench: end-to-end latency by percentile", subtitle).map_err(&error)?;
+    let mut chart = ChartBuilder::on(&body)
+        .margin(20)
+        .margin_right(60)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..nines_max, (y_min..y_max).log_scale())
+        .map_err(|e| error(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("percentile")
+        .y_desc("latency (µs, log scale)")
+        .x_labels(nines_max as usize + 1)
+        .x_label_formatter(&|nines| nines_label(*nines))
+        .y_label_formatter(&|us| format!("{us:.0}"))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| error(e.to_string()))?;
+    chart.draw_series(LineSeries::new(points, BLUE.stroke_width(2))).map_err(|e| error(e.to_string()))?;
+    let marks = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
+    let marks = marks.iter().map(|&(name, quantile)| (name, -(1.0f64 - quantile).log10(), quantile));
+    let marks = marks.filter(|mark| mark.1 <= nines_max + 1e-9).map(|(name, nines, quantile)| {
+        let us = latency_ns.value_at_quantile(quantile) as f64 / 1e3;
+        EmptyElement::at((nines, us))
+            + Circle::new((0, 0), 4, RED.filled())
+            + Text::new(format!("{name} {us:.0} µs"), (6, -18), ("sans-serif", 14))
+    });
+    chart.draw_series(marks).map_err(|e| error(e.to_string()))?;
+    root.present().map_err(|e| error(e.to_string()))
+}
+
+/// Per-shard events/s between consecutive samples: `(seconds, rate)` lines.
+pub fn shard_rates(samples: &[Sample]) -> Vec<Vec<(f64, f64)>> {
+    let shard_count = samples.iter().map(|sample| sample.events_total.len()).min().unwrap_or(0);
+    let mut lines = vec![Vec::with_capacity(samples.len()); shard_count];
+    for pair in samples.windows(2) {
+        let seconds = pair[1].elapsed_s - pair[0].elapsed_s;
+        if seconds <= 0.0 {
+            continue;
+        }
+        for (shard, line) in lines.iter_mut().enumerate() {
+            let events = pair[1].events_total[shard].saturating_sub(pair[0].events_total[shard]);
+            line.push((pair[1].elapsed_s, events as f64 / seconds));
+        }
+    }
+    lines
+}
+
+/// Writes `shards.svg`; returns its path.
+/// Samples after `run_seconds` (the subscriber draining, the last partial
+/// interval) are left out.
+pub fn shard_plot(dir: &Path, samples: &[Sample], run_seconds: f64, subtitle: &str) -> Result<PathBuf, BenchError> {
+    let path = dir.join("shards.svg");
+    let kept = samples.iter().take_while(|sample| sample.elapsed_s <= run_seconds).count();
+    draw_shards(&path, &samples[..kept.max(2).min(samples.len())], subtitle)?;
+    Ok(path)
+}
+
+fn draw_shards(path: &Path, samples: &[Sample], subtitle: &str) -> Result<(), BenchError> {
+    let error = plot_error(path);
+    let lines = shard_rates(samples);
+    let total: Vec<(f64, f64)> = match lines.first() {
+        Some(first) => {
+            (0..first.len()).map(|index| (first[index].0, lines.iter().map(|line| line[index].1).sum())).collect()
+        }
+        None => Vec::new(),
+    };
+    let x_max = samples.last().map_or(1.0, |sample| sample.elapsed_s).max(0.2);
+    let y_max = total.iter().map(|point| point.1 / 1e6).fold(0.0, f64::max).max(0.001) * 1.15;
+    let root = SVGBackend::new(path, PLOT_SIZE).into_drawing_area();
+    let title = "spate bench: stored events/s per shard (from /stats every 200 ms)";
+    let body = titled(&root, title, subtitle).map_err(&error)?;
+    let mut chart = ChartBuilder::on(&body)
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| error(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the first byte")
+        .y_desc("stored events/s (millions)")
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| error(e.to_string()))?;
+    for (shard, line) in lines.into_iter().enumerate() {
+        let color = Palette99::pick(shard).to_rgba();
+        let points = line.into_iter().map(|(seconds, rate)| (seconds, rate / 1e6));
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| error(e.to_string()))?
+            .label(format!("shard {shard}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    let points = total.into_iter().map(|(seconds, rate)| (seconds, rate / 1e6));
+    chart
+        .draw_series(LineSeries::new(points, BLACK.stroke_width(1)))
+        .map_err(|e| error(e.to_string()))?
+        .label("all shards")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(|e| error(e.to_string()))?;
+    root.present().map_err(|e| error(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nines axis labels read as percentiles.
+    #[test]
+    fn nines_labels() {
+        assert_eq!(nines_label(0.0), "0%");
+        assert_eq!(nines_label(1.0), "90%");
+        assert_eq!(nines_label(2.0), "99%");
+        assert_eq!(nines_label(3.0), "99.9%");
+        assert_eq!(nines_label(5.0), "99.999%");
+    }
+
+    /// Latency points rise with the percentile and stop where the data does.
+    #[test]
+    fn latency_points_follow_the_histogram() {
+        let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+        for value in 1..=10_000u64 {
+            latency_ns.record(value * 100).unwrap();
+        }
+        let points = latency_points(&latency_ns);
+        assert_eq!(points.first().unwrap().0, 0.0);
+        assert!((points.last().unwrap().0 - 4.0).abs() < 1e-9, "10 000 samples support 4 nines");
+        assert!(points.windows(2).all(|pair| pair[1].1 >= pair[0].1));
+        let p99 = points.iter().find(|point| (point.0 - 2.0).abs() < 1e-9).unwrap().1;
+        assert!((p99 - 990.0).abs() < 2.0, "{p99}");
+    }
+
+    /// Shard rates are deltas over the sample spacing.
+    #[test]
+    fn shard_rates_are_deltas() {
+        let samples = [
+            Sample { elapsed_s: 0.0, events_total: vec![0, 0] },
+            Sample { elapsed_s: 0.5, events_total: vec![100, 50] },
+            Sample { elapsed_s: 1.0, events_total: vec![300, 50] },
+        ];
+        let lines = shard_rates(&samples);
+        assert_eq!(lines, [vec![(0.5, 200.0), (1.0, 400.0)], vec![(0.5, 100.0), (1.0, 0.0)]]);
+    }
+}

@@ -1,0 +1,157 @@
+//! `--start-server`: runs this same binary as `spate serve` on free loopback
+//! ports, waits until `/stats` answers, and stops it with SIGTERM (the clean
+//! two-phase shutdown) at the end. Dropping a [`ServerProcess`] that was not
+//! stopped kills it, so a failed run never leaves a server behind.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::bench::BenchError;
+use crate::bench::stats::AdminClient;
+
+/// How long a started server may take to answer `/stats`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long it may take to stop after SIGTERM before it is killed.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of the server's log shown when it fails.
+const LOG_TAIL_BYTES: usize = 4096;
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Targets {
+    pub ingest: String,
+    pub subscribe: String,
+    pub admin: String,
+}
+
+/// A running `spate serve` child.
+pub struct ServerProcess {
+    child: Option<Child>,
+    pub targets: Targets,
+    pub log_path: PathBuf,
+    /// The exact command line, for the report.
+    pub command_line: String,
+}
+
+fn free_loopback_port() -> Result<u16, BenchError> {
+    let io_error = |source| BenchError::Io { what: "find a free loopback port", source };
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error)?;
+    Ok(listener.local_addr().map_err(io_error)?.port())
+}
+
+impl ServerProcess {
+    /// Starts `<this binary> serve --shards <shards> --ingest ... <extra_args>`.
+    pub fn start(shard_count: usize, extra_args: &[String]) -> Result<ServerProcess, BenchError> {
+        let program = std::env::current_exe().map_err(|source| BenchError::Io { what: "find own binary", source })?;
+        let targets = Targets {
+            ingest: format!("127.0.0.1:{}", free_loopback_port()?),
+            subscribe: format!("127.0.0.1:{}", free_loopback_port()?),
+            admin: format!("127.0.0.1:{}", free_loopback_port()?),
+        };
+        let mut args: Vec<String> = vec!["serve".into(), "--shards".into(), shard_count.to_string()];
+        for (flag, addr) in
+            [("--ingest", &targets.ingest), ("--subscribe", &targets.subscribe), ("--admin", &targets.admin)]
+        {
+            args.extend([flag.to_string(), addr.clone()]);
+        }
+        args.extend(extra_args.iter().cloned());
+        let log_path = std::env::temp_dir().join(format!("spate-bench-server-{}.log", std::process::id()));
+        let log =
+            std::fs::File::create(&log_path).map_err(|source| BenchError::Io { what: "create server log", source })?;
+        let child = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|source| BenchError::Io { what: "spawn spate serve", source })?;
+        let command_line = std::iter::once(program.display().to_string()).chain(args).collect::<Vec<_>>().join(" ");
+        let mut server = ServerProcess { child: Some(child), targets, log_path, command_line };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), BenchError> {
+        let admin = AdminClient::new(&self.targets.admin);
+        let started = Instant::now();
+        while started.elapsed() < READY_TIMEOUT {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(BenchError::ServerExited { status: status.to_string(), log_tail: self.log_tail() });
+            }
+            if admin.stats().is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(BenchError::ServerNotReady { waited_s: READY_TIMEOUT.as_secs(), log_tail: self.log_tail() })
+    }
+
+    /// The end of the server's stderr.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let mut start = text.len().saturating_sub(LOG_TAIL_BYTES);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        text[start..].to_owned()
+    }
+
+    /// CPU seconds (user + system) the server has used so far, from
+    /// `/proc/<pid>/stat`.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.pid()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesised command name; utime and stime are
+        // fields 14 and 15 of the whole line, 12 and 13 after the name.
+        let after_name = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        (ticks_per_s > 0).then(|| ticks as f64 / ticks_per_s as f64)
+    }
+
+    /// SIGTERM, then wait for the clean exit (kill after [`STOP_TIMEOUT`]).
+    pub fn stop(mut self) -> Result<ExitStatus, BenchError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(BenchError::ServerExited { status: "already exited".into(), log_tail: self.log_tail() });
+        };
+        let pid = libc::pid_t::try_from(child.id()).expect("pids fit in pid_t");
+        // SAFETY: kill(2) on our own child, which has not been waited for, so
+        // the pid cannot have been reused.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if started.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(BenchError::ServerStopTimeout {
+                        waited_s: STOP_TIMEOUT.as_secs(),
+                        log_tail: self.log_tail(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
