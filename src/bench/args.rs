@@ -45,7 +45,7 @@ pub struct BenchArgs {
     #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub server_args: Vec<String>,
 
-    /// Producer connections (one thread each).
+    /// Producer connections (closed loop: a thread each; open loop: shared by the --pacer-threads).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
     /// Events to send in total (split evenly over connections).
@@ -79,11 +79,14 @@ pub struct BenchArgs {
     /// Open loop: send this many events/s in total, on a fixed schedule. Absent: closed loop, as fast as possible.
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Open loop: a connection wakes up at most once per tick and sends everything due in one write. The wait
-    /// counts in the latency (up to one tick); shorter ticks cost more CPU (a wake-up and a send per tick per
-    /// connection, about 10 µs each on a VM).
+    /// Open loop: a pacer wakes up at most once per tick and sends everything due, one write per connection. The
+    /// wait counts in the latency (up to one tick); shorter ticks cost more CPU (a wake-up and a write per
+    /// connection per tick cost tens of µs on a VM, loopback receive path included).
     #[arg(long, default_value_t = 100)]
     pub tick_us: u64,
+    /// Open loop: threads that pace the connections (each serves its share of them, one wake-up per tick).
+    #[arg(long, default_value_t = 1)]
+    pub pacer_threads: usize,
     /// Bytes a connection builds and writes at once.
     #[arg(long, default_value_t = 256 * 1024)]
     pub write_bytes: usize,
@@ -152,6 +155,8 @@ pub struct Plan {
     /// Events/s over all connections; `None` is closed loop.
     pub rate: Option<f64>,
     pub tick: Duration,
+    /// Open loop: threads pacing the connections.
+    pub pacer_thread_count: usize,
     pub write_bytes: usize,
     pub subscriber: bool,
     pub drain_timeout: Duration,
@@ -194,6 +199,9 @@ impl Plan {
         if args.tick_us == 0 || args.tick_us > TICK_US_MAX {
             return Err(invalid("--tick-us", args.tick_us.to_string(), "must be between 1 and 100000"));
         }
+        if args.pacer_threads == 0 {
+            return Err(invalid("--pacer-threads", "0".into(), "must be at least 1"));
+        }
         if args.write_bytes < 4096 || args.write_bytes > WRITE_BYTES_MAX {
             return Err(invalid("--write-bytes", args.write_bytes.to_string(), "must be between 4 KiB and 64 MiB"));
         }
@@ -225,10 +233,16 @@ impl Plan {
             sampler,
             rate: args.rate,
             tick: Duration::from_micros(args.tick_us),
+            pacer_thread_count: args.pacer_threads.min(args.connections),
             write_bytes: args.write_bytes,
             subscriber,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout_s),
         })
+    }
+
+    /// Producer threads: one per connection in closed loop, the pacers in open loop.
+    pub fn producer_thread_count(&self) -> usize {
+        if self.rate.is_some() { self.pacer_thread_count } else { self.connection_count }
     }
 
     /// Events connection `index` sends under `Stop::Events` (the remainder

@@ -10,11 +10,12 @@
 //! 2. `/stats` is read ([`stats`]) and "how it was run" is printed.
 //! 3. The subscriber ([`subscriber`]) sends `SUB * latest` and the bench waits
 //!    until the server counts it, so it sees every event sent afterwards.
-//! 4. One thread per producer connection ([`producer`]) connects, draws its
-//!    ring of keys, and waits at a barrier; then all start at once. Each builds
-//!    lines into a reusable buffer and writes them in big chunks, closed loop
-//!    or on an open-loop schedule, and ends with `#SYNC`; the run's time is from
-//!    the first byte to the last `OK`.
+//! 4. The producer threads ([`producer`]) connect, draw their rings of keys,
+//!    and wait at a barrier; then all start at once. Closed loop has a thread
+//!    per connection; open loop has `--pacer-threads` (default 1) that each
+//!    pace a share of the connections. Lines are built into reusable buffers
+//!    and written in big chunks; every connection ends with `#SYNC`, and the
+//!    run's time is from the first byte to the last `OK`.
 //! 5. Meanwhile the sampler polls `/stats` every 200 ms (plot data) and prints
 //!    a progress line each second.
 //! 6. The subscriber drains; `/stats` is read again; the [`report`] (table,
@@ -224,6 +225,7 @@ fn run_info(
         subscriber: plan.subscriber.then_some(args.sub_from.as_str()),
         write_bytes: plan.write_bytes,
         tick_us: plan.rate.map(|_| plan.tick.as_micros() as u64),
+        pacer_threads: plan.rate.map(|_| plan.pacer_thread_count),
         server: ServerInfo {
             started: server.is_some(),
             command_line: server.map(|server| server.command_line.clone()),
@@ -263,7 +265,7 @@ fn drive(
     let clock = BenchClock::new();
     let shared = Arc::new(Shared {
         clock,
-        start_barrier: Barrier::new(plan.connection_count + 1),
+        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
         start_ns: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         events_sent: AtomicU64::new(0),
@@ -271,9 +273,9 @@ fn drive(
     });
     let subscriber =
         if plan.subscriber { Some(start_subscriber(args, layout, targets, admin, before, clock)?) } else { None };
-    let mut producers = Vec::with_capacity(plan.connection_count);
+    let mut groups: Vec<Vec<ProducerTask>> = (0..plan.producer_thread_count()).map(|_| Vec::new()).collect();
     for index in 0..plan.connection_count {
-        let task = ProducerTask {
+        groups[index % plan.producer_thread_count()].push(ProducerTask {
             index,
             ingest: targets.ingest.clone(),
             quota: plan.connection_quota(index),
@@ -283,14 +285,18 @@ fn drive(
             },
             rate: plan.rate.map(|rate| rate / plan.connection_count as f64),
             connection_count: plan.connection_count,
-            tick: plan.tick,
             layout,
             write_bytes: plan.write_bytes,
             sampler: plan.sampler.clone(),
             seed: args.seed.wrapping_add(index as u64),
             shared: shared.clone(),
-        };
-        producers.push(spawn(format!("bench-producer-{index}"), move || task.run())?);
+        });
+    }
+    let mut producers = Vec::with_capacity(groups.len());
+    for (thread_index, group) in groups.into_iter().enumerate() {
+        let (shared, tick) = (shared.clone(), plan.tick);
+        producers
+            .push(spawn(format!("bench-producer-{thread_index}"), move || producer::run_group(group, shared, tick))?);
     }
     let cpu_before = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
     let start_ns = clock.now_ns();
@@ -306,8 +312,8 @@ fn drive(
         stop: sampler_stop.clone(),
     };
     let sampler = spawn("bench-sampler".into(), move || stats::run_sampler(inputs))?;
-    let outcomes: Vec<Result<ProducerOutcome, BenchError>> =
-        producers.into_iter().map(|producer| join(producer).and_then(|outcome| outcome)).collect();
+    let outcomes: Vec<Result<Vec<ProducerOutcome>, BenchError>> =
+        producers.into_iter().map(|producer| join(producer).and_then(|outcomes| outcomes)).collect();
     let events_sent = shared.events_sent.load(Ordering::SeqCst);
     let cpu_after = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
     let subscriber = match subscriber {
@@ -322,7 +328,7 @@ fn drive(
     sampler_stop.store(true, Ordering::SeqCst);
     let samples = join(sampler)?;
     Ok(Measured {
-        producers: outcomes.into_iter().collect::<Result<_, _>>()?,
+        producers: outcomes.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect(),
         subscriber,
         samples,
         bench_cpu_s: cpu_after.0 - cpu_before.0,

@@ -1,6 +1,7 @@
-//! One producer connection: builds lines into a reusable buffer and writes
-//! them in big chunks, closed loop (as fast as TCP takes them) or open loop
-//! (on a schedule), then sends `#SYNC` and waits for the `OK`.
+//! Producer connections: each builds lines into a reusable buffer and writes
+//! them in big chunks, closed loop (as fast as TCP takes them, a thread per
+//! connection) or open loop (on a schedule, connections paced together by
+//! [`run_group`]), then sends `#SYNC` and waits for the `OK`.
 //!
 //! The hot path allocates nothing and reads no clock per event. Every line of a
 //! run has the same length (`KEY SP STAMP PADDING LF`, keys of one width), so
@@ -14,6 +15,14 @@
 //! that fell due meanwhile are sent as soon as the socket takes them, still
 //! stamped with when they should have gone, so the stall shows in the
 //! latency instead of silently thinning the load.
+//!
+//! Where the CPU goes (perf, this 2-vCPU VM): closed loop costs about 25 ns
+//! per 72-byte line, a quarter of it building lines and the rest the kernel
+//! copying them into the socket. Open loop at a few M events/s costs far more
+//! per event, almost all of it per write in the kernel: the send, the
+//! loopback receive path that runs in the sender's context (waking the
+//! server), and the pacer's sleep and wake-up. Hence one pacer thread by
+//! default and a tick that batches a write's worth of events.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -213,7 +222,6 @@ pub struct ProducerTask {
     /// Events/s of this connection (open loop).
     pub rate: Option<f64>,
     pub connection_count: usize,
-    pub tick: Duration,
     pub layout: LineLayout,
     pub write_bytes: usize,
     pub sampler: KeySampler,
@@ -236,55 +244,96 @@ pub struct ProducerOutcome {
     pub first_error_line: Option<String>,
 }
 
-/// The connection before the start line.
-struct Ready {
+/// Runs `tasks` on the calling thread: one connection in closed loop, or any
+/// number paced together in open loop (one wake-up per tick serves them all;
+/// on a VM a wake-up costs about as much as the write itself). Connects and
+/// draws keys, meets the other threads at the start barrier, sends, and
+/// syncs. The barrier is always reached, even on failure, so one bad
+/// connection cannot hang the rest.
+pub fn run_group(
+    tasks: Vec<ProducerTask>,
+    shared: Arc<Shared>,
+    tick: Duration,
+) -> Result<Vec<ProducerOutcome>, BenchError> {
+    let open_loop = tasks.iter().any(|task| task.rate.is_some());
+    assert!(open_loop || tasks.len() == 1, "closed-loop connections run one per thread");
+    if open_loop {
+        set_timer_slack_ns(1000);
+    }
+    let prepared: Result<Vec<Connection>, BenchError> = tasks.into_iter().map(Connection::prepare).collect();
+    if prepared.is_err() {
+        shared.abort.store(true, Ordering::SeqCst);
+    }
+    shared.start_barrier.wait();
+    let mut connections = prepared?;
+    if shared.abort.load(Ordering::SeqCst) {
+        return Ok(Vec::new());
+    }
+    let start_ns = shared.start_ns.load(Ordering::SeqCst);
+    let sent = if open_loop {
+        connections.iter_mut().for_each(|connection| connection.start_schedule(start_ns));
+        pace(&mut connections, &shared, tick)
+    } else {
+        connections.iter_mut().try_for_each(|connection| connection.send_closed_loop(start_ns))
+    };
+    sent.inspect_err(|_| shared.abort.store(true, Ordering::SeqCst))?;
+    // Every connection's #SYNC goes out before any OK is awaited, so the
+    // group's connections are acknowledged in parallel.
+    connections.iter_mut().try_for_each(Connection::send_sync)?;
+    connections.iter_mut().try_for_each(Connection::await_sync)?;
+    Ok(connections.into_iter().map(|connection| connection.outcome).collect())
+}
+
+/// Paces open-loop connections: each wake-up sends what every connection
+/// has due, then sleeps until the next event is due, and at least one tick
+/// after this wake-up, so events gather into one write per tick instead of
+/// one per event. When the writes took longer than a tick (the server
+/// pushed back), there is no sleep: what fell due meanwhile goes out at once,
+/// stamped with when it should have gone.
+fn pace(connections: &mut [Connection], shared: &Shared, tick: Duration) -> Result<(), BenchError> {
+    let clock = shared.clock;
+    let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX);
+    while !shared.abort.load(Ordering::Relaxed) {
+        let woke_ns = clock.now_ns();
+        let mut next_ns = u64::MAX;
+        for connection in connections.iter_mut() {
+            connection.send_due(woke_ns)?;
+            next_ns = next_ns.min(connection.next_intended_ns());
+        }
+        if next_ns == u64::MAX {
+            return Ok(());
+        }
+        let wake_ns = next_ns.max(woke_ns.saturating_add(tick_ns));
+        let now_ns = clock.now_ns();
+        if wake_ns > now_ns {
+            std::thread::sleep(Duration::from_nanos(wake_ns - now_ns));
+        }
+    }
+    Ok(())
+}
+
+/// One connection during the run.
+struct Connection {
+    task: ProducerTask,
     stream: TcpStream,
     draws: Vec<u64>,
+    draw_index: usize,
     buffer: WriteBuffer,
     /// Line heads of the current hot set (hotspot), and where it starts.
     hot_heads: Vec<u64>,
     hot_base: u32,
+    /// Open loop: the schedule, events to send in all, events sent.
+    schedule: Schedule,
+    quota: u64,
+    sent: u64,
+    outcome: ProducerOutcome,
 }
 
-impl Ready {
-    /// Keeps `hot_heads` on the hot set of `elapsed_ns` into the run.
-    fn follow_hot_set(&mut self, sampler: &KeySampler, elapsed_ns: u64) {
-        let hot_base = sampler.hot_base(elapsed_ns);
-        if hot_base != self.hot_base {
-            self.hot_base = hot_base;
-            sampler.hot_heads(hot_base, &mut self.hot_heads);
-        }
-    }
-}
-
-impl ProducerTask {
-    /// Connects and draws keys, meets the others at the start barrier, sends,
-    /// and syncs. The barrier is always reached, even on failure, so one bad
-    /// connection cannot hang the rest.
-    pub fn run(self) -> Result<ProducerOutcome, BenchError> {
-        let ready = self.prepare();
-        if ready.is_err() {
-            self.shared.abort.store(true, Ordering::SeqCst);
-        }
-        self.shared.start_barrier.wait();
-        let mut ready = ready?;
-        if self.shared.abort.load(Ordering::SeqCst) {
-            return Ok(ProducerOutcome::default());
-        }
-        let start_ns = self.shared.start_ns.load(Ordering::SeqCst);
-        let mut outcome = match self.rate {
-            None => self.send_closed_loop(&mut ready, start_ns),
-            Some(rate) => self.send_open_loop(&mut ready, start_ns, rate),
-        }
-        .inspect_err(|_| self.shared.abort.store(true, Ordering::SeqCst))?;
-        self.sync(&mut ready.stream, &mut outcome)?;
-        Ok(outcome)
-    }
-
-    fn prepare(&self) -> Result<Ready, BenchError> {
-        let stream = TcpStream::connect(&self.ingest).map_err(|source| BenchError::Connect {
+impl Connection {
+    fn prepare(task: ProducerTask) -> Result<Connection, BenchError> {
+        let stream = TcpStream::connect(&task.ingest).map_err(|source| BenchError::Connect {
             what: "ingest",
-            addr: self.ingest.clone(),
+            addr: task.ingest.clone(),
             source,
         })?;
         // Open-loop writes can be small; they must not wait for Nagle.
@@ -292,129 +341,139 @@ impl ProducerTask {
         stream
             .set_write_timeout(Some(WRITE_STALL_TIMEOUT))
             .map_err(|source| BenchError::Io { what: "set write timeout", source })?;
-        if self.rate.is_some() {
-            set_timer_slack_ns(1000);
-        }
-        let draws = self.sampler.draws(draw_ring_len(self.connection_count), self.seed);
-        let buffer = WriteBuffer::new(self.layout, self.write_bytes);
+        let draws = task.sampler.draws(draw_ring_len(task.connection_count), task.seed);
+        let buffer = WriteBuffer::new(task.layout, task.write_bytes);
         let mut hot_heads = Vec::new();
-        self.sampler.hot_heads(0, &mut hot_heads);
-        Ok(Ready { stream, draws, buffer, hot_heads, hot_base: 0 })
+        task.sampler.hot_heads(0, &mut hot_heads);
+        Ok(Connection {
+            task,
+            stream,
+            draws,
+            draw_index: 0,
+            buffer,
+            hot_heads,
+            hot_base: 0,
+            schedule: Schedule { start_ns: 0, phase_ns: 0.0, interval_ns: 1.0 },
+            quota: 0,
+            sent: 0,
+            outcome: ProducerOutcome::default(),
+        })
     }
 
-    fn elapsed_deadline_ns(&self) -> u64 {
-        self.duration.map_or(u64::MAX, |duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    /// Keeps `hot_heads` on the hot set of `now_ns`.
+    fn follow_hot_set(&mut self, now_ns: u64) {
+        let start_ns = self.task.shared.start_ns.load(Ordering::Relaxed);
+        let hot_base = self.task.sampler.hot_base(now_ns.saturating_sub(start_ns));
+        if hot_base != self.hot_base {
+            self.hot_base = hot_base;
+            self.task.sampler.hot_heads(hot_base, &mut self.hot_heads);
+        }
     }
 
-    fn send_closed_loop(&self, ready: &mut Ready, start_ns: u64) -> Result<ProducerOutcome, BenchError> {
-        let clock = self.shared.clock;
-        let mut remaining = self.quota.unwrap_or(u64::MAX);
-        let deadline_ns = self.elapsed_deadline_ns();
-        let mut outcome = ProducerOutcome { first_write_ns: clock.now_ns(), ..ProducerOutcome::default() };
-        let mut draw_index = 0usize;
-        while remaining > 0 && !self.shared.abort.load(Ordering::Relaxed) {
+    fn deadline_ns(&self) -> u64 {
+        self.task.duration.map_or(u64::MAX, |duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn send_closed_loop(&mut self, start_ns: u64) -> Result<(), BenchError> {
+        let clock = self.task.shared.clock;
+        let mut remaining = self.task.quota.unwrap_or(u64::MAX);
+        let deadline_ns = self.deadline_ns();
+        self.outcome.first_write_ns = clock.now_ns();
+        while remaining > 0 && !self.task.shared.abort.load(Ordering::Relaxed) {
             let now_ns = clock.now_ns();
-            let elapsed_ns = now_ns.saturating_sub(start_ns);
-            if elapsed_ns >= deadline_ns {
+            if now_ns.saturating_sub(start_ns) >= deadline_ns {
                 break;
             }
-            let line_count = remaining.min(ready.buffer.line_capacity() as u64) as usize;
-            ready.follow_hot_set(&self.sampler, elapsed_ns);
-            let bytes =
-                ready.buffer.fill(line_count, &ready.draws, &mut draw_index, &ready.hot_heads, Stamps::One(now_ns));
-            self.write(&mut ready.stream, bytes, line_count as u64, &mut outcome)?;
+            let line_count = remaining.min(self.buffer.line_capacity() as u64) as usize;
+            self.follow_hot_set(now_ns);
+            self.write_lines(line_count, Stamps::One(now_ns))?;
             remaining -= line_count as u64;
         }
-        Ok(outcome)
+        Ok(())
     }
 
-    fn send_open_loop(&self, ready: &mut Ready, start_ns: u64, rate: f64) -> Result<ProducerOutcome, BenchError> {
-        let clock = self.shared.clock;
+    fn start_schedule(&mut self, start_ns: u64) {
+        let task = &self.task;
+        let rate = task.rate.expect("open loop has a rate");
         let interval_ns = 1e9 / rate;
-        let phase_ns = interval_ns * self.index as f64 / self.connection_count as f64;
-        let schedule = Schedule { start_ns, phase_ns, interval_ns };
-        let quota = match (self.quota, self.duration) {
+        let phase_ns = interval_ns * task.index as f64 / task.connection_count as f64;
+        self.schedule = Schedule { start_ns, phase_ns, interval_ns };
+        self.quota = match (task.quota, task.duration) {
             (Some(quota), _) => quota,
             (None, Some(duration)) => (duration.as_secs_f64() * rate).round() as u64,
             (None, None) => u64::MAX,
         };
-        let tick_ns = self.tick.as_nanos() as u64;
-        let mut outcome = ProducerOutcome::default();
-        let mut draw_index = 0usize;
-        let mut sent = 0u64;
-        while sent < quota && !self.shared.abort.load(Ordering::Relaxed) {
-            let woke_ns = clock.now_ns();
-            let due = schedule.due_count(woke_ns).min(quota);
-            if sent == 0 && due > 0 {
-                outcome.first_write_ns = woke_ns;
-            }
-            ready.follow_hot_set(&self.sampler, woke_ns.saturating_sub(start_ns));
-            // Everything due at wake-up goes out now, in buffer-sized writes.
-            while sent < due {
-                let line_count = (due - sent).min(ready.buffer.line_capacity() as u64) as usize;
-                let stamps = Stamps::Scheduled { schedule, first_event_index: sent };
-                let bytes = ready.buffer.fill(line_count, &ready.draws, &mut draw_index, &ready.hot_heads, stamps);
-                self.write(&mut ready.stream, bytes, line_count as u64, &mut outcome)?;
-                sent += line_count as u64;
-            }
-            // Then sleep: until the next event is due, and at least a tick
-            // after this wake-up, so that events gather into one write per
-            // tick instead of one write per event. When the writes took
-            // longer than a tick (the server pushed back), there is no sleep
-            // and the events that fell due meanwhile go out at once.
-            let wake_ns = schedule.intended_ns(sent).max(woke_ns + tick_ns);
-            let now_ns = clock.now_ns();
-            if sent < quota && wake_ns > now_ns {
-                std::thread::sleep(Duration::from_nanos(wake_ns - now_ns));
-            }
-        }
-        Ok(outcome)
     }
 
-    fn write(
-        &self,
-        stream: &mut TcpStream,
-        bytes: &[u8],
-        event_count: u64,
-        outcome: &mut ProducerOutcome,
-    ) -> Result<(), BenchError> {
-        stream.write_all(bytes).map_err(|source| match source.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                BenchError::ServerStalled { connection: self.index, waited_s: WRITE_STALL_TIMEOUT.as_secs() }
-            }
-            _ => BenchError::Io { what: "write to ingest", source },
-        })?;
-        outcome.events_sent += event_count;
-        outcome.write_count += 1;
-        outcome.line_bytes_sent += bytes.len() as u64;
-        self.shared.events_sent.fetch_add(event_count, Ordering::Relaxed);
-        self.shared.line_bytes_sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    /// Sends every event due at `now_ns`, in buffer-sized writes.
+    fn send_due(&mut self, now_ns: u64) -> Result<(), BenchError> {
+        let due = self.schedule.due_count(now_ns).min(self.quota);
+        if self.sent == 0 && due > 0 {
+            self.outcome.first_write_ns = now_ns;
+        }
+        self.follow_hot_set(now_ns);
+        while self.sent < due {
+            let line_count = (due - self.sent).min(self.buffer.line_capacity() as u64) as usize;
+            self.write_lines(line_count, Stamps::Scheduled { schedule: self.schedule, first_event_index: self.sent })?;
+            self.sent += line_count as u64;
+        }
         Ok(())
     }
 
-    /// Sends `#SYNC bench-<index>` and reads replies until its `OK`.
-    fn sync(&self, stream: &mut TcpStream, outcome: &mut ProducerOutcome) -> Result<(), BenchError> {
-        let token = format!("bench-{}", self.index);
+    /// When the next event is due (`u64::MAX` when all are sent).
+    fn next_intended_ns(&self) -> u64 {
+        if self.sent < self.quota { self.schedule.intended_ns(self.sent) } else { u64::MAX }
+    }
+
+    fn write_lines(&mut self, line_count: usize, stamps: Stamps) -> Result<(), BenchError> {
+        let bytes = self.buffer.fill(line_count, &self.draws, &mut self.draw_index, &self.hot_heads, stamps);
+        self.stream.write_all(bytes).map_err(|source| match source.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                BenchError::ServerStalled { connection: self.task.index, waited_s: WRITE_STALL_TIMEOUT.as_secs() }
+            }
+            _ => BenchError::Io { what: "write to ingest", source },
+        })?;
+        let (event_count, byte_count) = (line_count as u64, bytes.len() as u64);
+        let outcome = &mut self.outcome;
+        outcome.events_sent += event_count;
+        outcome.write_count += 1;
+        outcome.line_bytes_sent += byte_count;
+        self.task.shared.events_sent.fetch_add(event_count, Ordering::Relaxed);
+        self.task.shared.line_bytes_sent.fetch_add(byte_count, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn token(&self) -> String {
+        format!("bench-{}", self.task.index)
+    }
+
+    fn send_sync(&mut self) -> Result<(), BenchError> {
+        let line = format!("#SYNC {}\n", self.token());
+        self.stream.write_all(line.as_bytes()).map_err(|source| BenchError::Io { what: "#SYNC on ingest", source })
+    }
+
+    /// Reads replies until the `OK` to this connection's `#SYNC`.
+    fn await_sync(&mut self) -> Result<(), BenchError> {
         let sync_error = |source| BenchError::Io { what: "#SYNC on ingest", source };
-        stream.write_all(format!("#SYNC {token}\n").as_bytes()).map_err(sync_error)?;
-        stream.set_read_timeout(Some(SYNC_TIMEOUT)).map_err(sync_error)?;
-        let mut reader = BufReader::new(&*stream);
+        let ok_suffix = format!(" SYNC {}", self.token());
+        self.stream.set_read_timeout(Some(SYNC_TIMEOUT)).map_err(sync_error)?;
+        let mut reader = BufReader::new(&self.stream);
         let mut line = Vec::with_capacity(256);
         loop {
             line.clear();
             let count = reader.read_until(b'\n', &mut line).map_err(sync_error)?;
             if count == 0 {
-                return Err(BenchError::SyncClosed { connection: self.index });
+                return Err(BenchError::SyncClosed { connection: self.task.index });
             }
             let text = String::from_utf8_lossy(&line);
             let text = text.trim_end();
-            if text.starts_with("OK ") && text.ends_with(&format!(" SYNC {token}")) {
-                outcome.sync_ok_ns = self.shared.clock.now_ns();
+            if text.starts_with("OK ") && text.ends_with(&ok_suffix) {
+                self.outcome.sync_ok_ns = self.task.shared.clock.now_ns();
                 return Ok(());
             }
             if text.starts_with("ERR ") {
-                outcome.error_line_count += 1;
-                outcome.first_error_line.get_or_insert_with(|| text.to_owned());
+                self.outcome.error_line_count += 1;
+                self.outcome.first_error_line.get_or_insert_with(|| text.to_owned());
             }
         }
     }
@@ -534,27 +593,5 @@ mod tests {
         assert_eq!(schedule.due_count(1_050), 1);
         assert_eq!(schedule.due_count(1_349), 3);
         assert_eq!(schedule.due_count(1_350), 4);
-    }
-
-    /// Scratch: fill speed (run with --ignored --nocapture).
-    #[test]
-    #[ignore]
-    fn fill_speed() {
-        let sampler = uniform(100_000);
-        let draws = sampler.draws(1 << 20, 1);
-        let mut buffer = WriteBuffer::new(LineLayout::new(sampler.key_width(), 64, TAG), 256 * 1024);
-        let lines = buffer.line_capacity();
-        let mut draw_index = 0;
-        let rounds = 3000;
-        for (name, one) in [("scheduled", false), ("one stamp", true)] {
-            let started = std::time::Instant::now();
-            let mut sum = 0u64;
-            for round in 0..rounds {
-                let stamps = if one { Stamps::One(round) } else { scheduled(round) };
-                sum += u64::from(buffer.fill(lines, &draws, &mut draw_index, &[], stamps)[17]);
-            }
-            let ns = started.elapsed().as_nanos() as f64 / (rounds as usize * lines) as f64;
-            eprintln!("{name}: {ns:.2} ns/event ({sum})");
-        }
     }
 }

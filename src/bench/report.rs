@@ -72,6 +72,8 @@ pub struct RunInfo {
     pub subscriber: Option<&'static str>,
     pub write_bytes: usize,
     pub tick_us: Option<u64>,
+    /// Open loop: threads pacing the connections.
+    pub pacer_threads: Option<usize>,
     pub server: ServerInfo,
     pub machine: Machine,
 }
@@ -233,7 +235,12 @@ pub fn render_run_info(run: &RunInfo) -> String {
         (None, None) => "?".into(),
     };
     let mode = match run.rate_per_s {
-        Some(rate) => format!("open loop at {}/s (tick {} µs)", format_rate(rate), run.tick_us.unwrap_or(0)),
+        Some(rate) => format!(
+            "open loop at {}/s (tick {} µs, {} pacer threads)",
+            format_rate(rate),
+            run.tick_us.unwrap_or(0),
+            run.pacer_threads.unwrap_or(1)
+        ),
         None => "closed loop (max rate)".into(),
     };
     let _ = writeln!(out, "  load:     {mode}, {} connections, {stop}, {} B writes", run.connections, run.write_bytes);
@@ -401,6 +408,7 @@ mod tests {
                 subscriber: Some("latest"),
                 write_bytes: 262_144,
                 tick_us: None,
+                pacer_threads: None,
                 server: ServerInfo {
                     started: true,
                     command_line: None,

@@ -1,7 +1,9 @@
 //! `--start-server`: runs this same binary as `spate serve` on free loopback
 //! ports, waits until `/stats` answers, and stops it with SIGTERM (the clean
 //! two-phase shutdown) at the end. Dropping a [`ServerProcess`] that was not
-//! stopped kills it, so a failed run never leaves a server behind.
+//! stopped kills it, so a failed run never leaves a server behind. The
+//! server's stderr goes to a file in the temp directory, removed after a
+//! clean stop and kept (and shown) after a failure.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -132,7 +134,13 @@ impl ServerProcess {
         let started = Instant::now();
         loop {
             match child.try_wait() {
-                Ok(Some(status)) => return Ok(status),
+                Ok(Some(status)) => {
+                    // A clean stop leaves nothing to read; a failed one keeps its log.
+                    if status.success() {
+                        let _ = std::fs::remove_file(&self.log_path);
+                    }
+                    return Ok(status);
+                }
                 Ok(None) if started.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(20)),
                 _ => {
                     let _ = child.kill();
