@@ -120,6 +120,12 @@ pub struct Config {
     #[arg(long, default_value_t = 512 * KIB)]
     pub io_memory_bytes: usize,
 
+    /// Microseconds an idle shard spins before it parks (glommio
+    /// spin_before_park). Parking costs a process-wide membarrier IPI and a
+    /// wake-up later; spinning trades idle CPU for that. 0 = park at once.
+    #[arg(long, default_value_t = 0)]
+    pub spin_before_park_us: u64,
+
     /// Dynamic partitioning: `on` lets idle shards steal hot partitions from
     /// busy ones at runtime; `off` keeps the initial static placement.
     #[arg(long, value_enum, default_value_t = Rebalance::On)]

@@ -71,6 +71,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     let pool = LocalExecutorPoolBuilder::new(placement)
         .name("spate-shard")
         .io_memory(config.io_memory_bytes)
+        .spin_before_park(Duration::from_micros(config.spin_before_park_us))
         .on_all_shards(move || run_shard(context))
         .map_err(|error| ServeError::Start(format!("executor pool: {error}")))?;
     let started = Instant::now();
