@@ -195,6 +195,7 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
             + s.lines_rejected_line_too_long
             + s.lines_rejected_unterminated
     });
+    let (imbalance_ratio, imbalance_bound_ratio) = imbalance(stats);
     let totals = json!({
         "events_ingested": sum(stats, |s| s.events_ingested),
         "bytes_ingested": sum(stats, |s| s.bytes_ingested),
@@ -210,8 +211,8 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
         "events_delivered": sum(stats, |s| s.events_delivered),
         "log_bytes": sum(stats, |s| s.log_bytes),
         "load_events_per_s": stats.iter().map(|s| s.load_events_per_s).sum::<f64>(),
-        "imbalance_ratio": imbalance(stats).0,
-        "imbalance_bound_ratio": imbalance(stats).1,
+        "imbalance_ratio": imbalance_ratio,
+        "imbalance_bound_ratio": imbalance_bound_ratio,
         "migrations_started": sum(stats, |s| s.migrations_started),
         "migrations_completed": sum(stats, |s| s.migrations_completed),
         "migrations_refused": sum(stats, |s| s.steal_refusals_sent),

@@ -6,6 +6,7 @@ pub mod log;
 pub use log::{PartitionLog, ReadOutcome, Truncated};
 
 use crate::balance::Ewma;
+use crate::protocol::RecordRef;
 
 /// Where a partition lives: its owner shard and the epoch of that decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -92,6 +93,15 @@ impl Partition {
             sampled_bytes: 0,
             moved_ms: None,
         }
+    }
+
+    /// Appends one event; returns the record bytes it added to the log.
+    #[inline]
+    pub fn append(&mut self, record: &RecordRef<'_>) -> u64 {
+        self.log.append(record.log_record);
+        self.events_total += 1;
+        self.bytes_total += record.payload.len() as u64;
+        record.log_record.len() as u64
     }
 
     /// Folds the events since the last sample into the rates.

@@ -99,9 +99,10 @@ impl Shard {
         for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
             self.outbox.send(peer, Frame::Load(report.clone()), &self.metrics);
         }
+        let migrating = self.is_migrating();
         let mut balancer = self.balancer.borrow_mut();
         balancer.view.update(report);
-        if !balancer.enabled || balancer.state.is_migrating() || self.migrations.borrow().is_busy() {
+        if !balancer.enabled || migrating {
             return;
         }
         if let Some((_, sent_ms)) = balancer.pending_request
@@ -124,6 +125,7 @@ impl Shard {
 
     /// Samples every owned partition's rate and builds this shard's report.
     fn sample_load(&self, now_ms: u64) -> LoadReport {
+        let migrating = self.is_migrating();
         let mut balancer = self.balancer.borrow_mut();
         let elapsed_ms = balancer.last_sample_ms.map_or(0, |last| now_ms - last);
         let mut partitions = self.partitions.borrow_mut();
@@ -153,7 +155,7 @@ impl Shard {
             busy_ratio: 0.0,
             credit_stalls: self.metrics.credit_stalls.get(),
             partitions_owned: partitions.owned_count(),
-            migrating: balancer.state.is_migrating() || self.migrations.borrow().is_busy(),
+            migrating,
             hottest: hottest_partitions(&loads),
         };
         balancer.loads = loads;
@@ -197,6 +199,16 @@ impl Shard {
                 self.balancer.borrow_mut().counters.steal_refusals_sent += 1;
                 self.outbox.send(thief, Frame::StealRefused(refusal), &self.metrics);
             }
+        }
+    }
+
+    /// Ends the balancer's record of the migration of `partition`, if it is
+    /// the one it recorded (a shard can be in the protocol for a partition
+    /// the balancer did not start, e.g. a thief already busy as an owner).
+    pub(super) fn finish_recorded_migration(&self, partition: u32, now_ms: u64) {
+        let mut balancer = self.balancer.borrow_mut();
+        if balancer.state.migration().is_some_and(|migration| migration.partition == partition) {
+            balancer.state.finish(partition, now_ms);
         }
     }
 

@@ -176,11 +176,7 @@ impl Shard {
         partition.moved_ms = Some(now_ms);
         let handoff = Handoff { partition_id: outgoing.partition, epoch: outgoing.epoch, partition };
         self.outbox.send(outgoing.thief, Frame::Handoff(handoff), &self.metrics);
-        let mut balancer = self.balancer.borrow_mut();
-        if balancer.state.migration().is_some_and(|migration| migration.partition == outgoing.partition) {
-            balancer.state.finish(outgoing.partition, now_ms);
-        }
-        drop(balancer);
+        self.finish_recorded_migration(outgoing.partition, now_ms);
         // Parked fetches for it must now be told it moved.
         self.fetch_notify.notify();
     }
@@ -195,10 +191,7 @@ impl Shard {
         let mut bytes = 0u64;
         while offset < incoming.pending_records.len() {
             let record = decode_log_record(&incoming.pending_records[offset..]).expect("buffered whole records");
-            partition.log.append(record.log_record);
-            partition.events_total += 1;
-            partition.bytes_total += record.payload.len() as u64;
-            bytes += record.log_record.len() as u64 + 4;
+            bytes += partition.append(&record) + 4;
             offset += record.log_record.len();
         }
         ShardMetrics::add(&self.metrics.events_stored, incoming.pending_count);
@@ -212,10 +205,8 @@ impl Shard {
         let mut balancer = self.balancer.borrow_mut();
         balancer.cooldowns.record(handoff.partition_id, moved_ms);
         balancer.counters.migrations_completed += 1;
-        if balancer.state.migration().is_some_and(|migration| migration.partition == handoff.partition_id) {
-            balancer.state.finish(handoff.partition_id, now_ms().max(moved_ms));
-        }
         drop(balancer);
+        self.finish_recorded_migration(handoff.partition_id, now_ms().max(moved_ms));
         self.fetch_notify.notify();
     }
 }

@@ -198,11 +198,8 @@ impl Shard {
             for (partition_id, record) in BatchIter::new(&batch.bytes) {
                 match partitions.get_mut(partition_id) {
                     Some(partition) => {
-                        partition.log.append(record.log_record);
-                        partition.events_total += 1;
-                        partition.bytes_total += record.payload.len() as u64;
                         stored += 1;
-                        stored_bytes += record.log_record.len() as u64 + 4;
+                        stored_bytes += partition.append(&record) + 4;
                     }
                     None if migrations.buffer(partition_id, record.log_record) => held_for = Some(partition_id),
                     None => misrouted += 1,
@@ -243,7 +240,7 @@ impl Shard {
     fn on_grant(&self, owner: u16, grant: CreditGrant) {
         self.router.borrow_mut().grant(owner, grant);
         self.credit_waiters[usize::from(owner)].wake_all();
-        if self.router.borrow().pending_owners().any(|pending| pending == owner) {
+        if self.router.borrow().has_pending(owner) {
             self.request_flush();
         }
     }
@@ -277,7 +274,7 @@ impl Shard {
             waiters
                 .wait_until(|| {
                     self.flush(owner);
-                    !self.router.borrow().pending_owners().any(|pending| pending == owner)
+                    !self.router.borrow().has_pending(owner)
                 })
                 .await;
             let (sent, _) = self.router.borrow().sequences(owner);
@@ -372,6 +369,12 @@ impl Shard {
             Frame::Placement { partition, owner, epoch } => self.on_placement(partition, owner, epoch),
             Frame::Handoff(handoff) => self.on_handoff(handoff),
         }
+    }
+
+    /// A migration into or out of this shard is in flight (as the balancer
+    /// recorded it, or as the protocol still tracks it).
+    pub fn is_migrating(&self) -> bool {
+        self.balancer.borrow().state.is_migrating() || self.migrations.borrow().is_busy()
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -66,10 +66,6 @@ impl WaitList {
         }
     }
 
-    pub fn waiter_count(&self) -> usize {
-        self.slots.borrow().iter().filter(|slot| slot.is_some()).count()
-    }
-
     /// Resolves once `ready()` returns true; re-checked on every wake-up.
     pub fn wait_until<F: FnMut() -> bool + Unpin>(&self, ready: F) -> WaitUntil<'_, F> {
         WaitUntil { list: self, ready, slot: None }

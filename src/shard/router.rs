@@ -143,11 +143,13 @@ impl Router {
 
     /// Owners with an open, non-empty batch.
     pub fn pending_owners(&self) -> impl Iterator<Item = u16> + '_ {
-        self.destinations
-            .iter()
-            .enumerate()
-            .filter(|(_, destination)| !destination.batch.is_empty() || !destination.markers.is_empty())
-            .map(|(owner, _)| owner as u16)
+        self.destinations.iter().enumerate().map(|(owner, _)| owner as u16).filter(|&owner| self.has_pending(owner))
+    }
+
+    /// Whether `owner` has an open batch (events or markers) not yet sent.
+    pub fn has_pending(&self, owner: u16) -> bool {
+        let destination = &self.destinations[usize::from(owner)];
+        !destination.batch.is_empty() || !destination.markers.is_empty()
     }
 
     /// Sequence of the last batch sent to / applied by `owner`.
