@@ -18,7 +18,8 @@
 //! * `owner`: `PartitionLog::append` of records decoded from 64 KiB batches
 //!   with `BatchIter`, retention active (8 MiB retention, 1 MiB segments), into
 //!   one log and into the 128 partitions one of two shards owns.
-//! * `subscribe`: `PartitionLog::read_lines` of a full log in 256 KiB fetches.
+//! * `subscribe`: `partition::fetch::write_lines` (subscriber lines from a
+//!   log, as a fetch writes them) of a full log in 256 KiB fetches.
 //!
 //! Benches whose name ends in a qualifier (`_only`, `_one_pass`,
 //! `_fresh_buffers`, `_cache_sized`, `_inline`, `_fresh_vec`) are diagnostics
@@ -35,10 +36,10 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use spate::partition::fetch::write_lines;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
 use spate::protocol::{BatchIter, Line, LineBuffer, Next, encode_batch_record, parse_line, partition_of};
-use spate::shard::frame::{CreditGrant, DataBatch};
-use spate::shard::router::Router;
+use spate::{CreditGrant, DataBatch, Router, route};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -367,8 +368,9 @@ fn bench_ingest(criterion: &mut Criterion, input: &Input) {
     group.finish();
 }
 
-/// `ingest::process_buffered` without the shard: read, split, parse, hash,
-/// route, batch; returns the events pushed.
+/// `ingest::process_buffered` without the shard: read, split, parse, then
+/// `spate::route` (hash, place, batch, credits) as every ingest format does;
+/// returns the events pushed.
 fn source_path(
     lines: &mut LineBuffer,
     router: &mut Router,
@@ -378,11 +380,17 @@ fn source_path(
 ) -> u64 {
     let mut event_count = 0u64;
     let mut rest = input;
+    let mut taken: Vec<(u16, DataBatch)> = Vec::with_capacity(2);
     loop {
         while let Next::Line { line, .. } = lines.next_line() {
             let Ok(Line::Event { key, payload }) = parse_line(line, LINE_SIZE_MAX) else { panic!("only events") };
-            let partition = partition_of(key, partition_count);
-            push_and_recycle(router, placement.owner(partition), partition, key, payload, true);
+            let routed = route(placement, router, partition_count, key, payload, |owner, batch| {
+                taken.push((owner, batch));
+            });
+            assert!(routed.is_ok(), "window blocked in steady state");
+            for (owner, batch) in taken.drain(..) {
+                grant_back(router, owner, batch, true);
+            }
             event_count += 1;
         }
         if rest.is_empty() {
@@ -529,10 +537,10 @@ fn read_all(log: &PartitionLog, out: &mut Vec<u8>, fresh_vec: bool) -> u64 {
         } else {
             out.clear();
         }
-        let outcome = log.read_lines(7, offset, out, FETCH_BYTES_MAX);
+        let (next_offset, written) = write_lines(out, 7, log, offset, FETCH_BYTES_MAX);
         black_box(&mut *out);
-        offset = outcome.next_offset;
-        event_count += outcome.event_count;
+        offset = next_offset;
+        event_count += written;
     }
     event_count
 }

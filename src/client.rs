@@ -3,6 +3,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 
+use crate::protocol::{SubscriberLine, parse_subscriber_line};
+
 /// `spate sub` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SubArgs {
@@ -20,29 +22,59 @@ pub struct SubArgs {
     pub count: Option<u64>,
 }
 
+/// Why `spate sub` stopped with an error.
+#[derive(Debug)]
+pub enum SubError {
+    Connect {
+        server: String,
+        error: std::io::Error,
+    },
+    Send(std::io::Error),
+    Read(std::io::Error),
+    /// The server answered `ERR ...`.
+    Server(String),
+    Stdout(std::io::Error),
+}
+
+impl std::fmt::Display for SubError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubError::Connect { server, error } => write!(f, "connect {server}: {error}"),
+            SubError::Send(error) => write!(f, "send SUB: {error}"),
+            SubError::Read(error) => write!(f, "read: {error}"),
+            SubError::Server(text) => write!(f, "server: ERR {text}"),
+            SubError::Stdout(error) => write!(f, "stdout: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for SubError {}
+
 /// Connects, subscribes and copies event lines to stdout. `ERR` from the
 /// server becomes an error; `TRUNCATED` notices go to stderr.
-pub fn run_sub(args: &SubArgs) -> Result<(), String> {
-    let mut stream = TcpStream::connect(&args.server).map_err(|error| format!("connect {}: {error}", args.server))?;
-    writeln!(stream, "SUB {} {}", args.partition, args.from).map_err(|error| format!("send SUB: {error}"))?;
+pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
+    let mut stream =
+        TcpStream::connect(&args.server).map_err(|error| SubError::Connect { server: args.server.clone(), error })?;
+    writeln!(stream, "SUB {} {}", args.partition, args.from).map_err(SubError::Send)?;
     let reader = BufReader::with_capacity(1 << 20, stream);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut printed = 0u64;
     for line in reader.split(b'\n') {
-        let line = line.map_err(|error| format!("read: {error}"))?;
-        if line.starts_with(b"ERR ") {
-            return Err(String::from_utf8_lossy(&line).into_owned());
+        let line = line.map_err(SubError::Read)?;
+        match parse_subscriber_line(&line) {
+            Ok(SubscriberLine::Error { text }) => return Err(SubError::Server(String::from_utf8_lossy(text).into())),
+            Ok(SubscriberLine::Truncated { .. }) | Err(_) => {
+                eprintln!("spate sub: {}", String::from_utf8_lossy(&line));
+                continue;
+            }
+            Ok(SubscriberLine::Event { .. }) => {}
         }
-        if line.starts_with(b"TRUNCATED ") {
-            eprintln!("spate sub: {}", String::from_utf8_lossy(&line));
-            continue;
-        }
-        out.write_all(&line).and_then(|()| out.write_all(b"\n")).map_err(|error| format!("stdout: {error}"))?;
+        out.write_all(&line).and_then(|()| out.write_all(b"\n")).map_err(SubError::Stdout)?;
         printed += 1;
         if args.count.is_some_and(|count| printed >= count) {
             break;
         }
     }
-    out.flush().map_err(|error| format!("stdout: {error}"))
+    out.flush().map_err(SubError::Stdout)
 }

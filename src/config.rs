@@ -8,28 +8,60 @@
 
 use std::net::SocketAddr;
 
+use crate::protocol::record::PAYLOAD_SIZE_LIMIT;
+
 pub const KIB: usize = 1024;
 pub const MIB: usize = 1024 * KIB;
 
-/// Most shards a server runs (shard ids are `u16` on the wire).
+/// Most shards a server runs (shard ids are `u16` on the wire; the balancer's
+/// view holds up to [`crate::balance::SHARDS_MAX`], the simulator's scale).
 pub const SHARD_COUNT_MAX: usize = 256;
+const _: () = assert!(SHARD_COUNT_MAX <= crate::balance::SHARDS_MAX as usize && SHARD_COUNT_MAX <= u16::MAX as usize);
 /// Most partitions (partition ids are `u32` on the wire; 64 Ki keeps the
 /// per-shard placement table at 512 KiB).
 pub const PARTITION_COUNT_MAX: u32 = 65_536;
 /// Frames a mesh channel holds beyond the data batches credits allow:
 /// credit grants, subscriber fetches and replies, load reports and control.
 pub const MESH_CONTROL_SLOTS: usize = 256;
+/// The largest log segment: record positions within one are `u32`.
+pub const SEGMENT_BYTES_LIMIT: usize = u32::MAX as usize;
+/// Reply bytes an ingest connection buffers (`ERR`/`OK` lines) before it
+/// writes them out and stops parsing until they are written, so a flood of
+/// bad lines from a producer that never reads is bounded too. Costs up to
+/// this much per busy connection (a term of the memory formula).
+pub const REPLY_BUFFER_BYTES_MAX: usize = 64 * KIB;
+/// Batch buffers a source keeps for reuse per destination beyond the one
+/// open batch: up to `shards * this * batch_bytes` per shard, inside the
+/// credit term (a spare buffer is one whose credits came back).
+pub const BATCH_SPARE_BUFFERS_MAX: usize = 4;
+/// How long a thief waits for an answer to a steal request before it may ask
+/// again (an answer is a refusal or the placement update of a migration).
+pub const STEAL_REQUEST_TIMEOUT_MS: u64 = 1000;
+/// Control requests queued per shard (admin and signal threads to a shard):
+/// the admin thread waits for each answer, so a handful is plenty.
+pub const CONTROL_CHANNEL_CAPACITY: usize = 64;
+/// Life-cycle events each shard sends `main` (started or failed, drained).
+pub const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
+/// Longest `SUB` request line, in bytes.
+pub const SUBSCRIBE_REQUEST_SIZE_MAX: usize = 1024;
+/// A fetch reply's buffer is reserved this large (or at the fetch's budget)
+/// once it has data, so a full reply does not regrow it.
+pub const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * KIB;
+/// Bytes of fixed per-shard cost the formula allows for code, stacks, task
+/// state and allocator slack (an allowance, not a measured bound).
+pub const SHARD_FIXED_ALLOWANCE_BYTES: usize = 64 * MIB;
 
 /// The peak-memory formula, as `spate serve --help` prints it.
 pub const MEMORY_FORMULA_HELP: &str = "\
 Peak memory (S = shards, P = partitions; see README \"Limits and memory\"):
-    S * connections_per_shard_max * read_buffer_bytes            busy connection buffers
+    S * connections_per_shard_max * (read_buffer_bytes + 64 KiB) busy connection buffers and replies
   + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
                                                                  (includes events a thief buffers
                                                                  during a migration handoff)
   + P * (retention_bytes + segment_bytes)                        partition logs
   + S * subscribers_per_shard_max * (S + 1) * fetch_bytes_max    subscriber fetches
-  + S * (io_memory_bytes + 8 * P + mesh rings + 64 MiB)          fixed per shard
+  + S * (io_memory_bytes + 8 * P + 64 MiB)                       fixed per shard
+  + S * S * mesh_channel_frames * frame size                     mesh rings
 plus, only if every connection holds a maximum-size line at once,
     S * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
 An idle connection costs read_buffer_initial_bytes. GET /stats shows the bound for the
@@ -160,13 +192,40 @@ pub enum Rebalance {
 /// A configuration that cannot work, with the numbers involved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
-    ShardCount { shard_count: usize, shard_count_max: usize },
-    PartitionCount { partition_count: u32, partition_count_max: u32 },
-    CreditWindowBelowLine { credit_window_bytes: usize, line_record_size_max: usize },
-    SegmentBelowLine { segment_bytes: usize, line_size_max: usize },
-    RetentionBelowSegment { retention_bytes: usize, segment_bytes: usize },
-    ReadBuffer { read_buffer_initial_bytes: usize, read_buffer_bytes: usize },
-    Zero { name: &'static str },
+    ShardCount {
+        shard_count: usize,
+        shard_count_max: usize,
+    },
+    PartitionCount {
+        partition_count: u32,
+        partition_count_max: u32,
+    },
+    CreditWindowBelowLine {
+        credit_window_bytes: usize,
+        line_record_size_max: usize,
+    },
+    SegmentBelowLine {
+        segment_bytes: usize,
+        line_size_max: usize,
+    },
+    RetentionBelowSegment {
+        retention_bytes: usize,
+        segment_bytes: usize,
+    },
+    ReadBuffer {
+        read_buffer_initial_bytes: usize,
+        read_buffer_bytes: usize,
+    },
+    Zero {
+        name: &'static str,
+    },
+    /// A size beyond what a field of the record or log format holds.
+    TooLarge {
+        name: &'static str,
+        value: usize,
+        max: usize,
+        why: &'static str,
+    },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -195,6 +254,9 @@ impl std::fmt::Display for ConfigError {
                  {read_buffer_bytes}"
             ),
             ConfigError::Zero { name } => write!(f, "{name} must be greater than zero"),
+            ConfigError::TooLarge { name, value, max, why } => {
+                write!(f, "{name} {value} is above its maximum {max} ({why})")
+            }
         }
     }
 }
@@ -204,7 +266,8 @@ impl std::error::Error for ConfigError {}
 /// The peak-memory formula, term by term, in bytes for the whole process.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct MemoryBound {
-    /// shards * connections_per_shard_max * read_buffer_bytes.
+    /// shards * connections_per_shard_max * (read_buffer_bytes +
+    /// REPLY_BUFFER_BYTES_MAX): read and reply buffers of busy connections.
     pub connection_buffers: usize,
     /// Extra when connections each hold one line of the maximum size at once:
     /// shards * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
@@ -217,9 +280,11 @@ pub struct MemoryBound {
     /// Subscribers: shards * subscribers_per_shard_max * (shards + 1) * fetch_bytes_max
     /// (one reply in flight per owner plus one being written).
     pub subscribers: usize,
-    /// Fixed per-shard costs: io_memory, placement table, mesh rings and an
-    /// allowance for code, stacks and allocator slack (64 MiB per shard).
+    /// Fixed per-shard costs: io_memory, placement table and an allowance
+    /// for code, stacks and allocator slack (SHARD_FIXED_ALLOWANCE_BYTES).
     pub fixed: usize,
+    /// Mesh rings: shards * shards * mesh_channel_frames * FRAME_SIZE_BYTES.
+    pub mesh: usize,
     /// Sum of the terms above without the long-line worst case.
     pub total: usize,
     /// `total + long_line_worst_case`.
@@ -234,6 +299,12 @@ impl Config {
 
     /// Checks that the limits fit together; see each [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_counts()?;
+        self.validate_format_limits()?;
+        self.validate_relations()
+    }
+
+    fn validate_counts(&self) -> Result<(), ConfigError> {
         let shard_count = self.shard_count();
         if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
             return Err(ConfigError::ShardCount { shard_count, shard_count_max: SHARD_COUNT_MAX });
@@ -252,9 +323,28 @@ impl Config {
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
         ];
-        if let Some((name, _)) = nonzero.iter().find(|(_, value)| *value == 0) {
-            return Err(ConfigError::Zero { name });
+        match nonzero.iter().find(|(_, value)| *value == 0) {
+            Some((name, _)) => Err(ConfigError::Zero { name }),
+            None => Ok(()),
         }
+    }
+
+    /// Sizes that reach fixed-width fields: a payload's `u32` size in every
+    /// record, a record's `u32` position in a log segment.
+    fn validate_format_limits(&self) -> Result<(), ConfigError> {
+        let limits = [
+            ("--line-size-max", self.line_size_max, PAYLOAD_SIZE_LIMIT, "a record's payload size is a u32"),
+            ("--segment-bytes", self.segment_bytes, SEGMENT_BYTES_LIMIT, "record positions in a segment are u32"),
+        ];
+        for (name, value, max, why) in limits {
+            if value > max {
+                return Err(ConfigError::TooLarge { name, value, max, why });
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_relations(&self) -> Result<(), ConfigError> {
         let line_record_size_max = self.line_record_size_max();
         if self.credit_window_bytes < line_record_size_max {
             return Err(ConfigError::CreditWindowBelowLine {
@@ -315,15 +405,15 @@ impl Config {
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
         let connections = shards * self.connections_per_shard_max;
-        let connection_buffers = connections * self.read_buffer_bytes;
+        let connection_buffers = connections * (self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX);
         let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
         let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
         let retention = self.partitions as usize * (self.retention_bytes + self.segment_bytes);
         let subscribers = shards * self.subscribers_per_shard_max * (shards + 1) * self.fetch_bytes_max;
-        let placement = self.partitions as usize * 8;
-        let mesh = shards * self.mesh_channel_frames() * 64;
-        let fixed = shards * (self.io_memory_bytes + placement + mesh + 64 * MIB);
-        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed;
+        let placement = self.partitions as usize * std::mem::size_of::<crate::partition::Placement>();
+        let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
+        let fixed = shards * (self.io_memory_bytes + placement + SHARD_FIXED_ALLOWANCE_BYTES);
+        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh;
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -331,6 +421,7 @@ impl Config {
             retention,
             subscribers,
             fixed,
+            mesh,
             total,
             total_worst_case: total + long_line_worst_case,
         }
@@ -360,7 +451,8 @@ mod tests {
         let bound = config.memory_bound();
         assert_eq!(bound.retention, 256 * 9 * MIB);
         assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
-        assert_eq!(bound.connection_buffers, 2 * 4096 * 256 * KIB);
+        assert_eq!(bound.connection_buffers, 2 * 4096 * (256 * KIB + REPLY_BUFFER_BYTES_MAX));
+        assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);
         assert!(bound.total_worst_case > bound.total);
     }
 
@@ -373,5 +465,10 @@ mod tests {
         assert!(matches!(zero_partitions.validate(), Err(ConfigError::PartitionCount { .. })));
         let small_retention = parse(&["--shards", "1", "--retention-bytes", "1000"]);
         assert!(matches!(small_retention.validate(), Err(ConfigError::RetentionBelowSegment { .. })));
+        let huge_segment =
+            parse(&["--shards", "1", "--segment-bytes", "5000000000", "--retention-bytes", "6000000000"]);
+        let error = huge_segment.validate().unwrap_err();
+        assert!(matches!(error, ConfigError::TooLarge { name: "--segment-bytes", value: 5_000_000_000, .. }));
+        assert!(error.to_string().contains("4294967295"), "{error}");
     }
 }

@@ -7,17 +7,23 @@
 //! glommio's channel mesh, bounded by credits, so overload becomes TCP
 //! backpressure instead of memory growth.
 //!
-//! The pieces, in data-path order:
+//! The path of an event, and the module that owns each step:
 //!
-//! * [`protocol`]: the line format, the key hash, binary batch/log records
-//!   and the subscribe request. Pure functions, no I/O.
-//! * [`ingest`]: accepting producer connections and parsing their lines.
-//! * [`shard`]: the per-core runtime: the [`shard::router::Router`] (batches
-//!   and credits), mesh frames, the flusher and the appliers.
-//! * [`partition`]: partition logs and the placement table.
-//! * [`subscribe`]: pull-based subscriptions (replay, then live tail).
-//! * [`admin`]: `/metrics`, `/stats`, `/partitions` over HTTP.
-//! * [`config`]: every limit, with its memory cost.
+//! 1. [`protocol`]: the bytes on every wire (ingest lines, control lines and
+//!    replies, `SUB` and subscriber lines, binary records, the key hash).
+//! 2. `ingest` (private): a connection task reads big chunks, splits lines
+//!    and hands each event to [`route`], the one entry point of every
+//!    ingest format, which batches it for its partition's owner shard and
+//!    spends credits ([`Router`]).
+//! 3. `shard` (private): the per-core runtime that owns its services and
+//!    dispatches mesh frames: batches to apply, credit grants, fetches, load
+//!    reports, migrations.
+//! 4. [`partition`]: the owner side, pure: the log, the placement table,
+//!    applying a batch, the migration state machine, serving fetches.
+//! 5. `subscribe` (private): a subscriber's session pulls from every owner.
+//! 6. [`balance`]: load reports and the stealing rule, and the simulator
+//!    that drives the rule and the migration state machine.
+//! 7. `serve` and `admin` (private): start-up, shutdown, the HTTP admin port.
 //!
 //! ```
 //! use spate::protocol::{Line, parse_line, partition_of};
@@ -27,17 +33,20 @@
 //! assert!(partition_of(key, 256) < 256);
 //! ```
 
-pub mod admin;
+mod admin;
 pub mod balance;
 pub mod bench;
-pub mod client;
+mod client;
 pub mod config;
-pub mod ingest;
+mod ingest;
 pub mod partition;
 pub mod protocol;
-pub mod server;
-pub mod shard;
-pub mod subscribe;
+mod serve;
+mod shard;
+mod subscribe;
 
+pub use client::{SubArgs, SubError, run_sub};
 pub use config::Config;
-pub use server::{ServeError, serve};
+pub use serve::{ServeError, serve};
+pub use shard::frame::{CreditGrant, DataBatch};
+pub use shard::source::{Blocked, Router, route};

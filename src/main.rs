@@ -16,7 +16,7 @@ enum Command {
     #[command(after_help = spate::config::MEMORY_FORMULA_HELP)]
     Serve(spate::Config),
     /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
-    Sub(spate::client::SubArgs),
+    Sub(spate::SubArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
@@ -29,7 +29,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
-        Command::Sub(args) => spate::client::run_sub(&args),
+        Command::Sub(args) => spate::run_sub(&args).map_err(|error| error.to_string()),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())

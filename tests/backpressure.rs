@@ -90,8 +90,11 @@ fn overload_becomes_backpressure_with_bounded_memory() {
     let (_, rate_unthrottled) = produce_all(&baseline, 2, 200 << 20);
     drop(baseline);
 
-    // ~2 shards * 1e9/40_000 events/s * 4 KB = ~200 MB/s of apply.
-    let delay_ns: u64 = 40_000;
+    // Make the apply stage ~8x slower than the unthrottled run just
+    // measured (at most ~200 MB/s: 2 shards * 1e9/40_000 events/s * 4 KB),
+    // so the ratio holds on a slower or busier machine too.
+    let apply_target_bytes_per_s = (rate_unthrottled / 8.0).min(200e6);
+    let delay_ns = (2.0 * 1e9 * (PAYLOAD_SIZE + 1) as f64 / apply_target_bytes_per_s).max(40_000.0) as u64;
     let mut args = BOUNDED.to_vec();
     let delay = delay_ns.to_string();
     args.extend(["--apply-delay-ns-per-event", &delay]);
@@ -131,7 +134,9 @@ fn overload_becomes_backpressure_with_bounded_memory() {
         })
     };
     let started = Instant::now();
-    let (events_sent, rate_throttled) = produce_all(&server, 2, 1 << 30);
+    // About 7 s of apply, and always at least twice the memory bound.
+    let bytes_per_connection = ((apply_target_bytes_per_s * 3.5) as usize).clamp(512 << 20, 1 << 30);
+    let (events_sent, rate_throttled) = produce_all(&server, 2, bytes_per_connection);
     let elapsed = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(60);
     while events_seen.load(Ordering::Relaxed) < events_sent && Instant::now() < deadline {
@@ -154,19 +159,20 @@ fn overload_becomes_backpressure_with_bounded_memory() {
         rss_peak >> 20,
         bound >> 20,
     );
-    assert_eq!(events_seen.load(Ordering::Relaxed), events_sent, "subscriber saw every event");
+    let seen = events_seen.load(Ordering::Relaxed);
+    let mesh_overflow: u64 =
+        stats["shards"].as_array().unwrap().iter().map(|s| s["mesh_overflow_frames"].as_u64().unwrap()).sum();
+    drop(server);
+    let notices = subscriber.join().unwrap();
+    assert!(notices.is_empty(), "the subscriber kept up: {} notices, first {:?}", notices.len(), notices.first());
+    assert_eq!(seen, events_sent, "subscriber saw every event");
     assert_eq!(stats["totals"]["events_stored"].as_u64().unwrap(), events_sent);
     assert!(rss_peak < bound, "peak RSS {rss_peak} over the bound {bound}");
     assert!(rss_max.load(Ordering::Relaxed) < bound);
     assert!(stalls > 0 && stall_seconds > 1.0, "producers were pushed back: {stalls} stalls, {stall_seconds} s");
     assert!(rate_throttled < apply_rate_bound * 1.3, "producers ran at the apply rate, not faster");
     assert!(rate_unthrottled > 4.0 * rate_throttled, "the apply stage was the bottleneck");
-    let mesh_overflow: u64 =
-        stats["shards"].as_array().unwrap().iter().map(|s| s["mesh_overflow_frames"].as_u64().unwrap()).sum();
     assert_eq!(mesh_overflow, 0, "credits kept every mesh send from finding a full ring");
-    drop(server);
-    let notices = subscriber.join().unwrap();
-    assert!(notices.is_empty(), "the subscriber kept up: {notices:?}");
 }
 
 /// Keys whose partition (of 256) is owned by `owner` on a 2-shard server.

@@ -168,7 +168,8 @@ fn mean_over_last(samples: &[(f64, f64, f64, u64)], seconds: f64, pick: impl Fn(
 /// every migration, and /stats and /partitions agree.
 #[test]
 fn no_loss_duplicate_or_reorder_across_migrations() {
-    let server = Server::start(&["--shards", "4", "--rebalance-interval-ms", "50", "--rebalance-cooldown-ms", "300"]);
+    let mut server =
+        Server::start(&["--shards", "4", "--rebalance-interval-ms", "50", "--rebalance-cooldown-ms", "300"]);
     let result = run(&server, 16, 7_000, Duration::from_secs(12), Duration::from_secs(1));
     // A migration may still be finishing when the producers stop.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -188,9 +189,11 @@ fn no_loss_duplicate_or_reorder_across_migrations() {
     assert!(moved >= 5, "{moved} partitions carry a new epoch");
     let offsets: u64 = partitions.iter().map(|p| p["next_offset"].as_u64().unwrap()).sum();
     assert_eq!(offsets, result.sent);
-    let misrouted: u64 =
-        stats["shards"].as_array().unwrap().iter().map(|s| s["events_misrouted"].as_u64().unwrap()).sum();
-    assert_eq!(misrouted, 0);
+    // A record that reached a shard neither owning nor expecting its
+    // partition stops the server (partition::apply panics on it rather than
+    // drop an event), so a server alive after the churn routed every event;
+    // `spate simulate` checks the same invariant on every step.
+    assert!(server.is_running(), "the server survived the churn: {}", server.log());
 }
 
 /// Balance: the same workload with --rebalance on and off. Reports the

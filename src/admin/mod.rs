@@ -13,8 +13,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, MemoryBound};
+use crate::shard::control::{ControlRequest, PartitionInfo};
 use crate::shard::metrics::ShardStats;
-use crate::shard::{ControlRequest, PartitionInfo};
 
 /// How long the admin thread waits for a shard's answer.
 const SHARD_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,6 +27,40 @@ pub struct AdminState {
     pub started: Instant,
 }
 
+/// Why the admin server could not start.
+#[derive(Debug)]
+pub enum AdminError {
+    Bind { address: std::net::SocketAddr, error: String },
+    Thread(std::io::Error),
+}
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminError::Bind { address, error } => write!(f, "bind admin {address}: {error}"),
+            AdminError::Thread(error) => write!(f, "spawn admin thread: {error}"),
+        }
+    }
+}
+
+/// A shard that did not answer a control request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardUnavailable {
+    NotRunning { shard: usize },
+    Timeout { shard: usize },
+}
+
+impl std::fmt::Display for ShardUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardUnavailable::NotRunning { shard } => writeln!(f, "shard {shard} is not running"),
+            ShardUnavailable::Timeout { shard } => {
+                writeln!(f, "shard {shard} did not answer within {}s", SHARD_REPLY_TIMEOUT.as_secs())
+            }
+        }
+    }
+}
+
 /// A running admin server; [`AdminServer::stop`] ends its thread.
 pub struct AdminServer {
     server: Arc<tiny_http::Server>,
@@ -34,9 +68,10 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    pub fn start(state: AdminState) -> Result<AdminServer, String> {
+    pub fn start(state: AdminState) -> Result<AdminServer, AdminError> {
         let address = state.config.admin;
-        let server = tiny_http::Server::http(address).map_err(|error| format!("bind admin {address}: {error}"))?;
+        let server =
+            tiny_http::Server::http(address).map_err(|error| AdminError::Bind { address, error: error.to_string() })?;
         let server = Arc::new(server);
         let serving = server.clone();
         let thread = std::thread::Builder::new()
@@ -46,7 +81,7 @@ impl AdminServer {
                     respond(&state, request);
                 }
             })
-            .map_err(|error| format!("spawn admin thread: {error}"))?;
+            .map_err(AdminError::Thread)?;
         Ok(AdminServer { server, thread: Some(thread) })
     }
 
@@ -64,15 +99,15 @@ fn respond(state: &AdminState, request: tiny_http::Request) {
     let (status, content_type, body) = match (is_get, path.as_str()) {
         (true, "/metrics") => match collect_stats(state) {
             Ok(stats) => (200, "text/plain; version=0.0.4; charset=utf-8", render::prometheus(state, &stats)),
-            Err(error) => (503, "text/plain", error),
+            Err(error) => (503, "text/plain", error.to_string()),
         },
         (true, "/stats") => match collect_stats(state) {
             Ok(stats) => (200, "application/json", render::stats_json(state, &stats)),
-            Err(error) => (503, "text/plain", error),
+            Err(error) => (503, "text/plain", error.to_string()),
         },
         (true, "/partitions") => match collect_partitions(state) {
             Ok(partitions) => (200, "application/json", render::partitions_json(&partitions)),
-            Err(error) => (503, "text/plain", error),
+            Err(error) => (503, "text/plain", error.to_string()),
         },
         (true, "/") => (200, "text/plain", "spate admin: GET /metrics, /stats, /partitions\n".to_string()),
         (true, _) => (404, "text/plain", format!("not found: {path}\n")),
@@ -84,18 +119,21 @@ fn respond(state: &AdminState, request: tiny_http::Request) {
 }
 
 /// Asks every shard for its stats; an error names the shard that did not answer.
-pub fn collect_stats(state: &AdminState) -> Result<Vec<ShardStats>, String> {
+pub fn collect_stats(state: &AdminState) -> Result<Vec<ShardStats>, ShardUnavailable> {
     ask_all(state, ControlRequest::Stats)
 }
 
-fn collect_partitions(state: &AdminState) -> Result<Vec<PartitionInfo>, String> {
+fn collect_partitions(state: &AdminState) -> Result<Vec<PartitionInfo>, ShardUnavailable> {
     let mut partitions: Vec<PartitionInfo> =
         ask_all(state, ControlRequest::Partitions)?.into_iter().flatten().collect();
     partitions.sort_by_key(|info| info.partition);
     Ok(partitions)
 }
 
-fn ask_all<T>(state: &AdminState, make: impl Fn(flume::Sender<T>) -> ControlRequest) -> Result<Vec<T>, String> {
+fn ask_all<T>(
+    state: &AdminState,
+    make: impl Fn(flume::Sender<T>) -> ControlRequest,
+) -> Result<Vec<T>, ShardUnavailable> {
     let replies: Vec<_> = state
         .controls
         .iter()
@@ -110,9 +148,9 @@ fn ask_all<T>(state: &AdminState, make: impl Fn(flume::Sender<T>) -> ControlRequ
         .enumerate()
         .map(|(shard, (sent, receiver))| {
             if !sent {
-                return Err(format!("shard {shard} is not running\n"));
+                return Err(ShardUnavailable::NotRunning { shard });
             }
-            receiver.recv_timeout(SHARD_REPLY_TIMEOUT).map_err(|_| format!("shard {shard} did not answer in time\n"))
+            receiver.recv_timeout(SHARD_REPLY_TIMEOUT).map_err(|_| ShardUnavailable::Timeout { shard })
         })
         .collect()
 }

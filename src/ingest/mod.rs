@@ -27,37 +27,34 @@ use std::rc::Rc;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::protocol::{Line, LineBuffer, LineError, Next, batch_record_size, parse_line, partition_of};
+use crate::config::REPLY_BUFFER_BYTES_MAX;
+use crate::protocol::control::{UnknownControl, write_err, write_ok};
+use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
-use crate::shard::router::Blocked;
-
-/// Reply bytes a connection buffers before it writes them out (and stops
-/// parsing until they are written), so a flood of bad lines from a producer
-/// that never reads is bounded too.
-const REPLY_BUFFER_BYTES_MAX: usize = 64 * 1024;
+use crate::shard::source::Blocked;
 
 /// Accepts ingest connections until shutdown.
 pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     loop {
-        let stream = match first(listener.accept(), shard.shutdown_requested()).await {
+        let stream = match first(listener.accept(), shard.lifecycle.shutdown_requested()).await {
             Either::Left(Ok(stream)) => stream,
             // Accept errors (EMFILE, aborted handshakes) are per connection.
             Either::Left(Err(_)) => continue,
             Either::Right(()) => return,
         };
-        if shard.metrics.connections_open.get() as usize >= shard.config.connections_per_shard_max {
+        if shard.lifecycle.connections_open() as usize >= shard.config.connections_per_shard_max {
             ShardMetrics::add(&shard.metrics.connections_refused, 1);
             glommio::spawn_local(refuse(stream, shard.config.connections_per_shard_max)).detach();
             continue;
         }
         ShardMetrics::add(&shard.metrics.connections_accepted, 1);
-        shard.connection_opened();
+        shard.lifecycle.connection_opened();
         let shard = shard.clone();
         glommio::spawn_local(async move {
             let _ = serve_connection(&shard, stream).await;
-            shard.connection_closed();
+            shard.lifecycle.connection_closed();
         })
         .detach();
     }
@@ -76,12 +73,12 @@ enum Progress {
     /// The next event's owner has no credits.
     Blocked(Blocked),
     /// A control line that needs the task (it may wait).
-    Control(Control),
+    Action(Action),
     /// The reply buffer is full: write it out first.
     RepliesFull,
 }
 
-enum Control {
+enum Action {
     Sync { line_number: u64, token: Vec<u8> },
 }
 
@@ -99,13 +96,13 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
             match process_buffered(shard, &mut lines, &mut replies, &mut touched) {
                 Progress::NeedMore => break,
                 Progress::Blocked(blocked) => {
-                    shard.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+                    shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
-                Progress::Control(Control::Sync { line_number, token }) => {
+                Progress::Action(Action::Sync { line_number, token }) => {
                     let owners = touched.iter().enumerate().filter(|(_, touched)| **touched);
                     let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
                     touched.fill(false);
-                    shard.sync_barrier(owners.into_iter()).await;
+                    shard.source.sync_barrier(owners.into_iter()).await;
                     write_ok(&mut replies, line_number, b"SYNC", &token);
                 }
                 Progress::RepliesFull => {
@@ -118,10 +115,10 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
             stream.write_all(&replies).await?;
             replies.clear();
         }
-        if shard.is_shutting_down() {
+        if shard.lifecycle.is_shutting_down() {
             return Ok(());
         }
-        let count = match first(stream.read(lines.spare()), shard.shutdown_requested()).await {
+        let count = match first(stream.read(lines.spare()), shard.lifecycle.shutdown_requested()).await {
             Either::Left(result) => result?,
             Either::Right(()) => return Ok(()),
         };
@@ -164,13 +161,11 @@ impl Drop for BufferGauge<'_> {
 async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream) -> std::io::Result<()> {
     if let Some(tail) = lines.unterminated_tail() {
         ShardMetrics::add(&shard.metrics.lines_rejected_unterminated, 1);
-        let message = format!(
-            "ERR {} unterminated_line: connection closed mid-line, {} bytes dropped\n",
-            lines.next_line_number(),
-            tail.len()
-        );
+        let mut message = Vec::new();
+        let detail = format!("unterminated_line: connection closed mid-line, {} bytes dropped", tail.len());
+        write_err(&mut message, lines.next_line_number(), detail);
         // The peer may have closed both directions; the error is counted anyway.
-        let _ = stream.write_all(message.as_bytes()).await;
+        let _ = stream.write_all(&message).await;
     }
     Ok(())
 }
@@ -180,8 +175,7 @@ async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream
 /// not per event).
 fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>, touched: &mut [bool]) -> Progress {
     let config = &shard.config;
-    let placement = shard.placement.borrow();
-    let mut router = shard.router.borrow_mut();
+    let mut route = shard.source.begin(&shard.placement, config.partitions);
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
         if replies.len() >= REPLY_BUFFER_BYTES_MAX {
@@ -198,80 +192,47 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
         };
         let line_size = line.len() as u64 + 1;
         match parse_line(line, config.line_size_max) {
-            Ok(Line::Event { key, payload }) => {
-                let partition = partition_of(key, config.partitions);
-                let owner = placement.owner(partition);
-                if router.would_overflow(owner, batch_record_size(key, payload))
-                    && let Some(batch) = router.take_batch(owner)
-                {
-                    shard.deliver(owner, batch);
+            Ok(Line::Event { key, payload }) => match route.route_event(key, payload) {
+                Ok(owner) => {
+                    touched[usize::from(owner)] = true;
+                    event_count += 1;
+                    byte_count += line_size;
                 }
-                match router.try_push(owner, partition, key, payload) {
-                    Ok(batch_full) => {
-                        touched[usize::from(owner)] = true;
-                        event_count += 1;
-                        byte_count += line_size;
-                        if batch_full && let Some(batch) = router.take_batch(owner) {
-                            shard.deliver(owner, batch);
-                        }
-                    }
-                    Err(blocked) => {
-                        lines.unread_last_line();
-                        break Progress::Blocked(blocked);
-                    }
+                Err(blocked) => {
+                    lines.unread_last_line();
+                    break Progress::Blocked(blocked);
                 }
-            }
+            },
             Ok(Line::Empty) => {}
             Ok(Line::Control(text)) => {
                 ShardMetrics::add(&shard.metrics.control_lines, 1);
-                if let Some(control) = control_line(replies, line_number, text) {
-                    break Progress::Control(control);
+                if let Some(action) = control_line(shard, replies, line_number, text) {
+                    break Progress::Action(action);
                 }
             }
             Err(error) => reject(shard, replies, line_number, error),
         }
     };
-    let has_open_batches = router.pending_owners().next().is_some();
-    drop(router);
-    if has_open_batches {
-        shard.request_flush();
-    }
+    drop(route);
     ShardMetrics::add(&shard.metrics.events_ingested, event_count);
     ShardMetrics::add(&shard.metrics.bytes_ingested, byte_count);
     progress
 }
 
 /// Handles a control line; returns the ones the task must act on.
-fn control_line(replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Control> {
-    let (command, argument) = match memchr::memchr(b' ', text) {
-        Some(space) => (&text[..space], &text[space + 1..]),
-        None => (text, &text[text.len()..]),
-    };
-    match command {
-        b"SYNC" => Some(Control::Sync { line_number, token: argument.to_vec() }),
-        b"PING" => {
-            write_ok(replies, line_number, b"PING", argument);
+fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Action> {
+    match parse_control(text) {
+        Control::Sync { token } => Some(Action::Sync { line_number, token: token.to_vec() }),
+        Control::Ping { token } => {
+            write_ok(replies, line_number, b"PING", token);
             None
         }
-        _ => {
-            let shown = String::from_utf8_lossy(&command[..command.len().min(32)]).into_owned();
-            let message = format!("ERR {line_number} unknown_control: #{shown} (known: #SYNC, #PING)\n");
-            replies.extend_from_slice(message.as_bytes());
+        Control::Unknown { command } => {
+            ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
+            write_err(replies, line_number, UnknownControl::new(command));
             None
         }
     }
-}
-
-fn write_ok(replies: &mut Vec<u8>, line_number: u64, command: &[u8], token: &[u8]) {
-    replies.extend_from_slice(b"OK ");
-    replies.extend_from_slice(itoa::Buffer::new().format(line_number).as_bytes());
-    replies.push(b' ');
-    replies.extend_from_slice(command);
-    if !token.is_empty() {
-        replies.push(b' ');
-        replies.extend_from_slice(token);
-    }
-    replies.push(b'\n');
 }
 
 fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, error: LineError) {
@@ -282,6 +243,5 @@ fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, error: LineErr
         LineError::LineTooLong { .. } => &metrics.lines_rejected_line_too_long,
     };
     ShardMetrics::add(counter, 1);
-    let message = format!("ERR {line_number} {error}\n");
-    replies.extend_from_slice(message.as_bytes());
+    write_err(replies, line_number, error);
 }

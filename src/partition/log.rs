@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::protocol::record::{LOG_HEADER_SIZE, decode_log_record, write_event_line};
+use crate::protocol::record::{LOG_HEADER_SIZE, RecordRef, decode_log_record};
 
 /// One segment: records back to back, and where each starts.
 #[derive(Debug)]
@@ -33,25 +33,6 @@ impl Segment {
         let end = self.positions.get(index + 1).map_or(self.data.len(), |&next| next as usize);
         &self.data[start..end]
     }
-}
-
-/// What [`PartitionLog::read_lines`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadOutcome {
-    /// The offset to read next.
-    pub next_offset: u64,
-    /// Events written.
-    pub event_count: u64,
-    /// Set when the requested offset was already dropped by retention: the
-    /// read started at `earliest` instead.
-    pub truncated: Option<Truncated>,
-}
-
-/// Offsets `requested..earliest` are gone: retention dropped them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Truncated {
-    pub requested: u64,
-    pub earliest: u64,
 }
 
 /// An append-only log with dense offsets and byte retention.
@@ -140,32 +121,26 @@ impl PartitionLog {
         self.segments.push_back(segment);
     }
 
-    /// Writes subscriber lines for events from `offset` on into `out`, until
-    /// `out` would pass `bytes_max` (at least one event is written when there
-    /// is one, so a large event never stalls a reader).
-    pub fn read_lines(&self, partition: u32, offset: u64, out: &mut Vec<u8>, bytes_max: usize) -> ReadOutcome {
-        let earliest = self.earliest_offset();
-        let (mut offset, truncated) = if offset < earliest {
-            (earliest, Some(Truncated { requested: offset, earliest }))
-        } else {
-            (offset.min(self.next_offset), None)
-        };
-        let mut event_count = 0;
+    /// Visits the records from `offset` on, in offset order, calling
+    /// `visit(offset, record)` until it returns false (that record is not
+    /// consumed) or the log ends. Returns the offset to read next. `offset`
+    /// must be readable: `earliest_offset() <= offset <= next_offset()` (the
+    /// caller decides what a reader behind retention is told).
+    pub fn read(&self, offset: u64, mut visit: impl FnMut(u64, RecordRef<'_>) -> bool) -> u64 {
+        assert!(offset >= self.earliest_offset() && offset <= self.next_offset, "offset {offset} not readable");
+        let mut offset = offset;
         let first_segment = self.segments.partition_point(|segment| segment.next_offset() <= offset);
-        'segments: for segment in self.segments.range(first_segment..) {
+        for segment in self.segments.range(first_segment..) {
             let first_index = (offset - segment.base_offset) as usize;
             for index in first_index..segment.positions.len() {
-                let record = decode_log_record(segment.record(index)).expect("log holds whole records");
-                let line_size = record.key.len() + record.payload.len() + 24;
-                if event_count > 0 && out.len() + line_size > bytes_max {
-                    break 'segments;
+                let record = decode_log_record(segment.record(index)).expect("the log holds whole records");
+                if !visit(offset, record) {
+                    return offset;
                 }
-                write_event_line(out, partition, offset, record.key, record.payload);
                 offset += 1;
-                event_count += 1;
             }
         }
-        ReadOutcome { next_offset: offset, event_count, truncated }
+        offset
     }
 }
 
@@ -180,6 +155,16 @@ mod tests {
         batch.split_off(4)
     }
 
+    /// Reads every record from `offset`, as (offset, payload) pairs.
+    fn read_all(log: &PartitionLog, offset: u64) -> Vec<(u64, String)> {
+        let mut seen = Vec::new();
+        log.read(offset, |offset, record| {
+            seen.push((offset, String::from_utf8(record.payload.to_vec()).unwrap()));
+            true
+        });
+        seen
+    }
+
     /// Offsets are dense from 0 and reads return events in offset order.
     #[test]
     fn append_and_read_in_order() {
@@ -187,16 +172,23 @@ mod tests {
         for index in 0..100u32 {
             assert_eq!(log.append(&log_record(b"k", index.to_string().as_bytes())), u64::from(index));
         }
-        let mut out = Vec::new();
-        let outcome = log.read_lines(3, 95, &mut out, 1 << 20);
-        assert_eq!(outcome, ReadOutcome { next_offset: 100, event_count: 5, truncated: None });
-        assert_eq!(out, b"3 95 k 95\n3 96 k 96\n3 97 k 97\n3 98 k 98\n3 99 k 99\n");
+        let expected: Vec<(u64, String)> = (95..100).map(|offset| (offset, offset.to_string())).collect();
+        assert_eq!(read_all(&log, 95), expected);
+        assert!(read_all(&log, 100).is_empty());
+        let mut visited = 0;
+        assert_eq!(
+            log.read(95, |_, _| {
+                visited += 1;
+                visited <= 3
+            }),
+            98,
+            "a visitor that stops is not consumed"
+        );
     }
 
-    /// Retention drops whole old segments, keeps memory under the bound, and a
-    /// reader behind it is told where the log now starts.
+    /// Retention drops whole old segments and keeps memory under the bound.
     #[test]
-    fn retention_bounds_memory_and_reports_truncation() {
+    fn retention_bounds_memory() {
         let mut log = PartitionLog::new(8 * 1024, 1024);
         let payload = [b'p'; 50];
         for _ in 0..10_000 {
@@ -205,35 +197,23 @@ mod tests {
         }
         let earliest = log.earliest_offset();
         assert!(earliest > 9_000 && earliest < 10_000, "earliest {earliest}");
-        let mut out = Vec::new();
-        let outcome = log.read_lines(0, 5, &mut out, 200);
-        assert_eq!(outcome.truncated, Some(Truncated { requested: 5, earliest }));
-        assert!(outcome.event_count >= 1 && out.len() <= 200);
-        assert!(out.starts_with(format!("0 {earliest} key ").as_bytes()));
+        assert_eq!(read_all(&log, earliest).len() as u64, 10_000 - earliest);
     }
 
-    /// Reads across segment boundaries see every offset once, and a budget
-    /// smaller than one event still returns that event.
+    /// Reads across segment boundaries see every offset once, from any start.
     #[test]
-    fn reads_cross_segments_and_always_progress() {
+    fn reads_cross_segments() {
         let mut log = PartitionLog::new(1 << 20, 256);
         for index in 0..1000u32 {
             log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
         }
-        let (mut offset, mut out) = (0, Vec::new());
-        while offset < 1000 {
-            let before = out.len();
-            let outcome = log.read_lines(0, offset, &mut out, before + 1);
-            assert_eq!(outcome.event_count, 1);
-            offset = outcome.next_offset;
+        for start in [0, 1, 17, 500, 999] {
+            let seen = read_all(&log, start);
+            assert_eq!(seen.len() as u64, 1000 - start);
+            for (position, (offset, payload)) in seen.iter().enumerate() {
+                assert_eq!(*offset, start + position as u64);
+                assert_eq!(*payload, format!("{offset:05}"));
+            }
         }
-        let text = String::from_utf8(out).unwrap();
-        for (index, line) in text.lines().enumerate() {
-            assert_eq!(line, format!("0 {index} k {index:05}"));
-        }
-        let big = log_record(b"big", &[b'x'; 1000]);
-        let offset = log.append(&big);
-        let mut out = Vec::new();
-        assert_eq!(log.read_lines(0, offset, &mut out, 10).event_count, 1);
     }
 }

@@ -1,67 +1,34 @@
-//! Partitions: the logs one shard owns ([`PartitionManager`]) and the
-//! placement table every shard keeps a full copy of ([`PlacementTable`]).
+//! The owner side of the data path: everything a shard does for the
+//! partitions it owns, as plain data structures and pure functions that the
+//! shard ([`crate::shard`]) drives. Nothing here does I/O or knows about the
+//! mesh, so all of it runs in unit tests and in the simulator.
+//!
+//! * [`log`]: a partition's append-only log of records, with dense offsets
+//!   and byte retention; it stores and returns records, it writes no wire
+//!   format.
+//! * [`placement`]: the placement table, a full copy on every shard.
+//! * [`apply`]: applying a batch of records to the partitions, returning what
+//!   must happen to its credits.
+//! * [`migration`]: moving a partition between shards without losing or
+//!   reordering an event, as a state machine with the clock passed in
+//!   (`spate simulate` drives the same code).
+//! * [`fetch`]: serving a subscriber's fetch from the logs, and the fetches
+//!   parked until new events arrive.
+//!
+//! A [`Partition`] is one owned partition (its log, counters and rates) and
+//! the [`PartitionManager`] holds the ones a shard owns.
 
+pub mod apply;
+pub mod fetch;
 pub mod log;
+pub mod migration;
+pub mod placement;
 
-pub use log::{PartitionLog, ReadOutcome, Truncated};
+pub use log::PartitionLog;
+pub use placement::{Placement, PlacementTable};
 
 use crate::balance::Ewma;
 use crate::protocol::RecordRef;
-
-/// Where a partition lives: its owner shard and the epoch of that decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Placement {
-    pub owner: u16,
-    pub epoch: u32,
-}
-
-/// `partition -> (owner, epoch)`, a full copy on every shard. Updates with an
-/// epoch not above the current one are stale and ignored.
-#[derive(Debug, Clone)]
-pub struct PlacementTable {
-    entries: Vec<Placement>,
-}
-
-impl PlacementTable {
-    /// Initial placement: partition `p` on shard `p % shard_count`, epoch 0.
-    /// Consecutive partitions land on different shards, so every shard owns
-    /// `partition_count / shard_count` partitions (one more for the first
-    /// `partition_count % shard_count` shards).
-    pub fn spread(partition_count: u32, shard_count: u16) -> PlacementTable {
-        assert!(partition_count > 0 && shard_count > 0);
-        let entries = (0..partition_count)
-            .map(|partition| Placement { owner: (partition % u32::from(shard_count)) as u16, epoch: 0 })
-            .collect();
-        PlacementTable { entries }
-    }
-
-    #[inline]
-    pub fn owner(&self, partition: u32) -> u16 {
-        self.entries[partition as usize].owner
-    }
-
-    pub fn get(&self, partition: u32) -> Placement {
-        self.entries[partition as usize]
-    }
-
-    pub fn partition_count(&self) -> u32 {
-        self.entries.len() as u32
-    }
-
-    /// Applies an update if its epoch is newer; returns whether it did.
-    pub fn update(&mut self, partition: u32, placement: Placement) -> bool {
-        let entry = &mut self.entries[partition as usize];
-        if placement.epoch <= entry.epoch {
-            return false;
-        }
-        *entry = placement;
-        true
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (u32, Placement)> + '_ {
-        self.entries.iter().enumerate().map(|(partition, placement)| (partition as u32, *placement))
-    }
-}
 
 /// One partition owned by this shard. Everything here moves with the
 /// partition when it migrates: the log, the counters and the rate history
@@ -169,25 +136,5 @@ impl PartitionManager {
             .iter()
             .enumerate()
             .filter_map(|(partition, value)| value.as_deref().map(|value| (partition as u32, value)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Initial placement spreads partitions evenly; stale epochs are ignored.
-    #[test]
-    fn placement_spreads_and_ignores_stale_updates() {
-        let mut table = PlacementTable::spread(10, 4);
-        let mut owned = [0; 4];
-        for (_, placement) in table.iter() {
-            owned[usize::from(placement.owner)] += 1;
-        }
-        assert_eq!(owned, [3, 3, 2, 2]);
-        assert!(table.update(5, Placement { owner: 3, epoch: 2 }));
-        assert!(!table.update(5, Placement { owner: 0, epoch: 1 }), "stale");
-        assert!(!table.update(5, Placement { owner: 0, epoch: 2 }), "same epoch");
-        assert_eq!(table.get(5), Placement { owner: 3, epoch: 2 });
     }
 }

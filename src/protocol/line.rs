@@ -40,7 +40,8 @@ pub enum LineError {
 }
 
 impl LineError {
-    /// A short, stable reason used in `ERR` replies and metric labels.
+    /// The short, stable reason an `ERR` reply starts with (its Display
+    /// text is `<reason>: <detail>`).
     pub fn reason(&self) -> &'static str {
         match self {
             LineError::KeyEmpty => "key_empty",
@@ -52,13 +53,14 @@ impl LineError {
 
 impl std::fmt::Display for LineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", self.reason())?;
         match *self {
-            LineError::KeyEmpty => write!(f, "key_empty: line starts with a space"),
+            LineError::KeyEmpty => write!(f, "line starts with a space"),
             LineError::KeyTooLong { key_size, key_size_max } => {
-                write!(f, "key_too_long: key is {key_size} bytes, limit {key_size_max}")
+                write!(f, "key is {key_size} bytes, limit {key_size_max}")
             }
             LineError::LineTooLong { line_size, line_size_max } => {
-                write!(f, "line_too_long: line is at least {line_size} bytes, limit {line_size_max}")
+                write!(f, "line is at least {line_size} bytes, limit {line_size_max}")
             }
         }
     }

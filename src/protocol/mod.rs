@@ -1,13 +1,24 @@
-//! Wire formats, pure and allocation-free on the hot path: the ingest line
-//! format ([`line`]), the stable key hash ([`hash`]), binary batch and log
-//! records ([`record`]) and the subscribe request ([`subscribe`]).
+//! Every wire format spate speaks, written and parsed in one place, pure and
+//! allocation-free on the hot path:
+//!
+//! * [`line`]: the ingest line format and the connection's line splitter;
+//! * [`control`]: ingest control lines (`#SYNC`, `#PING`) and the `OK`/`ERR`
+//!   replies;
+//! * [`subscribe`]: the `SUB` request and every line a subscriber reads;
+//! * [`record`]: binary event records (mesh batches and partition logs);
+//! * [`hash`]: the stable key hash that places a key in a partition.
 
+pub mod control;
 pub mod hash;
 pub mod line;
 pub mod record;
 pub mod subscribe;
 
+pub use control::{Control, Reply, parse_control, parse_reply};
 pub use hash::{key_hash, partition_of};
 pub use line::{KEY_SIZE_MAX, Line, LineBuffer, LineError, Next, parse_line};
-pub use record::{BatchIter, RecordRef, batch_record_size, encode_batch_record, write_event_line};
-pub use subscribe::{PartitionSelector, StartOffset, SubscribeError, SubscribeRequest, parse_subscribe};
+pub use record::{BatchIter, RecordRef, batch_record_size, encode_batch_record};
+pub use subscribe::{
+    PartitionSelector, StartOffset, SubscribeError, SubscribeRequest, SubscriberLine, parse_subscribe,
+    parse_subscriber_line, write_event_line, write_truncated,
+};

@@ -1,12 +1,20 @@
 //! Binary event records: the format of mesh batches and of the partition log.
 //!
-//! A batch record is `partition: u32 LE | key_size: u8 | payload_size: u32 LE |
-//! key | payload`. The log stores the same record without the partition
-//! prefix, so applying a batch is one copy of the tail of each record.
-//! All sizes are fixed-width little-endian; `usize` never reaches the wire.
+//! A batch record is `partition: u32 LE | key_size: u16 LE | payload_size:
+//! u32 LE | key | payload`. The log stores the same record without the
+//! partition prefix, so applying a batch is one copy of the tail of each
+//! record. All sizes are fixed-width little-endian; `usize` never reaches the
+//! wire unchecked: [`KEY_SIZE_LIMIT`] and [`PAYLOAD_SIZE_LIMIT`] are what the
+//! fields hold, and the configuration refuses limits beyond them
+//! ([`crate::config::ConfigError`]).
 
-/// Bytes before the key in a log record: key size (1) + payload size (4).
-pub const LOG_HEADER_SIZE: usize = 5;
+/// Bytes before the key in a log record: key size (2) + payload size (4).
+pub const LOG_HEADER_SIZE: usize = 6;
+/// The largest key a record can hold (a `u16` size field).
+pub const KEY_SIZE_LIMIT: usize = u16::MAX as usize;
+/// The largest payload a record can hold (a `u32` size field), less room for
+/// the record header so a whole record's size also fits a `u32`.
+pub const PAYLOAD_SIZE_LIMIT: usize = u32::MAX as usize - BATCH_HEADER_SIZE - KEY_SIZE_LIMIT;
 /// Bytes before the key in a batch record: partition (4) + log header.
 pub const BATCH_HEADER_SIZE: usize = 4 + LOG_HEADER_SIZE;
 
@@ -16,16 +24,17 @@ pub fn batch_record_size(key: &[u8], payload: &[u8]) -> usize {
     BATCH_HEADER_SIZE + key.len() + payload.len()
 }
 
-/// Appends one batch record. The caller has checked the key and payload sizes
-/// (the line parser bounds both).
+/// Appends one batch record. The caller bounds the key and payload sizes (the
+/// line parser does, by limits the configuration keeps within the fields).
 #[inline]
 pub fn encode_batch_record(batch: &mut Vec<u8>, partition: u32, key: &[u8], payload: &[u8]) {
-    debug_assert!(!key.is_empty() && key.len() <= super::KEY_SIZE_MAX);
-    let payload_size = u32::try_from(payload.len()).expect("payload bounded by the line limit");
+    assert!(!key.is_empty() && key.len() <= KEY_SIZE_LIMIT, "key of {} bytes", key.len());
+    assert!(payload.len() <= PAYLOAD_SIZE_LIMIT, "payload of {} bytes", payload.len());
     batch.reserve(batch_record_size(key, payload));
     batch.extend_from_slice(&partition.to_le_bytes());
-    batch.push(key.len() as u8);
-    batch.extend_from_slice(&payload_size.to_le_bytes());
+    // Both casts are exact: checked against the field limits above.
+    batch.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    batch.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     batch.extend_from_slice(key);
     batch.extend_from_slice(payload);
 }
@@ -44,8 +53,8 @@ pub struct RecordRef<'a> {
 /// [`encode_batch_record`] only).
 #[inline]
 pub fn decode_log_record(bytes: &[u8]) -> Option<RecordRef<'_>> {
-    let key_size = usize::from(*bytes.first()?);
-    let payload_size = u32::from_le_bytes(bytes.get(1..5)?.try_into().ok()?) as usize;
+    let key_size = usize::from(u16::from_le_bytes(bytes.get(0..2)?.try_into().ok()?));
+    let payload_size = u32::from_le_bytes(bytes.get(2..6)?.try_into().ok()?) as usize;
     let size = LOG_HEADER_SIZE + key_size + payload_size;
     let record = bytes.get(..size)?;
     Some(RecordRef {
@@ -83,20 +92,6 @@ impl<'a> Iterator for BatchIter<'a> {
     }
 }
 
-/// Appends one subscriber line: `<partition> <offset> <key> <payload>\n`.
-#[inline]
-pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u8], payload: &[u8]) {
-    let mut numbers = itoa::Buffer::new();
-    out.extend_from_slice(numbers.format(partition).as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(numbers.format(offset).as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(key);
-    out.push(b' ');
-    out.extend_from_slice(payload);
-    out.push(b'\n');
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +103,10 @@ mod tests {
         encode_batch_record(&mut batch, 7, b"user42", b"hello");
         encode_batch_record(&mut batch, 65_000, b"k", b"");
         encode_batch_record(&mut batch, 0, &[b'x'; 255], &[0xff; 300]);
-        assert_eq!(batch.len(), batch_record_size(b"user42", b"hello") + batch_record_size(b"k", b"") + 9 + 555);
+        assert_eq!(
+            batch.len(),
+            batch_record_size(b"user42", b"hello") + batch_record_size(b"k", b"") + BATCH_HEADER_SIZE + 555
+        );
         let records: Vec<_> = BatchIter::new(&batch).collect();
         assert_eq!(records.len(), 3);
         assert_eq!((records[0].0, records[0].1.key, records[0].1.payload), (7, &b"user42"[..], &b"hello"[..]));
@@ -126,14 +124,5 @@ mod tests {
         for size in 0..log.len() {
             assert_eq!(decode_log_record(&log[..size]), None, "size {size}");
         }
-    }
-
-    /// The subscriber line is exactly the documented format.
-    #[test]
-    fn event_line_format() {
-        let mut out = Vec::new();
-        write_event_line(&mut out, 12, 3_000_000_000, b"user42", b"a b c");
-        write_event_line(&mut out, 0, 0, b"k", b"");
-        assert_eq!(out, b"12 3000000000 user42 a b c\n0 0 k \n");
     }
 }

@@ -1,45 +1,49 @@
-//! Gossip and stealing on a running shard: the glue between the pure rule in
-//! [`crate::balance`] and the shard's partitions and mesh.
+//! Gossip and stealing on a running shard: the state between the pure rule
+//! in [`crate::balance`] and the shard.
 //!
-//! Every `report_interval_ms` each shard samples its partitions' rates,
-//! publishes a [`LoadReport`] to every peer, and, if rebalancing is on and the
-//! rule says so, asks the most loaded peer for work. The owner answers by
-//! starting a migration ([`crate::shard::migration`]) or with a refusal.
+//! Every `report_interval_ms` the shard samples its partitions' rates and
+//! publishes a [`LoadReport`] to every peer ([`Balancer::tick`]); if
+//! rebalancing is on and the rule says so, it asks the most loaded peer for
+//! work. The owner answers ([`Balancer::answer_steal`]) by starting a
+//! migration ([`crate::partition::migration`]) or with a refusal. The
+//! balancer only decides; the shard sends the frames.
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::balance::{
-    BalanceConfig, Cooldowns, Direction, LoadReport, Migration, PartitionLoad, Refusal, ShardState, View,
+    BalanceConfig, Cooldowns, Direction, LoadReport, Migration, PartitionLoad, Refusal, ShardState, StealRequest, View,
     hottest_partitions, pick_partition, want_to_steal,
 };
-use crate::shard::Shard;
-use crate::shard::frame::Frame;
-
-/// How long a thief waits for an answer to a steal request before it may ask
-/// again (an answer is a refusal or the placement update of a migration).
-const STEAL_REQUEST_TIMEOUT_MS: u64 = 1000;
+use crate::config::STEAL_REQUEST_TIMEOUT_MS;
+use crate::partition::PartitionManager;
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
-/// so report ages compare across them).
+/// so report ages compare across them). Only the engine reads it: the
+/// migration state machine and the rule take the time as an argument.
 pub fn now_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One shard's balancer state.
 pub struct Balancer {
     pub config: BalanceConfig,
     pub enabled: bool,
+    me: u16,
     pub view: View,
     pub state: ShardState,
     pub cooldowns: Cooldowns,
     report_sequence: u64,
     last_sample_ms: Option<u64>,
+    /// Executor run time at the last sample, for the busy ratio.
+    last_runtime: Option<std::time::Duration>,
     /// This shard's partition loads at the last sample, for `pick_partition`.
     loads: Vec<PartitionLoad>,
     pub events_per_s: f64,
     pub bytes_per_s: f64,
+    /// Share of the last interval the executor spent running tasks.
+    pub busy_ratio: f64,
     /// (victim, sent_ms) of the steal request waiting for an answer.
     pending_request: Option<(u16, u64)>,
     pub counters: BalanceCounters,
@@ -55,168 +59,167 @@ pub struct BalanceCounters {
     pub migrations_completed: u64,
 }
 
+/// What this shard measured for its report, besides its partitions.
+pub struct Sample {
+    pub now_ms: u64,
+    /// Total time the executor has spent running tasks (glommio's stats).
+    pub runtime: std::time::Duration,
+    pub credit_stalls: u64,
+    pub migrating: bool,
+}
+
 impl Balancer {
-    pub fn new(config: BalanceConfig, enabled: bool, shard_count: u16) -> Balancer {
+    pub fn new(config: BalanceConfig, enabled: bool, me: u16, shard_count: u16) -> Balancer {
         Balancer {
             config,
             enabled,
+            me,
             view: View::new(shard_count),
             state: ShardState::new(),
             cooldowns: Cooldowns::new(),
             report_sequence: 0,
             last_sample_ms: None,
+            last_runtime: None,
             loads: Vec::new(),
             events_per_s: 0.0,
             bytes_per_s: 0.0,
+            busy_ratio: 0.0,
             pending_request: None,
             counters: BalanceCounters::default(),
         }
-    }
-
-    /// Forgets the outstanding steal request (it was answered).
-    pub fn request_answered(&mut self) {
-        self.pending_request = None;
     }
 
     /// The hottest partition's rate this shard owns.
     pub fn hottest_events_per_s(&self) -> f64 {
         self.loads.iter().map(|load| load.events_per_s).fold(0.0, f64::max)
     }
-}
 
-impl Shard {
-    /// The gossip loop: sample, report, maybe ask for work.
-    pub(super) async fn run_balancer(&self) {
-        let interval = Duration::from_millis(self.balancer.borrow().config.report_interval_ms);
-        loop {
-            glommio::timer::sleep(interval).await;
-            self.balance_tick(now_ms());
+    /// One gossip interval: samples the partitions' rates into this shard's
+    /// report (to publish) and, if the rule says so, a steal request (to
+    /// send to its victim).
+    pub fn tick(&mut self, partitions: &mut PartitionManager, sample: Sample) -> (LoadReport, Option<StealRequest>) {
+        let report = self.sample_load(partitions, &sample);
+        self.view.update(report.clone());
+        self.cooldowns.prune(sample.now_ms, self.config.cooldown_ms);
+        if !self.enabled || sample.migrating {
+            return (report, None);
         }
-    }
-
-    fn balance_tick(&self, now_ms: u64) {
-        let report = self.sample_load(now_ms);
-        for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
-            self.outbox.send(peer, Frame::Load(report.clone()), &self.metrics);
-        }
-        let migrating = self.is_migrating();
-        let mut balancer = self.balancer.borrow_mut();
-        balancer.view.update(report);
-        if !balancer.enabled || migrating {
-            return;
-        }
-        if let Some((_, sent_ms)) = balancer.pending_request
-            && now_ms < sent_ms + STEAL_REQUEST_TIMEOUT_MS
+        if let Some((_, sent_ms)) = self.pending_request
+            && sample.now_ms < sent_ms + STEAL_REQUEST_TIMEOUT_MS
         {
-            return;
+            return (report, None);
         }
-        let Some(request) = want_to_steal(&balancer.view, self.id, &balancer.config, &balancer.state, now_ms) else {
-            return;
-        };
-        balancer.pending_request = Some((request.victim, now_ms));
-        balancer.counters.steal_requests_sent += 1;
-        let frame = Frame::StealRequest {
-            thief_events_per_s: request.thief_events_per_s,
-            victim_events_per_s: request.victim_events_per_s,
-        };
-        drop(balancer);
-        self.outbox.send(request.victim, frame, &self.metrics);
+        let request = want_to_steal(&self.view, self.me, &self.config, &self.state, sample.now_ms);
+        if let Some(request) = &request {
+            self.pending_request = Some((request.victim, sample.now_ms));
+            self.counters.steal_requests_sent += 1;
+        }
+        (report, request)
     }
 
-    /// Samples every owned partition's rate and builds this shard's report.
-    fn sample_load(&self, now_ms: u64) -> LoadReport {
-        let migrating = self.is_migrating();
-        let mut balancer = self.balancer.borrow_mut();
-        let elapsed_ms = balancer.last_sample_ms.map_or(0, |last| now_ms - last);
-        let mut partitions = self.partitions.borrow_mut();
-        let mut loads = Vec::with_capacity(partitions.owned_count() as usize);
+    fn sample_load(&mut self, partitions: &mut PartitionManager, sample: &Sample) -> LoadReport {
+        let now_ms = sample.now_ms;
+        let elapsed_ms = self.last_sample_ms.map_or(0, |last| now_ms.saturating_sub(last));
+        self.loads.clear();
         for (partition_id, partition) in partitions.iter_mut() {
-            if balancer.last_sample_ms.is_some() {
+            if self.last_sample_ms.is_some() {
                 partition.sample_rates(elapsed_ms, now_ms);
             }
-            loads.push(PartitionLoad {
+            self.loads.push(PartitionLoad {
                 partition: partition_id,
                 events_per_s: partition.events_rate.value(),
                 bytes_per_s: partition.bytes_rate.value(),
             });
         }
-        balancer.last_sample_ms = Some(now_ms);
-        balancer.events_per_s = loads.iter().map(|load| load.events_per_s).sum();
-        balancer.bytes_per_s = loads.iter().map(|load| load.bytes_per_s).sum();
-        balancer.report_sequence += 1;
-        let report = LoadReport {
-            shard: self.id,
-            sequence: balancer.report_sequence,
+        if let Some(last_runtime) = self.last_runtime
+            && elapsed_ms > 0
+        {
+            let busy_ms = sample.runtime.saturating_sub(last_runtime).as_secs_f64() * 1000.0;
+            self.busy_ratio = (busy_ms / elapsed_ms as f64).min(1.0);
+        }
+        self.last_sample_ms = Some(now_ms);
+        self.last_runtime = Some(sample.runtime);
+        self.events_per_s = self.loads.iter().map(|load| load.events_per_s).sum();
+        self.bytes_per_s = self.loads.iter().map(|load| load.bytes_per_s).sum();
+        self.report_sequence += 1;
+        LoadReport {
+            shard: self.me,
+            sequence: self.report_sequence,
             at_ms: now_ms,
-            events_per_s: balancer.events_per_s,
-            bytes_per_s: balancer.bytes_per_s,
-            // Not measured yet: glommio 0.9 exposes no cheap per-interval
-            // busy time; the rule does not use it.
-            busy_ratio: 0.0,
-            credit_stalls: self.metrics.credit_stalls.get(),
+            events_per_s: self.events_per_s,
+            bytes_per_s: self.bytes_per_s,
+            busy_ratio: self.busy_ratio,
+            credit_stalls: sample.credit_stalls,
             partitions_owned: partitions.owned_count(),
-            migrating,
-            hottest: hottest_partitions(&loads),
-        };
-        balancer.loads = loads;
-        report
+            migrating: sample.migrating,
+            hottest: hottest_partitions(&self.loads),
+        }
     }
 
-    /// A thief asks this shard for a partition.
-    pub(super) fn on_steal_request(&self, thief: u16, thief_events_per_s: f64) {
-        let now_ms = now_ms();
-        let choice = {
-            let balancer = self.balancer.borrow();
-            if self.migrations.borrow().is_busy() {
-                Err(Refusal::AlreadyMigrating { partition: u32::MAX })
-            } else {
-                // The loads are from the last sample: drop partitions that
-                // left since (a partition is only ever moved by its owner).
-                let partitions = self.partitions.borrow();
-                let owned: Vec<PartitionLoad> =
-                    balancer.loads.iter().filter(|load| partitions.get(load.partition).is_some()).cloned().collect();
-                pick_partition(
-                    &owned,
-                    balancer.events_per_s,
-                    thief_events_per_s,
-                    &balancer.config,
-                    &balancer.cooldowns,
-                    &balancer.state,
-                    now_ms,
-                )
-            }
-        };
+    /// A thief asks this shard for a partition: the partition to move (the
+    /// migration is recorded as begun), or why not.
+    pub fn answer_steal(
+        &mut self,
+        partitions: &PartitionManager,
+        migrations_busy: bool,
+        thief: u16,
+        thief_events_per_s: f64,
+        now_ms: u64,
+    ) -> Result<u32, Refusal> {
+        if migrations_busy {
+            self.counters.steal_refusals_sent += 1;
+            return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
+        }
+        // The loads are from the last sample: drop partitions that left
+        // since (a partition is only ever moved by its owner).
+        let owned: Vec<PartitionLoad> =
+            self.loads.iter().filter(|load| partitions.get(load.partition).is_some()).cloned().collect();
+        let choice = pick_partition(
+            &owned,
+            self.events_per_s,
+            thief_events_per_s,
+            &self.config,
+            &self.cooldowns,
+            &self.state,
+            now_ms,
+        );
         match choice {
             Ok(partition) => {
-                let mut balancer = self.balancer.borrow_mut();
                 let migration = Migration { partition, peer: thief, direction: Direction::Out, started_ms: now_ms };
-                balancer.state.begin(migration);
-                balancer.counters.migrations_started += 1;
-                drop(balancer);
-                self.start_migration(partition, thief);
+                self.state.begin(migration);
+                self.counters.migrations_started += 1;
             }
-            Err(refusal) => {
-                self.balancer.borrow_mut().counters.steal_refusals_sent += 1;
-                self.outbox.send(thief, Frame::StealRefused(refusal), &self.metrics);
-            }
+            Err(_) => self.counters.steal_refusals_sent += 1,
+        }
+        choice
+    }
+
+    /// This shard learnt that a partition is migrating to it: the answer to
+    /// its steal request (or a migration it did not ask for).
+    pub fn migration_began(&mut self, migration: Migration) {
+        self.pending_request = None;
+        if !self.state.is_migrating() {
+            self.state.begin(migration);
         }
     }
 
-    /// Ends the balancer's record of the migration of `partition`, if it is
-    /// the one it recorded (a shard can be in the protocol for a partition
-    /// the balancer did not start, e.g. a thief already busy as an owner).
-    pub(super) fn finish_recorded_migration(&self, partition: u32, now_ms: u64) {
-        let mut balancer = self.balancer.borrow_mut();
-        if balancer.state.migration().is_some_and(|migration| migration.partition == partition) {
-            balancer.state.finish(partition, now_ms);
+    /// This shard's part in moving `partition` ended. A thief records the
+    /// cooldown from `moved_ms`, when the old owner handed it over.
+    pub fn migration_ended(&mut self, partition: u32, direction: Direction, at_ms: u64, moved_ms: u64) {
+        if direction == Direction::In {
+            self.cooldowns.record(partition, moved_ms);
+            self.counters.migrations_completed += 1;
+        }
+        // A shard can be in the protocol for a partition the balancer did not
+        // record (e.g. a thief already busy as an owner).
+        if self.state.migration().is_some_and(|migration| migration.partition == partition) {
+            self.state.finish(partition, at_ms.max(moved_ms));
         }
     }
 
-    pub(super) fn on_steal_refused(&self, victim: u16, refusal: Refusal) {
-        let mut balancer = self.balancer.borrow_mut();
-        let config = balancer.config.clone();
-        balancer.state.note_refusal(victim, &refusal, now_ms(), &config);
-        balancer.counters.steal_refusals_received += 1;
-        balancer.request_answered();
+    pub fn on_refused(&mut self, victim: u16, refusal: &Refusal, now_ms: u64) {
+        self.state.note_refusal(victim, refusal, now_ms, &self.config);
+        self.counters.steal_refusals_received += 1;
+        self.pending_request = None;
     }
 }

@@ -7,7 +7,8 @@
 
 use crate::balance::{LoadReport, Refusal};
 use crate::partition::Partition;
-use crate::subscribe::{FetchReply, FetchRequest};
+use crate::partition::fetch::{FetchReply, FetchRequest};
+pub use crate::partition::migration::Marker;
 
 /// A message between two shards.
 #[derive(Debug)]
@@ -22,10 +23,14 @@ pub enum Frame {
     FetchReply(FetchReply),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },
+    /// A subscriber on the sending shard has cursors for the receiver that
+    /// its parked fetch does not carry (a partition moved here): answer the
+    /// parked fetch now, so it can send one that does.
+    FetchWake { subscription_id: u64 },
     /// Gossip: the sender's load, every report interval.
     Load(LoadReport),
     /// The sender (an underloaded shard) asks the receiver for a partition.
-    StealRequest { thief_events_per_s: f64, victim_events_per_s: f64 },
+    StealRequest { thief_events_per_s: f64 },
     /// The receiver's steal request was refused.
     StealRefused(Refusal),
     /// The sender, the partition's current owner, moves it to `owner` with a
@@ -45,13 +50,11 @@ pub struct Handoff {
     pub partition: Box<Partition>,
 }
 
-/// Step 2 of the migration protocol: "every event I routed to you for
-/// `partition` before epoch `epoch` is in front of this marker".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Marker {
-    pub partition: u32,
-    pub epoch: u32,
-}
+/// Bytes one frame takes in a mesh ring (the memory formula's mesh term).
+pub const FRAME_SIZE_BYTES: usize = std::mem::size_of::<Frame>();
+// Frames are moved through the rings by value: keep them small (batches and
+// replies live on the heap), and keep the formula's figure honest.
+const _: () = assert!(FRAME_SIZE_BYTES <= 128, "Frame grew: check the mesh term of the memory formula");
 
 /// A batch of events from one source shard for one owner shard.
 #[derive(Debug)]
@@ -75,4 +78,21 @@ pub struct CreditGrant {
     /// The applied batch's buffer, returned for reuse so steady state
     /// allocates no batch buffers (and frees none across threads).
     pub recycled: Vec<u8>,
+}
+
+impl crate::partition::apply::Batch for DataBatch {
+    type Grant = CreditGrant;
+
+    fn records(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn markers(&self) -> &[Marker] {
+        &self.markers
+    }
+
+    /// The grant returns the batch's credits and its buffer, for reuse.
+    fn into_grant(self) -> CreditGrant {
+        CreditGrant { sequence: self.sequence, credit_bytes: self.bytes.len(), recycled: self.bytes }
+    }
 }

@@ -1,124 +1,181 @@
-//! Per-shard counters: plain cells, owned by one thread, read by the control
-//! plane through a [`ShardStats`] snapshot.
+//! Per-shard metrics, each declared once.
+//!
+//! [`shard_metrics!`] below is the only list: every entry names a field, its
+//! kind, its Prometheus family (and label, for families split by reason) and
+//! its help text. From it come the shard's live cells ([`ShardMetrics`],
+//! plain `Cell`s owned by one thread), the snapshot the control plane reads
+//! ([`Counters`], which is also the per-shard `/stats` JSON) and the
+//! Prometheus families ([`FAMILIES`]). Gauges that are computed from other
+//! state (partitions owned, bytes buffered) are set into their cells right
+//! before a snapshot ([`crate::shard::control`]).
 
 use std::cell::Cell;
 
-/// Counters of one shard. Monotonic unless named as a gauge.
-#[derive(Default)]
-pub struct ShardMetrics {
-    pub events_ingested: Cell<u64>,
-    pub bytes_ingested: Cell<u64>,
-    pub events_stored: Cell<u64>,
-    pub bytes_stored: Cell<u64>,
-    pub connections_accepted: Cell<u64>,
-    pub connections_refused: Cell<u64>,
-    /// Gauge.
-    pub connections_open: Cell<u64>,
-    pub lines_rejected_key_empty: Cell<u64>,
-    pub lines_rejected_key_too_long: Cell<u64>,
-    pub lines_rejected_line_too_long: Cell<u64>,
-    pub lines_rejected_unterminated: Cell<u64>,
-    pub control_lines: Cell<u64>,
-    pub batches_sent: Cell<u64>,
-    pub batches_applied: Cell<u64>,
-    pub credit_stalls: Cell<u64>,
-    pub credit_stall_ns: Cell<u64>,
-    pub mesh_overflow_frames: Cell<u64>,
-    /// Gauge: bytes held by ingest connections' read buffers.
-    pub read_buffer_bytes: Cell<u64>,
-    /// Gauge.
-    pub subscribers_open: Cell<u64>,
-    pub subscribers_refused: Cell<u64>,
-    pub events_delivered: Cell<u64>,
-    pub bytes_delivered: Cell<u64>,
-    pub truncation_notices: Cell<u64>,
-    pub events_misrouted: Cell<u64>,
+/// How a metric behaves, for Prometheus and for `/stats` totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows; the total is the sum over shards.
+    Counter,
+    /// Goes up and down; the total is the sum over shards.
+    Gauge,
+    /// A gauge whose total is the largest shard's value (a maximum, not a
+    /// quantity: e.g. the hottest partition's rate).
+    Peak,
+}
+
+/// One Prometheus sample family entry of a per-shard metric.
+pub struct Family {
+    pub name: &'static str,
+    /// `reason="..."`-style label, for families split by reason.
+    pub label: Option<(&'static str, &'static str)>,
+    pub help: &'static str,
+    pub kind: Kind,
+    pub field: &'static str,
+    pub read: fn(&Counters) -> f64,
+}
+
+/// A value a metric cell holds.
+pub trait MetricValue: Copy + Default {
+    fn to_f64(self) -> f64;
+}
+
+impl MetricValue for u64 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl MetricValue for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+
+macro_rules! shard_metrics {
+    ($( $kind:ident $field:ident : $type:ty => $name:literal $([$label:literal = $value:literal])? , $help:literal ;)*) => {
+        /// The live metrics of one shard.
+        #[derive(Default)]
+        pub struct ShardMetrics {
+            $( #[doc = $help] pub $field: Cell<$type>, )*
+        }
+
+        /// A snapshot of one shard's metrics (the per-shard `/stats` JSON).
+        #[derive(Debug, Clone, Default, serde::Serialize)]
+        pub struct Counters {
+            $( #[doc = $help] pub $field: $type, )*
+        }
+
+        impl ShardMetrics {
+            pub fn snapshot(&self) -> Counters {
+                Counters { $( $field: self.$field.get(), )* }
+            }
+        }
+
+        /// Every per-shard metric, in declaration order.
+        pub const FAMILIES: &[Family] = &[
+            $( Family {
+                name: $name,
+                label: shard_metrics!(@label $($label = $value)?),
+                help: $help,
+                kind: Kind::$kind,
+                field: stringify!($field),
+                read: |counters| MetricValue::to_f64(counters.$field),
+            }, )*
+        ];
+    };
+    (@label) => { None };
+    (@label $label:literal = $value:literal) => { Some(($label, $value)) };
+}
+
+shard_metrics! {
+    Counter events_ingested: u64 => "spate_events_ingested_total", "Events parsed from this shard's ingest connections.";
+    Counter bytes_ingested: u64 => "spate_ingest_bytes_total", "Line bytes (with LF) of events parsed on this shard.";
+    Counter events_stored: u64 => "spate_events_stored_total", "Events appended to partition logs this shard owns.";
+    Counter bytes_stored: u64 => "spate_stored_bytes_total", "Log record bytes appended to partition logs this shard owns.";
+    Gauge partitions_owned: u64 => "spate_partitions_owned", "Partitions this shard owns.";
+    Gauge log_bytes: u64 => "spate_log_bytes", "Memory held by this shard's partition logs.";
+    Counter connections_accepted: u64 => "spate_connections_accepted_total", "Ingest connections accepted.";
+    Counter connections_refused: u64 => "spate_connections_refused_total", "Ingest connections refused at the connection limit.";
+    Gauge connections_open: u64 => "spate_connections_open", "Ingest connections open.";
+    Counter lines_rejected_key_empty: u64 => "spate_lines_rejected_total" ["reason" = "key_empty"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_key_too_long: u64 => "spate_lines_rejected_total" ["reason" = "key_too_long"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_line_too_long: u64 => "spate_lines_rejected_total" ["reason" = "line_too_long"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_unterminated: u64 => "spate_lines_rejected_total" ["reason" = "unterminated_line"], "Ingest lines rejected, by reason.";
+    Counter control_lines: u64 => "spate_control_lines_total", "Control lines (#...) received.";
+    Counter control_lines_unknown: u64 => "spate_control_lines_unknown_total", "Control lines with an unknown command (answered with ERR; not events, so not counted as rejected lines).";
+    Counter batches_sent: u64 => "spate_batches_sent_total", "Batches this shard sent to owners (itself included).";
+    Counter batches_applied: u64 => "spate_batches_applied_total", "Batches this shard applied as owner.";
+    Counter credit_stalls: u64 => "spate_credit_stalls_total", "Times a connection stopped reading for lack of credits.";
+    Counter credit_stall_seconds: f64 => "spate_credit_stall_seconds_total", "Time connections spent stalled on credits.";
+    Gauge credits_outstanding_bytes: u64 => "spate_credits_outstanding_bytes", "Credit bytes spent by this shard and not yet returned.";
+    Gauge batch_buffered_bytes: u64 => "spate_batch_buffered_bytes", "Bytes in open, unsent batches.";
+    Gauge apply_queue_bytes: u64 => "spate_apply_queue_bytes", "Bytes in the local apply queue.";
+    Counter mesh_overflow_frames: u64 => "spate_mesh_overflow_frames_total", "Frames queued behind a full mesh ring.";
+    Gauge mesh_queued_frames: u64 => "spate_mesh_queued_frames", "Frames waiting behind a full mesh ring now.";
+    Gauge read_buffer_bytes: u64 => "spate_read_buffer_bytes", "Bytes held by ingest connections' read buffers.";
+    Gauge subscribers_open: u64 => "spate_subscribers_open", "Subscriber connections open.";
+    Counter subscribers_refused: u64 => "spate_subscribers_refused_total", "Subscribers refused at the limit.";
+    Counter events_delivered: u64 => "spate_events_delivered_total", "Event lines written to subscribers.";
+    Counter bytes_delivered: u64 => "spate_delivered_bytes_total", "Bytes written to subscribers.";
+    Counter truncation_notices: u64 => "spate_truncation_notices_total", "TRUNCATED notices sent to subscribers behind retention.";
+    Gauge load_events_per_s: f64 => "spate_load_events_per_second", "Stored events/s, averaged over the balancer half-life (the balancer's load).";
+    Gauge load_bytes_per_s: f64 => "spate_load_bytes_per_second", "Stored payload bytes/s, averaged over the balancer half-life.";
+    Peak hottest_partition_events_per_s: f64 => "spate_hottest_partition_events_per_second", "Rate of this shard's hottest partition.";
+    Gauge busy_ratio: f64 => "spate_busy_ratio", "Share of the last gossip interval this shard's executor spent running tasks.";
+    Counter steal_requests_sent: u64 => "spate_steal_requests_sent_total", "Steal requests this shard sent as a thief.";
+    Counter steal_refusals_sent: u64 => "spate_migrations_refused_total", "Steal requests this shard refused as an owner.";
+    Counter steal_refusals_received: u64 => "spate_steal_refusals_received_total", "Refusals this shard received as a thief.";
+    Counter migrations_started: u64 => "spate_migrations_started_total", "Migrations this shard started as the owner.";
+    Counter migrations_completed: u64 => "spate_migrations_completed_total", "Migrations completed into this shard.";
+    Gauge migration_pending_bytes: u64 => "spate_migration_pending_bytes", "Events buffered for partitions migrating to this shard.";
 }
 
 impl ShardMetrics {
     #[inline]
-    pub fn add(cell: &Cell<u64>, value: u64) {
+    pub fn add<T: MetricValue + std::ops::Add<Output = T>>(cell: &Cell<T>, value: T) {
         cell.set(cell.get() + value);
     }
 }
 
-/// A snapshot of one shard, sent to the control plane.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+/// One shard's snapshot as the control plane gets it.
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ShardStats {
     pub shard: u16,
-    pub events_ingested: u64,
-    pub bytes_ingested: u64,
-    pub events_stored: u64,
-    pub bytes_stored: u64,
-    pub partitions_owned: u32,
-    pub log_bytes: u64,
-    pub connections_accepted: u64,
-    pub connections_refused: u64,
-    pub connections_open: u64,
-    pub lines_rejected_key_empty: u64,
-    pub lines_rejected_key_too_long: u64,
-    pub lines_rejected_line_too_long: u64,
-    pub lines_rejected_unterminated: u64,
-    pub control_lines: u64,
-    pub batches_sent: u64,
-    pub batches_applied: u64,
-    pub credit_stalls: u64,
-    pub credit_stall_seconds: f64,
-    pub credits_outstanding_bytes: u64,
-    pub batch_buffered_bytes: u64,
-    pub apply_queue_bytes: u64,
-    pub mesh_overflow_frames: u64,
-    pub mesh_queued_frames: u64,
-    pub read_buffer_bytes: u64,
-    pub subscribers_open: u64,
-    pub subscribers_refused: u64,
-    pub events_delivered: u64,
-    pub bytes_delivered: u64,
-    pub truncation_notices: u64,
-    pub events_misrouted: u64,
-    /// Stored events/s over the balancer's half-life (the balancer's load).
-    pub load_events_per_s: f64,
-    pub load_bytes_per_s: f64,
-    pub hottest_partition_events_per_s: f64,
-    pub steal_requests_sent: u64,
-    pub steal_refusals_sent: u64,
-    pub steal_refusals_received: u64,
-    pub migrations_started: u64,
-    pub migrations_completed: u64,
-    /// Events buffered at this shard for partitions migrating here.
-    pub migration_pending_bytes: u64,
+    #[serde(flatten)]
+    pub counters: Counters,
 }
 
-impl ShardMetrics {
-    /// Copies the counters; the caller fills in the fields owned elsewhere.
-    pub fn snapshot(&self, shard: u16) -> ShardStats {
-        ShardStats {
-            shard,
-            events_ingested: self.events_ingested.get(),
-            bytes_ingested: self.bytes_ingested.get(),
-            events_stored: self.events_stored.get(),
-            bytes_stored: self.bytes_stored.get(),
-            connections_accepted: self.connections_accepted.get(),
-            connections_refused: self.connections_refused.get(),
-            connections_open: self.connections_open.get(),
-            lines_rejected_key_empty: self.lines_rejected_key_empty.get(),
-            lines_rejected_key_too_long: self.lines_rejected_key_too_long.get(),
-            lines_rejected_line_too_long: self.lines_rejected_line_too_long.get(),
-            lines_rejected_unterminated: self.lines_rejected_unterminated.get(),
-            control_lines: self.control_lines.get(),
-            batches_sent: self.batches_sent.get(),
-            batches_applied: self.batches_applied.get(),
-            credit_stalls: self.credit_stalls.get(),
-            credit_stall_seconds: self.credit_stall_ns.get() as f64 / 1e9,
-            mesh_overflow_frames: self.mesh_overflow_frames.get(),
-            read_buffer_bytes: self.read_buffer_bytes.get(),
-            subscribers_open: self.subscribers_open.get(),
-            subscribers_refused: self.subscribers_refused.get(),
-            events_delivered: self.events_delivered.get(),
-            bytes_delivered: self.bytes_delivered.get(),
-            truncation_notices: self.truncation_notices.get(),
-            events_misrouted: self.events_misrouted.get(),
-            ..ShardStats::default()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family has a Prometheus-legal name, counters end in `_total`,
+    /// and a name split by label is declared as one family kind and help.
+    #[test]
+    fn families_are_well_formed() {
+        for family in FAMILIES {
+            assert!(family.name.starts_with("spate_"), "{}", family.name);
+            assert!(family.name.bytes().all(|byte| byte.is_ascii_lowercase() || byte == b'_'));
+            assert_eq!(family.kind == Kind::Counter, family.name.ends_with("_total"), "{}", family.name);
+            for other in FAMILIES.iter().filter(|other| other.name == family.name) {
+                assert_eq!((other.kind, other.help), (family.kind, family.help), "{}", family.name);
+                assert!(other.label.is_some() || std::ptr::eq(other, family), "{} declared twice", family.name);
+            }
         }
+    }
+
+    /// A snapshot reads what the cells hold, and FAMILIES read the snapshot.
+    #[test]
+    fn snapshot_and_families_agree() {
+        let metrics = ShardMetrics::default();
+        ShardMetrics::add(&metrics.events_stored, 5);
+        ShardMetrics::add(&metrics.credit_stall_seconds, 0.5);
+        let counters = metrics.snapshot();
+        let read = |field: &str| (FAMILIES.iter().find(|family| family.field == field).unwrap().read)(&counters);
+        assert_eq!(read("events_stored"), 5.0);
+        assert_eq!(read("credit_stall_seconds"), 0.5);
+        let json = serde_json::to_value(ShardStats { shard: 3, counters }).unwrap();
+        assert_eq!(json["shard"], 3);
+        assert_eq!(json["events_stored"], 5);
     }
 }

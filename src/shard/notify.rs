@@ -71,6 +71,12 @@ impl WaitList {
         WaitUntil { list: self, ready, slot: None }
     }
 
+    /// Waiters registered now.
+    #[cfg(test)]
+    pub fn waiter_count(&self) -> usize {
+        self.slots.borrow().iter().filter(|slot| slot.is_some()).count()
+    }
+
     fn register(&self, slot: &mut Option<usize>, waker: &Waker) {
         let mut slots = self.slots.borrow_mut();
         match *slot {
@@ -147,4 +153,82 @@ where
 pub enum Either<L, R> {
     Left(L),
     Right(R),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    /// A waker that counts its wake-ups.
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counting_waker() -> (Arc<CountingWaker>, Waker) {
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        (counter.clone(), Waker::from(counter))
+    }
+
+    /// A notification given while nobody waits is kept for the next waiter,
+    /// and consumed by it.
+    #[test]
+    fn notify_keeps_one_notification() {
+        let notify = Notify::default();
+        let (counter, waker) = counting_waker();
+        let mut context = Context::from_waker(&waker);
+        notify.notify();
+        assert!(std::pin::pin!(notify.notified()).poll(&mut context).is_ready());
+        let mut waiting = std::pin::pin!(notify.notified());
+        assert!(waiting.as_mut().poll(&mut context).is_pending());
+        notify.notify();
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1);
+        assert!(waiting.as_mut().poll(&mut context).is_ready());
+    }
+
+    /// Regression (f2a4dea): a wait polled many times (a connection racing
+    /// every read against shutdown) holds one slot, not one per poll, and
+    /// frees it when dropped or done.
+    #[test]
+    fn repeated_polls_do_not_pile_up_wakers() {
+        let list = WaitList::default();
+        let (counter, waker) = counting_waker();
+        let mut context = Context::from_waker(&waker);
+        let ready = Cell::new(false);
+        {
+            let mut waiting = std::pin::pin!(list.wait_until(|| ready.get()));
+            for _ in 0..1000 {
+                assert!(waiting.as_mut().poll(&mut context).is_pending());
+            }
+            assert_eq!(list.waiter_count(), 1);
+            list.wake_all();
+            assert_eq!(counter.0.load(Ordering::Relaxed), 1, "one slot, one wake-up");
+            ready.set(true);
+            assert!(waiting.as_mut().poll(&mut context).is_ready());
+            assert_eq!(list.waiter_count(), 0);
+        }
+        let mut dropped = Box::pin(list.wait_until(|| false));
+        assert!(dropped.as_mut().poll(&mut context).is_pending());
+        assert_eq!(list.waiter_count(), 1);
+        drop(dropped);
+        assert_eq!(list.waiter_count(), 0, "a dropped wait frees its slot");
+    }
+
+    /// `first` resolves with whichever future is ready first.
+    #[test]
+    fn first_takes_the_ready_side() {
+        let (_, waker) = counting_waker();
+        let mut context = Context::from_waker(&waker);
+        let race = std::pin::pin!(first(std::future::pending::<u8>(), std::future::ready(7u16)));
+        match race.poll(&mut context) {
+            Poll::Ready(Either::Right(7)) => {}
+            _ => panic!("the ready side wins"),
+        }
+    }
 }

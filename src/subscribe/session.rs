@@ -7,14 +7,12 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
+use crate::config::SUBSCRIBE_REQUEST_SIZE_MAX;
+use crate::partition::fetch::{FetchReply, FetchRequest, Position};
 use crate::protocol::{PartitionSelector, StartOffset, parse_subscribe};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
-use crate::subscribe::{FetchReply, FetchRequest, Position};
-
-/// Longest `SUB` request line accepted, in bytes.
-const REQUEST_SIZE_MAX: usize = 1024;
 
 struct Cursor {
     partition: u32,
@@ -55,12 +53,12 @@ pub async fn serve_subscriber(shard: Rc<Shard>, mut stream: TcpStream) {
     let cursors = partitions.into_iter().map(|partition| Cursor { partition, position: start, in_flight: false });
     ShardMetrics::add(&metrics.subscribers_open, 1);
     let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
-    let subscription_id = shard.register_subscription(inbox_sender);
+    let subscription_id = shard.subscriptions.register(inbox_sender);
     let mut session = Session {
         shard: &shard,
         subscription_id,
         cursors: cursors.collect(),
-        outstanding: vec![false; usize::from(shard.shard_count)],
+        outstanding: vec![Outstanding::None; usize::from(shard.shard_count)],
         rotation: 0,
     };
     let _ = session.run(&mut stream, &inbox).await;
@@ -82,20 +80,30 @@ async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
             request.truncate(end);
             return Some(request);
         }
-        if request.len() > REQUEST_SIZE_MAX {
-            let message = format!("ERR bad_request: request line longer than {REQUEST_SIZE_MAX} bytes\n");
+        if request.len() > SUBSCRIBE_REQUEST_SIZE_MAX {
+            let message = format!("ERR bad_request: request line longer than {SUBSCRIBE_REQUEST_SIZE_MAX} bytes\n");
             let _ = stream.write_all(message.as_bytes()).await;
             return None;
         }
     }
 }
 
+/// A subscription's fetch to one owner.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outstanding {
+    None,
+    Out,
+    /// Out, and asked to come back early: a cursor for that owner is waiting
+    /// to be fetched (its partition moved there after the fetch left).
+    Woken,
+}
+
 struct Session<'a> {
     shard: &'a Shard,
     subscription_id: u64,
     cursors: Vec<Cursor>,
-    /// Per owner: a fetch to it is out.
-    outstanding: Vec<bool>,
+    /// Per owner: whether a fetch to it is out.
+    outstanding: Vec<Outstanding>,
     /// Where the next fetch starts in `cursors`, so a large budget is shared
     /// fairly among partitions over time.
     rotation: usize,
@@ -109,7 +117,7 @@ impl Session<'_> {
     ) -> std::io::Result<()> {
         loop {
             self.send_fetches();
-            let reply = match first(inbox.recv(), self.shard.shutdown_requested()).await {
+            let reply = match first(inbox.recv(), self.shard.lifecycle.shutdown_requested()).await {
                 Either::Left(Some(reply)) => reply,
                 Either::Left(None) | Either::Right(()) => return Ok(()),
             };
@@ -125,7 +133,10 @@ impl Session<'_> {
     }
 
     /// Sends one fetch to every owner that has none out and holds cursors
-    /// that are not in flight.
+    /// that are not in flight. An owner whose fetch is out (it may be parked
+    /// there until new events arrive) and that now holds a cursor the fetch
+    /// does not carry is asked to answer early, so the cursor is not stuck
+    /// behind a fetch that may wait forever.
     fn send_fetches(&mut self) {
         let placement = self.shard.placement.borrow();
         let mut requests: Vec<Option<FetchRequest>> = (0..self.outstanding.len()).map(|_| None).collect();
@@ -134,7 +145,14 @@ impl Session<'_> {
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
             let owner = usize::from(placement.owner(cursor.partition));
-            if cursor.in_flight || self.outstanding[owner] {
+            if cursor.in_flight {
+                continue;
+            }
+            if self.outstanding[owner] != Outstanding::None {
+                if self.outstanding[owner] == Outstanding::Out {
+                    self.outstanding[owner] = Outstanding::Woken;
+                    self.shard.send_fetch_wake(owner as u16, self.subscription_id);
+                }
                 continue;
             }
             cursor.in_flight = true;
@@ -150,7 +168,7 @@ impl Session<'_> {
         drop(placement);
         for (owner, request) in requests.into_iter().enumerate() {
             if let Some(request) = request {
-                self.outstanding[owner] = true;
+                self.outstanding[owner] = Outstanding::Out;
                 self.shard.send_fetch(owner as u16, request);
             }
         }
@@ -164,7 +182,7 @@ impl Session<'_> {
     }
 
     fn apply_reply(&mut self, reply: &FetchReply) {
-        self.outstanding[usize::from(reply.owner)] = false;
+        self.outstanding[usize::from(reply.owner)] = Outstanding::None;
         for &(partition, offset) in &reply.cursors {
             let cursor = self.cursor_mut(partition);
             debug_assert!(cursor.in_flight);

@@ -7,6 +7,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use spate::protocol::SubscriberLine;
+
 pub struct Server {
     child: Option<Child>,
     pub ingest: SocketAddr,
@@ -155,7 +157,10 @@ impl Producer {
             let count = self.reader.read_line(&mut line).expect("read reply");
             assert!(count > 0, "server closed before OK SYNC; replies so far: {replies:?}");
             let line = line.trim_end().to_string();
-            let done = line.starts_with("OK ") && line.ends_with(&format!("SYNC {token}"));
+            let done = matches!(
+                spate::protocol::parse_reply(line.as_bytes()),
+                Some(spate::protocol::Reply::Ok { command: b"SYNC", token: reply_token, .. }) if reply_token == token.as_bytes()
+            );
             replies.push(line);
             if done {
                 return replies;
@@ -203,18 +208,21 @@ impl Subscriber {
         }
     }
 
-    /// The next event; notices (`TRUNCATED`) are collected on the side.
+    /// The next event; notices (`TRUNCATED`, `ERR`) are collected on the side.
     pub fn next_event(&mut self) -> Option<Delivered> {
         loop {
             let line = self.next_line()?;
-            if line.starts_with(b"TRUNCATED ") || line.starts_with(b"ERR ") {
-                self.notices.push(String::from_utf8_lossy(&line).into_owned());
-                if line.starts_with(b"ERR ") {
+            match spate::protocol::parse_subscriber_line(&line) {
+                Ok(SubscriberLine::Event { partition, offset, key, payload }) => {
+                    return Some(Delivered { partition, offset, key: key.to_vec(), payload: payload.to_vec() });
+                }
+                Ok(SubscriberLine::Truncated { .. }) => self.notices.push(String::from_utf8_lossy(&line).into_owned()),
+                Ok(SubscriberLine::Error { .. }) => {
+                    self.notices.push(String::from_utf8_lossy(&line).into_owned());
                     return None;
                 }
-                continue;
+                Err(error) => panic!("{error}"),
             }
-            return Some(parse_delivered(&line));
         }
     }
 
@@ -232,18 +240,4 @@ impl Subscriber {
     pub fn read_raw(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
         self.reader.read(buffer)
     }
-}
-
-/// Parses `<partition> <offset> <key> <payload>`.
-pub fn parse_delivered(line: &[u8]) -> Delivered {
-    let mut parts = line.splitn(4, |&byte| byte == b' ');
-    let mut number = |name: &str| -> u64 {
-        let field = parts.next().unwrap_or_else(|| panic!("no {name} in {:?}", String::from_utf8_lossy(line)));
-        std::str::from_utf8(field).unwrap().parse().unwrap()
-    };
-    let partition = number("partition") as u32;
-    let offset = number("offset");
-    let key = parts.next().expect("key").to_vec();
-    let payload = parts.next().expect("payload (may be empty)").to_vec();
-    Delivered { partition, offset, key, payload }
 }

@@ -1,19 +1,23 @@
 //! `spate serve`: checks the machine, starts one executor per shard, the
 //! admin thread and the signal handler, and runs the two-phase shutdown.
 
+mod checks;
+mod startup;
+
+pub use checks::EnvironmentError;
+pub use startup::{ShardContext, run_shard};
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::{LocalExecutorBuilder, LocalExecutorPoolBuilder, Placement, PoolPlacement};
+use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 
-use crate::admin::{AdminServer, AdminState};
-use crate::config::Config;
-use crate::shard::{ControlRequest, ShardContext, ShardEvent, run_shard};
+use crate::admin::{AdminError, AdminServer, AdminState};
+use crate::config::{CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX};
+use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
-/// Least locked memory glommio needs per executor.
-const MEMLOCK_BYTES_MIN: u64 = 512 * 1024;
 /// How long shards get to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -22,24 +26,55 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum ServeError {
     Config(crate::config::ConfigError),
     /// The machine cannot run glommio; the text says how to fix it.
-    Environment(String),
+    Environment(EnvironmentError),
     AddressInUse {
         name: &'static str,
         address: SocketAddr,
     },
-    Start(String),
+    /// An address could not be bound for another reason.
+    Bind {
+        name: &'static str,
+        address: SocketAddr,
+        error: std::io::Error,
+    },
+    /// The executor pool could not be created.
+    Executors(glommio::GlommioError<()>),
+    /// A shard failed to start (`None`: before it knew its id).
+    Shard {
+        shard: Option<u16>,
+        failure: ShardFailure,
+    },
+    /// Not every shard reported in time.
+    StartTimeout {
+        started: usize,
+        shard_count: usize,
+    },
+    Admin(AdminError),
+    /// A helper thread (signals) could not start.
+    Thread {
+        name: &'static str,
+        error: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServeError::Config(error) => write!(f, "invalid configuration: {error}"),
-            ServeError::Environment(text) => write!(f, "{text}"),
+            ServeError::Environment(error) => write!(f, "{error}"),
             ServeError::AddressInUse { name, address } => write!(
                 f,
                 "{name} address {address} is already in use (another spate running?); pick another with --{name}"
             ),
-            ServeError::Start(text) => write!(f, "failed to start: {text}"),
+            ServeError::Bind { name, address, error } => write!(f, "failed to start: bind {name} {address}: {error}"),
+            ServeError::Executors(error) => write!(f, "failed to start the executor pool: {error}"),
+            ServeError::Shard { shard: Some(shard), failure } => write!(f, "shard {shard} failed to start: {failure}"),
+            ServeError::Shard { shard: None, failure } => write!(f, "a shard failed to start: {failure}"),
+            ServeError::StartTimeout { started, shard_count } => {
+                write!(f, "only {started} of {shard_count} shards started within {}s", START_TIMEOUT.as_secs())
+            }
+            ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
+            ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
     }
 }
@@ -49,13 +84,14 @@ impl std::error::Error for ServeError {}
 /// Runs a server until SIGINT or SIGTERM, then drains and returns.
 pub fn serve(config: Config) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
-    check_memlock()?;
-    check_io_uring(&config)?;
-    check_addresses(&config)?;
+    checks::check_memlock()?;
+    checks::check_io_uring(&config)?;
+    checks::check_addresses(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
-    let (events_sender, events) = flume::unbounded();
-    let (controls, control_receivers): (Vec<_>, Vec<_>) = (0..shard_count).map(|_| flume::bounded(64)).unzip();
+    let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
+    let (controls, control_receivers): (Vec<_>, Vec<_>) =
+        (0..shard_count).map(|_| flume::bounded(CONTROL_CHANNEL_CAPACITY)).unzip();
     let context = ShardContext {
         config: config.clone(),
         mesh: MeshBuilder::full(shard_count, config.mesh_channel_frames()),
@@ -73,7 +109,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         .io_memory(config.io_memory_bytes)
         .spin_before_park(Duration::from_micros(config.spin_before_park_us))
         .on_all_shards(move || run_shard(context))
-        .map_err(|error| ServeError::Start(format!("executor pool: {error}")))?;
+        .map_err(ServeError::Executors)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
     let admin = startup.and_then(|()| {
@@ -83,7 +119,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             memory_bound: config.memory_bound(),
             started,
         })
-        .map_err(ServeError::Start)
+        .map_err(ServeError::Admin)
     });
     let admin = match admin {
         Ok(admin) => admin,
@@ -118,12 +154,10 @@ fn wait_for_start(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> R
     let mut started = 0;
     while started < shard_count {
         match events.recv_deadline(deadline) {
-            Ok(ShardEvent::Started { .. }) => started += 1,
-            Ok(ShardEvent::Failed { shard, reason }) => {
-                return Err(ServeError::Start(format!("shard {shard}: {reason}")));
-            }
-            Ok(ShardEvent::Drained { .. }) => {}
-            Err(_) => return Err(ServeError::Start(format!("only {started} of {shard_count} shards started in time"))),
+            Ok(ShardEvent::Started) => started += 1,
+            Ok(ShardEvent::Failed { shard, failure }) => return Err(ServeError::Shard { shard, failure }),
+            Ok(ShardEvent::Drained) => {}
+            Err(_) => return Err(ServeError::StartTimeout { started, shard_count }),
         }
     }
     Ok(())
@@ -134,9 +168,9 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) {
     let mut drained = 0;
     while drained < shard_count {
         match events.recv() {
-            Ok(ShardEvent::Drained { .. }) => drained += 1,
-            Ok(ShardEvent::Failed { shard, reason }) => eprintln!("spate: shard {shard} failed: {reason}"),
-            Ok(ShardEvent::Started { .. }) => {}
+            Ok(ShardEvent::Drained) => drained += 1,
+            Ok(ShardEvent::Failed { shard, failure }) => eprintln!("spate: shard {shard:?} failed: {failure}"),
+            Ok(ShardEvent::Started) => {}
             Err(_) => return,
         }
     }
@@ -145,7 +179,7 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) {
 fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>]) -> Result<(), ServeError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(|error| ServeError::Start(format!("signal handler: {error}")))?;
+        .map_err(|error| ServeError::Thread { name: "signal", error })?;
     let controls = controls.to_vec();
     std::thread::Builder::new()
         .name("spate-signals".into())
@@ -155,7 +189,7 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>]) -> Result<(),
                 broadcast(&controls, || ControlRequest::Shutdown);
             }
         })
-        .map_err(|error| ServeError::Start(format!("signal thread: {error}")))?;
+        .map_err(|error| ServeError::Thread { name: "signal", error })?;
     Ok(())
 }
 
@@ -174,51 +208,4 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
         bound.total >> 20,
         bound.total_worst_case >> 20
     );
-}
-
-fn check_memlock() -> Result<(), ServeError> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the struct we pass and nothing else.
-    let status = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    if status == 0 && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < MEMLOCK_BYTES_MIN {
-        return Err(ServeError::Environment(format!(
-            "locked memory limit is {} KiB; glommio (io_uring) needs at least {} KiB per process.\n\
-             fix: `ulimit -l {}` in this shell (as root, or raise the hard limit in \
-             /etc/security/limits.conf), or LimitMEMLOCK=infinity in the systemd unit",
-            limit.rlim_cur / 1024,
-            MEMLOCK_BYTES_MIN / 1024,
-            64 * 1024
-        )));
-    }
-    Ok(())
-}
-
-/// Creates (and drops) one executor, so a kernel without io_uring fails here
-/// with a message instead of inside a shard thread.
-fn check_io_uring(config: &Config) -> Result<(), ServeError> {
-    let executor = LocalExecutorBuilder::new(Placement::Unbound).io_memory(config.io_memory_bytes).make();
-    match executor {
-        Ok(_) => Ok(()),
-        Err(error) => Err(ServeError::Environment(format!(
-            "cannot start a glommio executor: {error}\n\
-             spate needs Linux 5.8+ with io_uring enabled and at least 512 KiB of locked memory.\n\
-             fix: check `sysctl kernel.io_uring_disabled` (must be 0), that no seccomp profile \
-             (e.g. a container runtime's) blocks io_uring_setup, and `ulimit -l`"
-        ))),
-    }
-}
-
-/// glommio binds with SO_REUSEPORT, so a second server on a busy port would
-/// silently share it. Probe each address with a plain bind first.
-fn check_addresses(config: &Config) -> Result<(), ServeError> {
-    let addresses = [("ingest", config.ingest), ("subscribe", config.subscribe), ("admin", config.admin)];
-    for (name, address) in addresses {
-        if let Err(error) = std::net::TcpListener::bind(address) {
-            if error.kind() == std::io::ErrorKind::AddrInUse {
-                return Err(ServeError::AddressInUse { name, address });
-            }
-            return Err(ServeError::Start(format!("bind {name} {address}: {error}")));
-        }
-    }
-    Ok(())
 }

@@ -1,21 +1,62 @@
-//! The source side of the data path: per-destination batches and credits.
+//! The source side of the data path: where every ingest format's events
+//! enter the engine, and the credits that bound them.
 //!
-//! Every event a shard ingests is encoded into the open batch for its owner
-//! shard (the shard itself included: local appends use the same accounting),
-//! and costs its record size in credits. An owner grants each source a window
-//! of `credit_window_bytes` and `credit_window_batches`; credits come back in
-//! a [`CreditGrant`] once the owner has applied a batch. A source without
-//! credits for an event's owner must stop (the connection stops reading its
-//! socket), so bytes in flight between any two shards never exceed the window.
+//! [`route`] is the one entry point: it places an event by its key's stable
+//! hash, encodes it into the open batch of the partition's owner shard (the
+//! shard itself included: local appends use the same accounting) and spends
+//! its record size in credits. An owner grants each source a window of
+//! `credit_window_bytes` and `credit_window_batches`; credits come back in a
+//! [`CreditGrant`] once the owner has applied a batch. A source without
+//! credits for an event's owner gets [`Blocked`] and must stop (the
+//! connection stops reading its socket), so bytes in flight between any two
+//! shards never exceed the window.
 //!
-//! The router is plain data with no I/O, so the accounting is unit-tested
-//! without executors.
+//! [`Router`] and [`route`] are plain data and functions, unit-tested and
+//! benchmarked without executors. [`Source`] is the shard's service around
+//! them: it sends full batches (to the local apply queue or the mesh), runs
+//! the flush timer, and parks connections that wait for credits.
 
+use std::cell::{Cell, RefCell, RefMut};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::config::BATCH_SPARE_BUFFERS_MAX;
+use crate::partition::PlacementTable;
+use crate::partition::migration::Marker;
+use crate::protocol::partition_of;
 use crate::protocol::record::{batch_record_size, encode_batch_record};
-use crate::shard::frame::{CreditGrant, DataBatch, Marker};
+use crate::shard::apply_queue::ApplyQueue;
+use crate::shard::frame::{CreditGrant, DataBatch, Frame};
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::notify::{Notify, WaitList};
+use crate::shard::outbox::Outbox;
 
-/// Batch buffers kept for reuse per destination beyond the one open batch.
-const SPARE_BUFFERS_MAX: usize = 4;
+/// Places one event and encodes it into its owner's open batch. Batches that
+/// must leave (the next record would overflow the open one, or it reached
+/// `batch_bytes`) are handed to `deliver`. Returns the owner, or [`Blocked`]
+/// when the owner has no credits (nothing was encoded).
+#[inline]
+pub fn route(
+    placement: &PlacementTable,
+    router: &mut Router,
+    partition_count: u32,
+    key: &[u8],
+    payload: &[u8],
+    mut deliver: impl FnMut(u16, DataBatch),
+) -> Result<u16, Blocked> {
+    let partition = partition_of(key, partition_count);
+    let owner = placement.owner(partition);
+    if router.would_overflow(owner, batch_record_size(key, payload))
+        && let Some(batch) = router.take_batch(owner)
+    {
+        deliver(owner, batch);
+    }
+    let batch_full = router.try_push(owner, partition, key, payload)?;
+    if batch_full && let Some(batch) = router.take_batch(owner) {
+        deliver(owner, batch);
+    }
+    Ok(owner)
+}
 
 /// One destination (owner shard) as seen by this source.
 #[derive(Debug)]
@@ -134,7 +175,7 @@ impl Router {
         destination.batch_slots += 1;
         assert!(destination.credit_bytes <= self.credit_window_bytes, "credits returned twice");
         assert!(destination.batch_slots <= self.credit_window_batches);
-        if destination.spare_buffers.len() < SPARE_BUFFERS_MAX && grant.recycled.capacity() >= self.batch_bytes {
+        if destination.spare_buffers.len() < BATCH_SPARE_BUFFERS_MAX && grant.recycled.capacity() >= self.batch_bytes {
             let mut buffer = grant.recycled;
             buffer.clear();
             destination.spare_buffers.push(buffer);
@@ -175,6 +216,178 @@ impl Router {
     /// Bytes in open (unsent) batches.
     pub fn batch_buffered_bytes(&self) -> usize {
         self.destinations.iter().map(|destination| destination.batch.len()).sum()
+    }
+}
+
+/// One shard's source side: its router, the flush timer, and the
+/// connections waiting for credits.
+pub struct Source {
+    id: u16,
+    router: RefCell<Router>,
+    /// Per owner: tasks waiting for that owner's credits or grants.
+    credit_waiters: Vec<WaitList>,
+    flush_notify: Notify,
+    flush_requested: Cell<bool>,
+    batch_flush: Duration,
+    outbox: Rc<Outbox>,
+    apply_queue: Rc<ApplyQueue>,
+    metrics: Rc<ShardMetrics>,
+}
+
+/// Routing one chunk of input: the placement table and the router stay
+/// borrowed for the whole chunk (one borrow per chunk, not per event). Hold
+/// it only between awaits; dropping it schedules the flush of open batches.
+pub struct Route<'a> {
+    source: &'a Source,
+    placement: std::cell::Ref<'a, PlacementTable>,
+    router: RefMut<'a, Router>,
+    partition_count: u32,
+}
+
+impl Route<'_> {
+    /// Routes one event; see [`route`].
+    #[inline]
+    pub fn route_event(&mut self, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
+        let Route { source, placement, router, partition_count } = self;
+        route(placement, router, *partition_count, key, payload, |owner, batch| source.deliver(owner, batch))
+    }
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        if self.router.pending_owners().next().is_some() {
+            self.source.request_flush();
+        }
+    }
+}
+
+impl Source {
+    pub fn new(
+        id: u16,
+        config: &crate::config::Config,
+        outbox: Rc<Outbox>,
+        apply_queue: Rc<ApplyQueue>,
+        metrics: Rc<ShardMetrics>,
+    ) -> Source {
+        let shard_count = outbox.peer_count();
+        let router =
+            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes, config.credit_window_batches);
+        Source {
+            id,
+            router: RefCell::new(router),
+            credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
+            flush_notify: Notify::default(),
+            flush_requested: Cell::new(false),
+            batch_flush: Duration::from_micros(config.batch_flush_us),
+            outbox,
+            apply_queue,
+            metrics,
+        }
+    }
+
+    /// Starts routing a chunk of events.
+    pub fn begin<'a>(&'a self, placement: &'a RefCell<PlacementTable>, partition_count: u32) -> Route<'a> {
+        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut(), partition_count }
+    }
+
+    pub fn router(&self) -> std::cell::Ref<'_, Router> {
+        self.router.borrow()
+    }
+
+    /// Sends a batch to its owner: this shard's apply queue, or the mesh.
+    pub fn deliver(&self, owner: u16, batch: DataBatch) {
+        ShardMetrics::add(&self.metrics.batches_sent, 1);
+        if owner == self.id {
+            self.apply_queue.push(self.id, batch);
+        } else {
+            self.outbox.send(owner, Frame::Data(batch), &self.metrics);
+        }
+    }
+
+    /// Sends the open batch for `owner`, if it has events and a batch slot.
+    pub fn flush(&self, owner: u16) {
+        let batch = self.router.borrow_mut().take_batch(owner);
+        if let Some(batch) = batch {
+            self.deliver(owner, batch);
+        }
+    }
+
+    /// Sends every open batch that can be sent.
+    pub fn flush_all(&self) {
+        let owners: Vec<u16> = self.router.borrow().pending_owners().collect();
+        for owner in owners {
+            self.flush(owner);
+        }
+    }
+
+    /// Queues a migration marker for `owner` behind everything batched for
+    /// it so far, and sends it (or lets the flusher, if no slot is free).
+    pub fn send_marker(&self, owner: u16, marker: Marker) {
+        self.router.borrow_mut().add_marker(owner, marker);
+        self.flush(owner);
+        self.request_flush();
+    }
+
+    /// Asks the flusher task to send open batches within `batch_flush_us`.
+    pub fn request_flush(&self) {
+        if !self.flush_requested.replace(true) {
+            self.flush_notify.notify();
+        }
+    }
+
+    /// The flusher: bounds how long an event waits in an open batch.
+    pub async fn run_flusher(&self) {
+        loop {
+            self.flush_notify.notified().await;
+            glommio::timer::sleep(self.batch_flush).await;
+            self.flush_requested.set(false);
+            self.flush_all();
+        }
+    }
+
+    /// Credits from `owner` came back.
+    pub fn on_grant(&self, owner: u16, grant: CreditGrant) {
+        self.router.borrow_mut().grant(owner, grant);
+        self.credit_waiters[usize::from(owner)].wake_all();
+        if self.router.borrow().has_pending(owner) {
+            self.request_flush();
+        }
+    }
+
+    /// Waits until `owner` has credits for a record of `size` bytes, flushing
+    /// its open batch first (spent credits only return once it is applied).
+    /// Returns the time spent stalled.
+    pub async fn wait_for_credits(&self, owner: u16, size: usize) -> Duration {
+        let started = Instant::now();
+        ShardMetrics::add(&self.metrics.credit_stalls, 1);
+        self.flush(owner);
+        self.credit_waiters[usize::from(owner)]
+            .wait_until(|| {
+                self.flush(owner);
+                self.router.borrow().has_credits(owner, size)
+            })
+            .await;
+        let stalled = started.elapsed();
+        ShardMetrics::add(&self.metrics.credit_stall_seconds, stalled.as_secs_f64());
+        stalled
+    }
+
+    /// Resolves once every event this shard accepted before the call for the
+    /// owners in `owners` has been applied by its owner (used by `#SYNC`, for
+    /// the owners a connection sent to, and by drain, for all).
+    pub async fn sync_barrier(&self, owners: impl Iterator<Item = u16>) {
+        for owner in owners {
+            let waiters = &self.credit_waiters[usize::from(owner)];
+            // The open batch may lack a slot: flush until it is gone.
+            waiters
+                .wait_until(|| {
+                    self.flush(owner);
+                    !self.router.borrow().has_pending(owner)
+                })
+                .await;
+            let (sent, _) = self.router.borrow().sequences(owner);
+            waiters.wait_until(|| self.router.borrow().sequences(owner).1 >= sent).await;
+        }
     }
 }
 

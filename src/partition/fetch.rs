@@ -1,0 +1,262 @@
+//! Owner-side reads for subscribers.
+//!
+//! Subscriptions pull: the shard that holds a subscriber keeps its cursors
+//! and sends each owner at most one [`FetchRequest`] at a time, with a byte
+//! budget. The owner answers with [`serve_fetch`]: subscriber lines from its
+//! logs and the new cursors, or nothing yet, in which case the request waits
+//! in [`ParkedFetches`] until one of its partitions is appended to. A
+//! partition the owner no longer holds is answered "moved" (the subscriber's
+//! shard asks its new owner next), one still migrating here "waiting".
+
+use crate::config::FETCH_BUFFER_BYTES_INITIAL_MAX;
+use crate::partition::PartitionManager;
+use crate::protocol::subscribe::{EVENT_LINE_OVERHEAD_MAX, write_event_line, write_truncated};
+
+/// Where a cursor stands before the owner has resolved it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    Earliest,
+    Latest,
+    At(u64),
+}
+
+/// A subscriber's request to one owner shard.
+#[derive(Debug)]
+pub struct FetchRequest {
+    pub subscription_id: u64,
+    pub cursors: Vec<(u32, Position)>,
+    pub bytes_max: usize,
+}
+
+/// An owner's answer: subscriber lines, ready to write, and new cursors.
+#[derive(Debug)]
+pub struct FetchReply {
+    pub subscription_id: u64,
+    pub owner: u16,
+    pub data: Vec<u8>,
+    pub event_count: u64,
+    pub truncation_count: u64,
+    /// New offset of every requested partition the owner holds.
+    pub cursors: Vec<(u32, u64)>,
+    /// Requested partitions the owner does not hold (they moved).
+    pub moved: Vec<u32>,
+    /// Requested partitions that are migrating to this owner and not yet
+    /// installed: the cursor stays, the next fetch comes back here.
+    pub waiting: Vec<u32>,
+}
+
+/// Serves a fetch from the owner's logs. `None` means there is nothing to
+/// say yet (every cursor is resolved and at the end of its log): park it,
+/// unless `force`, which always answers (with unchanged cursors if need be).
+pub fn serve_fetch(
+    owner: u16,
+    partitions: &PartitionManager,
+    is_incoming: impl Fn(u32) -> bool,
+    request: &FetchRequest,
+    force: bool,
+) -> Option<FetchReply> {
+    let mut reply = FetchReply {
+        subscription_id: request.subscription_id,
+        owner,
+        data: Vec::new(),
+        event_count: 0,
+        truncation_count: 0,
+        cursors: Vec::with_capacity(request.cursors.len()),
+        moved: Vec::new(),
+        waiting: Vec::new(),
+    };
+    let mut resolved_any = false;
+    for &(partition_id, position) in &request.cursors {
+        let Some(partition) = partitions.get(partition_id) else {
+            if is_incoming(partition_id) {
+                reply.waiting.push(partition_id);
+            } else {
+                reply.moved.push(partition_id);
+            }
+            continue;
+        };
+        resolved_any |= !matches!(position, Position::At(_));
+        let offset = read_into(&mut reply, partition_id, &partition.log, position, request.bytes_max);
+        reply.cursors.push((partition_id, offset));
+    }
+    let has_news = force || !reply.data.is_empty() || !reply.moved.is_empty() || resolved_any;
+    has_news.then_some(reply)
+}
+
+/// Writes one partition's lines from `position` into the reply, within the
+/// budget (at least one event when there is one, so a large event never
+/// stalls a reader); returns the cursor's new offset.
+fn read_into(
+    reply: &mut FetchReply,
+    partition_id: u32,
+    log: &crate::partition::PartitionLog,
+    position: Position,
+    bytes_max: usize,
+) -> u64 {
+    let mut offset = match position {
+        Position::Earliest => log.earliest_offset(),
+        Position::Latest => log.next_offset(),
+        Position::At(offset) => offset,
+    };
+    if reply.data.len() >= bytes_max || offset >= log.next_offset() {
+        return offset;
+    }
+    if reply.data.capacity() == 0 {
+        reply.data.reserve(bytes_max.min(FETCH_BUFFER_BYTES_INITIAL_MAX));
+    }
+    if offset < log.earliest_offset() {
+        write_truncated(&mut reply.data, partition_id, offset, log.earliest_offset());
+        reply.truncation_count += 1;
+        offset = log.earliest_offset();
+    }
+    let (next, written) = write_lines(&mut reply.data, partition_id, log, offset, bytes_max);
+    reply.event_count += written;
+    next
+}
+
+/// Writes subscriber lines for the events of `log` from `offset` on into
+/// `out`, until `out` would pass `bytes_max` (at least one event is written
+/// when there is one). Returns the next offset and the events written.
+pub fn write_lines(
+    out: &mut Vec<u8>,
+    partition_id: u32,
+    log: &crate::partition::PartitionLog,
+    offset: u64,
+    bytes_max: usize,
+) -> (u64, u64) {
+    let mut written = 0u64;
+    let next = log.read(offset, |offset, record| {
+        let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+        if written > 0 && out.len() + line_size > bytes_max {
+            return false;
+        }
+        write_event_line(out, partition_id, offset, record.key, record.payload);
+        written += 1;
+        true
+    });
+    (next, written)
+}
+
+/// Fetches waiting at an owner for new events: (origin shard, request).
+/// Bounded by the subscribers of every shard (one fetch per subscriber per
+/// owner at a time).
+#[derive(Debug, Default)]
+pub struct ParkedFetches {
+    parked: Vec<(u16, FetchRequest)>,
+}
+
+impl ParkedFetches {
+    pub fn park(&mut self, origin: u16, request: FetchRequest) {
+        self.parked.push((origin, request));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parked.is_empty()
+    }
+
+    /// Takes every parked fetch, to serve them again.
+    pub fn take_all(&mut self) -> Vec<(u16, FetchRequest)> {
+        std::mem::take(&mut self.parked)
+    }
+
+    /// Takes the parked fetch of one subscriber, if it is parked here.
+    pub fn take(&mut self, origin: u16, subscription_id: u64) -> Option<FetchRequest> {
+        let index = self.parked.iter().position(|(parked_origin, request)| {
+            (*parked_origin, request.subscription_id) == (origin, subscription_id)
+        })?;
+        Some(self.parked.swap_remove(index).1)
+    }
+
+    /// Drops the parked fetch of a subscriber that went away.
+    pub fn cancel(&mut self, origin: u16, subscription_id: u64) {
+        self.parked
+            .retain(|(parked_origin, request)| (*parked_origin, request.subscription_id) != (origin, subscription_id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::{Partition, PartitionLog};
+    use crate::protocol::record::encode_batch_record;
+
+    fn manager_with(events: &[(u32, &str)]) -> PartitionManager {
+        let mut manager = PartitionManager::new(4);
+        for partition in [0, 1] {
+            let log = PartitionLog::new(4096, 1024);
+            manager.install(partition, Box::new(Partition::new(log, 500)));
+        }
+        for &(partition, payload) in events {
+            let mut batch = Vec::new();
+            encode_batch_record(&mut batch, partition, b"k", payload.as_bytes());
+            manager.get_mut(partition).unwrap().log.append(&batch[4..]);
+        }
+        manager
+    }
+
+    fn request(cursors: &[(u32, Position)]) -> FetchRequest {
+        FetchRequest { subscription_id: 9, cursors: cursors.to_vec(), bytes_max: 1 << 20 }
+    }
+
+    /// A fetch returns lines in offset order, resolves earliest/latest, names
+    /// partitions the owner does not hold, and parks when there is no news.
+    #[test]
+    fn fetch_serves_resolves_and_parks() {
+        let manager = manager_with(&[(0, "a"), (0, "b"), (1, "c")]);
+        let reply = serve_fetch(
+            3,
+            &manager,
+            |_| false,
+            &request(&[(0, Position::Earliest), (1, Position::Latest), (2, Position::At(0))]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(reply.data, b"0 0 k a\n0 1 k b\n");
+        assert_eq!(reply.cursors, [(0, 2), (1, 1)]);
+        assert_eq!(reply.moved, [2]);
+        assert_eq!(reply.event_count, 2);
+        assert!(
+            serve_fetch(3, &manager, |_| false, &request(&[(0, Position::At(2)), (1, Position::At(1))]), false)
+                .is_none()
+        );
+        let tail = serve_fetch(3, &manager, |_| false, &request(&[(1, Position::At(0))]), false).unwrap();
+        assert_eq!(tail.data, b"1 0 k c\n");
+        let forced = serve_fetch(3, &manager, |_| false, &request(&[(0, Position::At(2))]), true).unwrap();
+        assert_eq!((forced.cursors.as_slice(), forced.data.len()), (&[(0, 2)][..], 0), "forced: unchanged cursors");
+        let incoming = |partition| partition == 3;
+        assert!(serve_fetch(3, &manager, incoming, &request(&[(3, Position::At(0))]), false).is_none(), "waits for it");
+        let both =
+            serve_fetch(3, &manager, incoming, &request(&[(3, Position::At(0)), (2, Position::At(0))]), false).unwrap();
+        assert_eq!((both.waiting.as_slice(), both.moved.as_slice()), (&[3][..], &[2][..]));
+    }
+
+    /// A cursor behind retention gets an explicit TRUNCATED notice first.
+    #[test]
+    fn fetch_behind_retention_is_told() {
+        let payload = "x".repeat(200);
+        let events: Vec<(u32, &str)> = (0..100).map(|_| (0, payload.as_str())).collect();
+        let manager = manager_with(&events);
+        let earliest = manager.get(0).unwrap().log.earliest_offset();
+        assert!(earliest > 0);
+        let reply = serve_fetch(0, &manager, |_| false, &request(&[(0, Position::At(0))]), false).unwrap();
+        let text = String::from_utf8(reply.data).unwrap();
+        assert!(text.starts_with(&format!("TRUNCATED 0 0 {earliest}\n0 {earliest} k ")), "{}", &text[..60]);
+        assert_eq!(reply.truncation_count, 1);
+        assert_eq!(reply.cursors, [(0, 100)]);
+    }
+
+    /// The budget bounds a reply, but a reply always carries at least one
+    /// event, so an event larger than the budget is still delivered.
+    #[test]
+    fn fetch_budget_bounds_replies_and_always_progresses() {
+        let events: Vec<(u32, &str)> = (0..50).map(|_| (0, "0123456789")).collect();
+        let manager = manager_with(&events);
+        let mut small = request(&[(0, Position::At(0))]);
+        small.bytes_max = 1;
+        let reply = serve_fetch(0, &manager, |_| false, &small, false).unwrap();
+        assert_eq!((reply.event_count, reply.cursors.as_slice()), (1, &[(0, 1)][..]));
+        small.bytes_max = 100;
+        let reply = serve_fetch(0, &manager, |_| false, &small, false).unwrap();
+        assert!(reply.data.len() <= 100 && reply.event_count >= 1, "{} bytes", reply.data.len());
+    }
+}

@@ -1,0 +1,348 @@
+//! Moving a partition between shards without reordering, losing or
+//! duplicating an event (DESIGN section 3), as a state machine.
+//!
+//! [`Migrations`] is one shard's side of every migration it takes part in.
+//! It is pure: each step takes the shard's placement table and the time, and
+//! appends the [`Effect`]s the shard must carry out (send a frame, hand over
+//! a partition, return credits). The engine ([`crate::shard`]) executes them
+//! on the mesh; `spate simulate` ([`crate::balance::sim`]) executes them on a
+//! simulated network with random delays and checks, on every step, that no
+//! event is lost, duplicated or reordered.
+//!
+//! Moving partition p from owner S to thief T:
+//!
+//! 1. S switches `p -> T` with epoch e+1 in its own table and tells T
+//!    ([`Migrations::start`]). Only T hears it from S, and T forwards it to
+//!    every other shard: so no shard routes an event of p to T before T
+//!    knows p is coming (a batch from X and an update from S travel on
+//!    different channels and could otherwise arrive in either order).
+//! 2. Every shard X, on the update ([`Migrations::on_placement`]), routes
+//!    p's later events to T and sends S a [`Marker`] `(p, e+1)` behind
+//!    everything it batched for S so far, on the same FIFO channel.
+//! 3. T buffers p's events that arrive before the handoff
+//!    ([`Migrations::pending_mut`]) and holds back the credits of the batches
+//!    they came in ([`Migrations::settle_grant`]), so the buffer is bounded by
+//!    the sources' credit windows. Once one grant of a source is held, its
+//!    later grants queue behind it: a source takes grants strictly in order.
+//! 4. S applies batches in arrival order. When it has the marker of every
+//!    shard ([`Migrations::on_marker`]), it has applied every event routed to
+//!    it for p; it hands p to T: log, counters and rates move by ownership,
+//!    offsets continue.
+//! 5. T installs p, appends the buffered events in arrival order, then
+//!    releases the held grants ([`Migrations::on_handoff`]).
+//!
+//! Subscribers keep their cursors; a fetch for p reaching S after the
+//! handoff is answered "moved", one reaching T before it waits there.
+
+use std::collections::VecDeque;
+
+use ahash::AHashMap;
+
+use crate::balance::{Direction, Migration};
+use crate::partition::{Placement, PlacementTable};
+
+/// Step 2 of the protocol: "every event I routed to you for `partition`
+/// before epoch `epoch` is in front of this marker".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    pub partition: u32,
+    pub epoch: u32,
+}
+
+/// What a shard must do after a step, in order. `G` is a credit grant.
+#[derive(Debug, PartialEq)]
+pub enum Effect<G> {
+    /// Send shard `to` the placement update `partition -> owner` at `epoch`.
+    SendPlacement { to: u16, partition: u32, owner: u16, epoch: u32 },
+    /// Queue `marker` behind everything batched for shard `to` (the
+    /// partition's old owner, possibly this shard) and send it.
+    SendMarker { to: u16, marker: Marker },
+    /// Remove `partition` from this shard and hand it to `to` with `epoch`.
+    SendHandoff { to: u16, partition: u32, epoch: u32 },
+    /// Return credits to `source` (possibly this shard).
+    Grant { source: u16, grant: G },
+    /// For the balancer: a migration into this shard began.
+    Began(Migration),
+    /// For the balancer: this shard's part in moving `partition` ended.
+    Ended { partition: u32, direction: Direction, at_ms: u64 },
+}
+
+/// The old owner's side of one migration.
+#[derive(Debug)]
+struct Outgoing {
+    partition: u32,
+    epoch: u32,
+    thief: u16,
+    markers_seen: Vec<bool>,
+}
+
+/// The thief's side of one migration: records that arrived early.
+#[derive(Debug)]
+struct Incoming<P> {
+    epoch: u32,
+    pending: P,
+}
+
+/// A credit grant held back, and the incoming partition it waits for (None:
+/// it waits only for earlier held grants of the same source).
+#[derive(Debug)]
+struct HeldGrant<G> {
+    source: u16,
+    grant: G,
+    waits_for: Option<u32>,
+}
+
+/// One shard's migrations in flight. `G` is a credit grant, `P` the buffer of
+/// records an incoming partition receives before its handoff.
+#[derive(Debug)]
+pub struct Migrations<G, P> {
+    me: u16,
+    shard_count: u16,
+    outgoing: Option<Outgoing>,
+    incoming: AHashMap<u32, Incoming<P>>,
+    held_grants: VecDeque<HeldGrant<G>>,
+}
+
+impl<G, P: Default> Migrations<G, P> {
+    pub fn new(me: u16, shard_count: u16) -> Migrations<G, P> {
+        assert!(me < shard_count);
+        Migrations { me, shard_count, outgoing: None, incoming: AHashMap::new(), held_grants: VecDeque::new() }
+    }
+
+    /// Whether a migration into or out of this shard is in flight.
+    pub fn is_busy(&self) -> bool {
+        self.outgoing.is_some() || !self.incoming.is_empty()
+    }
+
+    pub fn is_incoming(&self, partition: u32) -> bool {
+        self.incoming.contains_key(&partition)
+    }
+
+    /// The partition this shard is handing over, if any.
+    pub fn outgoing_partition(&self) -> Option<u32> {
+        self.outgoing.as_ref().map(|outgoing| outgoing.partition)
+    }
+
+    /// Incoming partitions' pending buffers, for their size.
+    pub fn pending(&self) -> impl Iterator<Item = &P> + '_ {
+        self.incoming.values().map(|incoming| &incoming.pending)
+    }
+
+    /// Grants held back now.
+    pub fn held_grant_count(&self) -> usize {
+        self.held_grants.len()
+    }
+
+    /// Step 1, on the owner: move `partition` to `thief`.
+    pub fn start(&mut self, placement: &mut PlacementTable, partition: u32, thief: u16, effects: &mut Vec<Effect<G>>) {
+        let current = placement.get(partition);
+        assert_eq!(current.owner, self.me, "only the owner moves a partition");
+        assert_ne!(thief, self.me, "a partition moves to another shard");
+        assert!(self.outgoing.is_none(), "one outgoing migration at a time");
+        let epoch = current.epoch + 1;
+        let markers_seen = vec![false; usize::from(self.shard_count)];
+        self.outgoing = Some(Outgoing { partition, epoch, thief, markers_seen });
+        // Switch locally (this shard's own marker goes behind its batches to
+        // itself), then tell only the thief.
+        self.on_placement(placement, partition, thief, epoch, 0, effects);
+        effects.push(Effect::SendPlacement { to: thief, partition, owner: thief, epoch });
+    }
+
+    /// Step 2, on every shard: a placement update for `partition` arrived.
+    pub fn on_placement(
+        &mut self,
+        placement: &mut PlacementTable,
+        partition: u32,
+        owner: u16,
+        epoch: u32,
+        now_ms: u64,
+        effects: &mut Vec<Effect<G>>,
+    ) {
+        let old_owner = placement.owner(partition);
+        if !placement.update(partition, Placement { owner, epoch }) {
+            return; // stale
+        }
+        if owner == self.me {
+            for peer in (0..self.shard_count).filter(|&peer| peer != self.me && peer != old_owner) {
+                effects.push(Effect::SendPlacement { to: peer, partition, owner, epoch });
+            }
+            let previous = self.incoming.insert(partition, Incoming { epoch, pending: P::default() });
+            assert!(previous.is_none(), "partition {partition} incoming twice");
+            let migration = Migration { partition, peer: old_owner, direction: Direction::In, started_ms: now_ms };
+            effects.push(Effect::Began(migration));
+        }
+        effects.push(Effect::SendMarker { to: old_owner, marker: Marker { partition, epoch } });
+    }
+
+    /// The buffer of an incoming partition (for a record that reached this
+    /// shard before the partition did); `None` if it is not incoming.
+    #[inline]
+    pub fn pending_mut(&mut self, partition: u32) -> Option<&mut P> {
+        self.incoming.get_mut(&partition).map(|incoming| &mut incoming.pending)
+    }
+
+    /// After a batch from `source` is applied: its grant goes back now, or is
+    /// held when the batch carried records for an incoming partition
+    /// (`held_for`) or an earlier grant of the same source is held.
+    pub fn settle_grant(&mut self, source: u16, grant: G, held_for: Option<u32>, effects: &mut Vec<Effect<G>>) {
+        debug_assert!(held_for.is_none_or(|partition| self.incoming.contains_key(&partition)));
+        let queued_behind = self.held_grants.iter().any(|held| held.source == source);
+        if held_for.is_some() || queued_behind {
+            self.held_grants.push_back(HeldGrant { source, grant, waits_for: held_for });
+        } else {
+            effects.push(Effect::Grant { source, grant });
+        }
+    }
+
+    /// Step 4, on the old owner: a marker from `source` arrived (after every
+    /// event `source` routed here before it). Hands over once all are in.
+    pub fn on_marker(&mut self, source: u16, marker: Marker, now_ms: u64, effects: &mut Vec<Effect<G>>) {
+        let Some(outgoing) = self.outgoing.as_mut() else { return };
+        if (outgoing.partition, outgoing.epoch) != (marker.partition, marker.epoch) {
+            return;
+        }
+        outgoing.markers_seen[usize::from(source)] = true;
+        if !outgoing.markers_seen.iter().all(|&seen| seen) {
+            return;
+        }
+        let Outgoing { partition, epoch, thief, .. } = self.outgoing.take().expect("checked above");
+        effects.push(Effect::SendHandoff { to: thief, partition, epoch });
+        effects.push(Effect::Ended { partition, direction: Direction::Out, at_ms: now_ms });
+    }
+
+    /// Step 5, on the thief: `partition` arrived. Returns the records buffered
+    /// for it, which the caller appends (in order) after installing it and
+    /// before carrying out the effects, which release the held grants.
+    pub fn on_handoff(&mut self, partition: u32, epoch: u32, now_ms: u64, effects: &mut Vec<Effect<G>>) -> P {
+        let incoming = self.incoming.remove(&partition);
+        let incoming = incoming.unwrap_or_else(|| panic!("handoff of partition {partition}, which is not incoming"));
+        assert_eq!(incoming.epoch, epoch, "handoff of another migration of partition {partition}");
+        self.release_grants(effects);
+        effects.push(Effect::Ended { partition, direction: Direction::In, at_ms: now_ms });
+        incoming.pending
+    }
+
+    /// Releases, in order, every held grant no longer waiting for an
+    /// incoming partition and not queued behind one of its source that is.
+    fn release_grants(&mut self, effects: &mut Vec<Effect<G>>) {
+        let mut blocked_sources: Vec<u16> = Vec::new();
+        for held in std::mem::take(&mut self.held_grants) {
+            let waiting = held.waits_for.is_some_and(|partition| self.incoming.contains_key(&partition));
+            if waiting || blocked_sources.contains(&held.source) {
+                blocked_sources.push(held.source);
+                self.held_grants.push_back(held);
+            } else {
+                effects.push(Effect::Grant { source: held.source, grant: held.grant });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Machine = Migrations<u64, Vec<u64>>;
+
+    fn grants(effects: &[Effect<u64>]) -> Vec<(u16, u64)> {
+        effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::Grant { source, grant } => Some((*source, *grant)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The owner switches locally, queues its own marker and tells only the
+    /// thief; the thief forwards to everyone else and marks the old owner.
+    #[test]
+    fn start_and_forward() {
+        let mut owner_table = PlacementTable::spread(8, 3);
+        let mut owner: Machine = Migrations::new(0, 3);
+        let mut effects = Vec::new();
+        owner.start(&mut owner_table, 3, 1, &mut effects);
+        assert_eq!(owner_table.get(3), Placement { owner: 1, epoch: 1 });
+        assert_eq!(
+            effects,
+            [
+                Effect::SendMarker { to: 0, marker: Marker { partition: 3, epoch: 1 } },
+                Effect::SendPlacement { to: 1, partition: 3, owner: 1, epoch: 1 },
+            ]
+        );
+        let mut thief_table = PlacementTable::spread(8, 3);
+        let mut thief: Machine = Migrations::new(1, 3);
+        let mut effects = Vec::new();
+        thief.on_placement(&mut thief_table, 3, 1, 1, 42, &mut effects);
+        assert!(thief.is_incoming(3) && thief.is_busy());
+        assert_eq!(effects[0], Effect::SendPlacement { to: 2, partition: 3, owner: 1, epoch: 1 });
+        assert!(matches!(effects[1], Effect::Began(Migration { partition: 3, peer: 0, started_ms: 42, .. })));
+        assert_eq!(effects[2], Effect::SendMarker { to: 0, marker: Marker { partition: 3, epoch: 1 } });
+        let mut again = Vec::new();
+        thief.on_placement(&mut thief_table, 3, 1, 1, 43, &mut again);
+        assert!(again.is_empty(), "a stale (same-epoch) update does nothing");
+    }
+
+    /// The owner hands over only once every shard's marker is in, and
+    /// ignores markers of other migrations.
+    #[test]
+    fn handoff_waits_for_every_marker() {
+        let mut table = PlacementTable::spread(8, 3);
+        let mut owner: Machine = Migrations::new(0, 3);
+        let mut effects = Vec::new();
+        owner.start(&mut table, 3, 2, &mut effects);
+        effects.clear();
+        let marker = Marker { partition: 3, epoch: 1 };
+        owner.on_marker(0, marker, 10, &mut effects);
+        owner.on_marker(1, Marker { partition: 3, epoch: 7 }, 10, &mut effects);
+        owner.on_marker(2, marker, 10, &mut effects);
+        assert!(effects.is_empty() && owner.is_busy(), "shard 1's marker is missing");
+        owner.on_marker(1, marker, 11, &mut effects);
+        assert_eq!(effects[0], Effect::SendHandoff { to: 2, partition: 3, epoch: 1 });
+        assert_eq!(effects[1], Effect::Ended { partition: 3, direction: Direction::Out, at_ms: 11 });
+        assert!(!owner.is_busy());
+    }
+
+    /// Regression (f2a4dea): once a grant of a source is held, its later
+    /// grants queue behind it even when their own batch held nothing back,
+    /// and the handoff releases them in the order they were applied.
+    #[test]
+    fn held_grants_are_released_in_order() {
+        let mut table = PlacementTable::spread(8, 3);
+        let mut thief: Machine = Migrations::new(1, 3);
+        let mut effects = Vec::new();
+        thief.on_placement(&mut table, 3, 1, 1, 0, &mut effects);
+        effects.clear();
+        thief.pending_mut(3).expect("incoming").push(100);
+        thief.settle_grant(0, 1, Some(3), &mut effects);
+        thief.settle_grant(0, 2, None, &mut effects);
+        thief.settle_grant(2, 1, None, &mut effects);
+        thief.settle_grant(0, 3, None, &mut effects);
+        assert_eq!(grants(&effects), [(2, 1)], "source 2 holds nothing back");
+        assert_eq!(thief.held_grant_count(), 3);
+        effects.clear();
+        let pending = thief.on_handoff(3, 1, 5, &mut effects);
+        assert_eq!(pending, [100]);
+        assert_eq!(grants(&effects), [(0, 1), (0, 2), (0, 3)]);
+        assert_eq!(thief.held_grant_count(), 0);
+        assert!(!thief.is_busy());
+    }
+
+    /// Grants held for one incoming partition stay held while another
+    /// incoming partition of the same source is still missing.
+    #[test]
+    fn grants_wait_for_their_own_partition() {
+        let mut table = PlacementTable::spread(8, 2);
+        let mut thief: Machine = Migrations::new(1, 2);
+        let mut effects = Vec::new();
+        thief.on_placement(&mut table, 2, 1, 1, 0, &mut effects);
+        thief.on_placement(&mut table, 4, 1, 1, 0, &mut effects);
+        effects.clear();
+        thief.settle_grant(0, 1, Some(4), &mut effects);
+        thief.settle_grant(0, 2, Some(2), &mut effects);
+        thief.on_handoff(2, 1, 1, &mut effects);
+        assert!(grants(&effects).is_empty(), "grant 1 waits for partition 4, grant 2 queues behind it");
+        thief.on_handoff(4, 1, 2, &mut effects);
+        assert_eq!(grants(&effects), [(0, 1), (0, 2)]);
+    }
+}

@@ -1,0 +1,92 @@
+//! One shard's start-up, on its own executor: join the mesh, build the
+//! [`Shard`], start its long-running tasks, bind the listeners and spawn the
+//! network faces on them, then serve the control plane until `Exit`.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use glommio::channels::channel_mesh::FullMesh;
+use glommio::net::TcpListener;
+
+use crate::config::Config;
+use crate::shard::Shard;
+use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
+use crate::shard::frame::Frame;
+use crate::shard::notify::{Either, first};
+use crate::shard::outbox::Outbox;
+
+/// Everything a shard thread needs; cloned into every executor.
+#[derive(Clone)]
+pub struct ShardContext {
+    pub config: Arc<Config>,
+    pub mesh: FullMesh<Frame>,
+    /// Control receivers, indexed by shard id (known only after the mesh join).
+    pub control: Arc<Vec<flume::Receiver<ControlRequest>>>,
+    pub events: flume::Sender<ShardEvent>,
+}
+
+/// The body of one shard's executor.
+pub async fn run_shard(context: ShardContext) {
+    let Ok((senders, mut receivers)) = context.mesh.join().await else {
+        let _ = context.events.send(ShardEvent::Failed { shard: None, failure: ShardFailure::MeshJoin });
+        return;
+    };
+    let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
+    let outbox = Rc::new(Outbox::new(senders));
+    let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone()));
+    for (peer, stream) in receivers.streams() {
+        let peer = u16::try_from(peer).expect("shard count is bounded by SHARD_COUNT_MAX");
+        let receiving = shard.clone();
+        glommio::spawn_local(async move {
+            while let Some(frame) = stream.recv().await {
+                receiving.handle_frame(peer, frame);
+            }
+        })
+        .detach();
+        glommio::spawn_local(outbox.clone().drain(peer)).detach();
+    }
+    spawn_shard_tasks(&shard);
+    match bind_listeners(&context.config) {
+        Ok((ingest, subscribe)) => {
+            glommio::spawn_local(crate::ingest::accept_loop(shard.clone(), ingest)).detach();
+            glommio::spawn_local(accept_subscribers(shard.clone(), subscribe)).detach();
+        }
+        Err(failure) => {
+            let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
+            return;
+        }
+    }
+    let _ = context.events.send(ShardEvent::Started);
+    serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
+    outbox.close();
+}
+
+/// The shard's own loops: flusher, applier, balancer, fetch servicer.
+fn spawn_shard_tasks(shard: &Rc<Shard>) {
+    let flusher = shard.clone();
+    glommio::spawn_local(async move { flusher.source.run_flusher().await }).detach();
+    let applier = shard.clone();
+    glommio::spawn_local(async move { applier.run_applier().await }).detach();
+    let balancer = shard.clone();
+    glommio::spawn_local(async move { balancer.run_balancer().await }).detach();
+    let servicer = shard.clone();
+    glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
+}
+
+fn bind_listeners(config: &Config) -> Result<(TcpListener, TcpListener), ShardFailure> {
+    let bind = |name: &'static str, address| {
+        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
+    };
+    Ok((bind("ingest", config.ingest)?, bind("subscribe", config.subscribe)?))
+}
+
+async fn accept_subscribers(shard: Rc<Shard>, listener: TcpListener) {
+    loop {
+        let stream = match first(listener.accept(), shard.lifecycle.shutdown_requested()).await {
+            Either::Left(Ok(stream)) => stream,
+            Either::Left(Err(_)) => continue,
+            Either::Right(()) => return,
+        };
+        glommio::spawn_local(crate::subscribe::serve_subscriber(shard.clone(), stream)).detach();
+    }
+}

@@ -1,0 +1,79 @@
+//! The subscriber side of fetches on one shard: the inboxes of the
+//! subscribers it holds (replies from every owner land there), and the
+//! fetches other shards' subscribers parked here as an owner.
+
+use std::cell::{Cell, RefCell};
+
+use ahash::AHashMap;
+use glommio::channels::local_channel::LocalSender;
+
+use crate::partition::fetch::{FetchReply, FetchRequest, ParkedFetches};
+use crate::shard::notify::Notify;
+
+pub struct Subscriptions {
+    inboxes: RefCell<AHashMap<u64, LocalSender<FetchReply>>>,
+    next_id: Cell<u64>,
+    parked: RefCell<ParkedFetches>,
+    /// Wakes the fetch servicer: parked fetches may have news.
+    parked_notify: Notify,
+}
+
+impl Subscriptions {
+    pub fn new(shard_id: u16) -> Subscriptions {
+        Subscriptions {
+            inboxes: RefCell::default(),
+            // Ids are unique across shards: the shard id in the top bits.
+            next_id: Cell::new(u64::from(shard_id) << 48),
+            parked: RefCell::default(),
+            parked_notify: Notify::default(),
+        }
+    }
+
+    /// Registers a subscriber's inbox; returns its id.
+    pub fn register(&self, inbox: LocalSender<FetchReply>) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        self.inboxes.borrow_mut().insert(id, inbox);
+        id
+    }
+
+    pub fn unregister(&self, subscription_id: u64) {
+        self.inboxes.borrow_mut().remove(&subscription_id);
+    }
+
+    /// Hands a reply to its subscriber on this shard; a subscriber that went
+    /// away drops it.
+    pub fn deliver(&self, reply: FetchReply) {
+        if let Some(inbox) = self.inboxes.borrow().get(&reply.subscription_id) {
+            let sent = inbox.try_send(reply);
+            debug_assert!(sent.is_ok(), "an inbox holds one reply per owner");
+        }
+    }
+
+    pub fn park(&self, origin: u16, request: FetchRequest) {
+        self.parked.borrow_mut().park(origin, request);
+    }
+
+    /// Takes one subscriber's parked fetch, to answer it now.
+    pub fn take_parked(&self, origin: u16, subscription_id: u64) -> Option<FetchRequest> {
+        self.parked.borrow_mut().take(origin, subscription_id)
+    }
+
+    pub fn cancel(&self, origin: u16, subscription_id: u64) {
+        self.parked.borrow_mut().cancel(origin, subscription_id);
+    }
+
+    /// Tells the servicer that parked fetches may have news (after appends,
+    /// or when a partition left or arrived).
+    pub fn wake_parked(&self) {
+        if !self.parked.borrow().is_empty() {
+            self.parked_notify.notify();
+        }
+    }
+
+    /// Waits for [`Subscriptions::wake_parked`], then takes every parked fetch.
+    pub async fn parked_with_news(&self) -> Vec<(u16, FetchRequest)> {
+        self.parked_notify.notified().await;
+        self.parked.borrow_mut().take_all()
+    }
+}
