@@ -37,6 +37,7 @@ pub mod partition;
 pub mod protocol;
 pub mod server;
 pub mod shard;
+pub mod storage;
 pub mod subscribe;
 
 pub use config::Config;
