@@ -1,0 +1,204 @@
+//! Opening segments after a restart.
+//!
+//! * The active (last) segment of a log is scanned frame by frame
+//!   ([`scan_segment_file`]); [`recover_segment`] cuts it after its last whole
+//!   valid frame, so the file again holds only whole frames and zeros, and
+//!   returns a [`SegmentWriter`] positioned there with the index the scan
+//!   rebuilt. Frames after the cut were never acknowledged (a torn write), or
+//!   are damage the [`RecoveryReport`] names.
+//! * A sealed segment is opened through its index sidecar
+//!   ([`open_sealed`]), without reading the log; a missing, damaged or
+//!   stale sidecar is rebuilt by the same scan and written again.
+//!
+//! The scan reads [`SCAN_CHUNK_BYTES`] at a time (more only for a frame
+//! larger than that, bounded by the frame size limit), so recovery memory
+//! does not grow with the segment.
+
+use std::path::Path;
+
+use glommio::io::{DmaFile, OpenOptions};
+
+use super::format::{FRAME_SIZE_MAX, ScanCursor, ScanOutcome, ScanStop, scan_with};
+use super::index::{IndexError, SegmentIndex};
+use super::segment::{
+    BLOCK_SIZE, SegmentConfig, SegmentError, SegmentWriter, WriterStart, align_down, align_up, io_context,
+    parent_dir, prime_dma_probe, write_index_file,
+};
+
+/// Bytes the scan reads at a time.
+pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// What scanning a segment file found.
+#[derive(Debug, Clone)]
+pub struct FileScan {
+    pub outcome: ScanOutcome,
+    /// The index of every valid frame.
+    pub index: SegmentIndex,
+    pub file_size: u64,
+}
+
+/// Scans the frames of a segment file from its start; see
+/// [`crate::storage::format::scan`] for when it stops.
+pub async fn scan_segment_file(
+    file: &DmaFile,
+    path: &Path,
+    log_id: u64,
+    base_offset: u64,
+    index_interval_bytes: u32,
+) -> Result<FileScan, SegmentError> {
+    let file_size = io_context(file.file_size().await, "stat segment", path, 0)?;
+    let mut index = SegmentIndex::new(log_id, base_offset, index_interval_bytes);
+    let mut index_error: Option<IndexError> = None;
+    let mut cursor = ScanCursor::at_segment_start(base_offset);
+    let mut want = SCAN_CHUNK_BYTES;
+    loop {
+        let read_start = align_down(cursor.position, BLOCK_SIZE);
+        let skip = (cursor.position - read_start) as usize;
+        let read_size = align_up((skip + want) as u64, BLOCK_SIZE) as usize;
+        let data = if read_start < file_size {
+            Some(io_context(file.read_at_aligned(read_start, read_size).await, "read segment", path, read_start)?)
+        } else {
+            None
+        };
+        let bytes = data.as_ref().and_then(|data| data.get(skip..)).unwrap_or(&[]);
+        let at_eof = read_start + bytes.len() as u64 + skip as u64 >= file_size || bytes.is_empty();
+        let outcome = scan_with(bytes, log_id, cursor, |position, header| {
+            if let Err(error) = index.on_frame(position, header) {
+                index_error.get_or_insert(error);
+            }
+        });
+        if let Some(error) = index_error {
+            return Err(SegmentError::Index { path: path.to_path_buf(), error });
+        }
+        let more = match outcome.stop {
+            ScanStop::EndOfData if !at_eof => SCAN_CHUNK_BYTES,
+            ScanStop::TornTail { needed, .. } if !at_eof && needed <= FRAME_SIZE_MAX => needed.max(SCAN_CHUNK_BYTES),
+            _ => return Ok(FileScan { outcome, index, file_size }),
+        };
+        // Progress: the cursor moved, or this read was too short for the
+        // frame at the cursor and the next one covers it.
+        if outcome.cursor == cursor && more <= want {
+            return Ok(FileScan { outcome, index, file_size });
+        }
+        cursor = outcome.cursor;
+        want = more;
+    }
+}
+
+/// What recovering the active segment found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The scan: its cursor is the recovered end, its stop says why.
+    pub outcome: ScanOutcome,
+    /// The file's size before recovery.
+    pub file_size: u64,
+    /// Bytes cut after the last valid frame (zeros included).
+    pub discarded_bytes: u64,
+}
+
+/// Opens the active segment of log `log_id` after a restart: scans it, cuts
+/// it after the last whole valid frame (rewriting the partial last block
+/// zero-filled past it and truncating the file after that block, then
+/// fdatasync), and returns a writer that appends from there.
+pub async fn recover_segment(
+    path: &Path,
+    log_id: u64,
+    base_offset: u64,
+    config: SegmentConfig,
+) -> Result<(SegmentWriter, RecoveryReport), SegmentError> {
+    prime_dma_probe(parent_dir(path)).await?;
+    let opened = OpenOptions::new().read(true).write(true).dma_open(path).await;
+    let file = io_context(opened, "open segment", path, 0)?;
+    let scan = scan_segment_file(&file, path, log_id, base_offset, config.index_interval_bytes).await?;
+    let valid_end = scan.outcome.cursor.position;
+    let block_start = align_down(valid_end, BLOCK_SIZE);
+    let block_end = align_up(valid_end, BLOCK_SIZE);
+    let mut tail_block = Vec::new();
+    let mut changed = false;
+    if valid_end > block_start {
+        let read = io_context(file.read_at_aligned(block_start, BLOCK_SIZE as usize).await, "read segment", path, block_start)?;
+        let tail_size = (valid_end - block_start) as usize;
+        tail_block.extend_from_slice(&read[..tail_size]);
+        if read[tail_size..].iter().any(|&byte| byte != 0) {
+            let mut block = file.alloc_dma_buffer(BLOCK_SIZE as usize);
+            block.as_bytes_mut().fill(0);
+            block.as_bytes_mut()[..tail_size].copy_from_slice(&tail_block);
+            let written = io_context(file.write_at(block, block_start).await, "rewrite tail block", path, block_start)?;
+            if written != BLOCK_SIZE as usize {
+                let expected = BLOCK_SIZE as usize;
+                return Err(SegmentError::ShortWrite { path: path.to_path_buf(), position: block_start, written, expected });
+            }
+            changed = true;
+        }
+    }
+    if scan.file_size > block_end {
+        io_context(file.truncate(block_end).await, "truncate segment", path, block_end)?;
+        changed = true;
+    }
+    if changed {
+        io_context(file.fdatasync().await, "fdatasync segment", path, block_end)?;
+    }
+    let report = RecoveryReport {
+        outcome: scan.outcome,
+        file_size: scan.file_size,
+        discarded_bytes: scan.file_size.saturating_sub(valid_end),
+    };
+    let start = WriterStart { file, path: path.to_path_buf(), log_id, config, index: scan.index, tail_block };
+    Ok((SegmentWriter::start(start), report))
+}
+
+/// Why a sealed segment's index was rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexRebuildReason {
+    Missing,
+    Damaged(IndexError),
+    /// The sidecar claims more log than the file holds.
+    Stale { index_log_size: u64, file_size: u64 },
+}
+
+/// A sealed segment, ready to read.
+#[derive(Debug, Clone)]
+pub struct SealedSegment {
+    pub index: SegmentIndex,
+    /// Set when the sidecar could not be used; the scan that rebuilt the
+    /// index is kept (its stop says whether the segment itself is damaged).
+    pub rebuilt: Option<(IndexRebuildReason, ScanOutcome)>,
+}
+
+/// Opens a sealed segment through its index sidecar, rebuilding (and
+/// rewriting) the sidecar from the log when it is missing, damaged or stale.
+pub async fn open_sealed(
+    log_path: &Path,
+    index_path: &Path,
+    log_id: u64,
+    base_offset: u64,
+    index_interval_bytes: u32,
+) -> Result<SealedSegment, SegmentError> {
+    prime_dma_probe(parent_dir(log_path)).await?;
+    let file = io_context(DmaFile::open(log_path).await, "open segment", log_path, 0)?;
+    let file_size = io_context(file.file_size().await, "stat segment", log_path, 0)?;
+    let reason = match read_index_file(index_path, log_id, base_offset).await {
+        Ok(index) if index.log_size() <= file_size => {
+            io_context(file.close().await, "close segment", log_path, 0)?;
+            return Ok(SealedSegment { index, rebuilt: None });
+        }
+        Ok(index) => IndexRebuildReason::Stale { index_log_size: index.log_size(), file_size },
+        Err(None) => IndexRebuildReason::Missing,
+        Err(Some(error)) => IndexRebuildReason::Damaged(error),
+    };
+    let scan = scan_segment_file(&file, log_path, log_id, base_offset, index_interval_bytes).await?;
+    io_context(file.close().await, "close segment", log_path, 0)?;
+    write_index_file(index_path, &scan.index).await?;
+    Ok(SealedSegment { index: scan.index, rebuilt: Some((reason, scan.outcome)) })
+}
+
+/// Reads and decodes a sidecar: `Err(None)` when it cannot be read at all.
+async fn read_index_file(index_path: &Path, log_id: u64, base_offset: u64) -> Result<SegmentIndex, Option<IndexError>> {
+    let file = DmaFile::open(index_path).await.map_err(|_| None)?;
+    let size = file.file_size().await.map_err(|_| None)?;
+    let size = usize::try_from(size).map_err(|_| None)?;
+    let read = file.read_at(0, size).await;
+    let _ = file.close().await;
+    let bytes = read.map_err(|_| None)?;
+    SegmentIndex::decode(&bytes, log_id, base_offset).map_err(Some)
+}
