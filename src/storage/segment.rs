@@ -336,6 +336,11 @@ impl SegmentWriter {
         &self.index
     }
 
+    #[cfg(test)]
+    pub(crate) fn file_for_tests(&self) -> &DmaFile {
+        &self.file
+    }
+
     /// Free space for the next frame, bounded by the buffer and the segment.
     fn spare(&self) -> Result<usize, SegmentError> {
         let segment_room = self.config.segment_bytes_max.saturating_sub(self.end());
