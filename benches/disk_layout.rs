@@ -57,12 +57,16 @@ const PREPARED_FILE_BYTES: u64 = 256 << 20;
 const PREPARED_PARTITION_BYTES: u64 = 4 << 20;
 
 fn main() -> BenchResult<()> {
-    let mut dirs: Vec<PathBuf> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).map(PathBuf::from).collect();
+    let mut dirs: Vec<PathBuf> =
+        std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).map(PathBuf::from).collect();
     if dirs.is_empty() {
         dirs.push(std::env::temp_dir());
     }
     println!("# spate disk layout benchmark");
-    println!("command: cargo bench --bench disk_layout -- {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" "));
+    println!(
+        "command: cargo bench --bench disk_layout -- {}",
+        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" ")
+    );
     println!("kernel: {}", fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
     for dir in dirs {
         let work = dir.join(format!("spate-disk-layout-{}", std::process::id()));
@@ -443,7 +447,10 @@ enum TailMode {
 
 async fn partial_block_table(work: &Path) -> BenchResult<()> {
     println!("\n### partial last block: rewrite it next commit vs pad every commit (DMA, one file, growing)");
-    println!("{:<8} {:<8} {:>8} {:>7} {:>7} {:>12} {:>14}", "commit", "mode", "c/s", "p50 µs", "p99 µs", "file B/c", "written B/c");
+    println!(
+        "{:<8} {:<8} {:>8} {:>7} {:>7} {:>12} {:>14}",
+        "commit", "mode", "c/s", "p50 µs", "p99 µs", "file B/c", "written B/c"
+    );
     for commit_bytes in [200usize, 1500, 6000] {
         for mode in [TailMode::Rewrite, TailMode::Pad] {
             partial_block_run(work, commit_bytes, mode).await?;

@@ -32,10 +32,19 @@ const BASE_OFFSET_DIGITS: usize = 20;
 #[derive(Debug)]
 pub enum DirError {
     /// Another process holds the data directory's lock.
-    Locked { lock_path: PathBuf, holder_pid: Option<u32> },
+    Locked {
+        lock_path: PathBuf,
+        holder_pid: Option<u32>,
+    },
     /// A stream name that is not 1 to 64 of `[A-Za-z0-9_.-]` (or is `.`/`..`).
-    BadStreamName { stream: String },
-    Io { op: &'static str, path: PathBuf, source: io::Error },
+    BadStreamName {
+        stream: String,
+    },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 }
 
 impl fmt::Display for DirError {
@@ -201,7 +210,8 @@ mod tests {
         assert_eq!(segment_path(&dir, 42), Path::new("/data/streams/clicks/7/00000000000000000042.log"));
         assert_eq!(index_path(&dir, 42), Path::new("/data/streams/clicks/7/00000000000000000042.index"));
         assert_eq!(parse_segment_file_name("18446744073709551615.log"), Some(u64::MAX));
-        for bad in ["42.log", "0000000000000000004x.log", "00000000000000000042.index", "00000000000000000042.log.tmp"] {
+        for bad in ["42.log", "0000000000000000004x.log", "00000000000000000042.index", "00000000000000000042.log.tmp"]
+        {
             assert_eq!(parse_segment_file_name(bad), None, "{bad}");
         }
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(65)] {

@@ -96,7 +96,9 @@ mod field {
 }
 
 const _: () = assert!(field::END == FRAME_HEADER_SIZE);
-const _: () = assert!(field::BASE_OFFSET % 8 == 0 && field::TIMESTAMP_MS % 8 == 0 && field::LOG_ID % 8 == 0);
+const _: () = assert!(
+    field::BASE_OFFSET.is_multiple_of(8) && field::TIMESTAMP_MS.is_multiple_of(8) && field::LOG_ID.is_multiple_of(8)
+);
 const _: () = assert!(field::MAGIC + 4 == field::CRC32C && field::CRC32C + 4 == field::VERSION);
 const _: () = assert!(FRAME_MAGIC != 0 && FRAME_MAGIC != u32::MAX);
 const _: () = assert!(FRAME_HEADER_SIZE <= FRAME_HEADER_SIZE_MAX && FRAME_HEADER_SIZE_MAX <= u16::MAX as usize);
@@ -255,7 +257,10 @@ pub fn parse_header(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
         return Err(FrameError::EmptyFrame);
     }
     if header.body_size as usize > FRAME_BODY_SIZE_MAX {
-        return Err(FrameError::BodyTooLarge { body_size: header.body_size, body_size_max: FRAME_BODY_SIZE_MAX as u32 });
+        return Err(FrameError::BodyTooLarge {
+            body_size: header.body_size,
+            body_size_max: FRAME_BODY_SIZE_MAX as u32,
+        });
     }
     if header.base_offset.checked_add(u64::from(header.record_count)).is_none() {
         return Err(FrameError::OffsetOverflow { base_offset: header.base_offset, record_count: header.record_count });
@@ -370,7 +375,8 @@ impl<'a> Iterator for RecordIter<'a> {
         let key_size = usize::from(u16_at(self.bytes, 0));
         let (record, rest) = self.bytes.split_at(size);
         let key_end = RECORD_HEADER_SIZE + key_size;
-        let item = Record { offset: self.offset, key: &record[RECORD_HEADER_SIZE..key_end], payload: &record[key_end..] };
+        let item =
+            Record { offset: self.offset, key: &record[RECORD_HEADER_SIZE..key_end], payload: &record[key_end..] };
         self.bytes = rest;
         self.offset += 1;
         Some(item)
@@ -639,7 +645,8 @@ pub(crate) mod tests {
     pub(crate) fn sample_log(frame_count: usize) -> (Vec<u8>, Vec<usize>) {
         let (mut log, mut ends, mut offset) = (Vec::new(), Vec::new(), 0u64);
         for frame_index in 0..frame_count {
-            let payloads: Vec<Vec<u8>> = (0..=frame_index % 4).map(|i| vec![b'a' + i as u8; frame_index * 7 + i]).collect();
+            let payloads: Vec<Vec<u8>> =
+                (0..=frame_index % 4).map(|i| vec![b'a' + i as u8; frame_index * 7 + i]).collect();
             let records: Vec<(&[u8], &[u8])> = payloads.iter().map(|p| (&b"user42"[..], &p[..])).collect();
             push_frame(&mut log, 7, offset, &records);
             offset += records.len() as u64;
@@ -788,7 +795,10 @@ pub(crate) mod tests {
         assert_eq!(outcome.cursor.position, first_end);
         let mut foreign = log.clone();
         push_frame(&mut foreign, 8, 2, &[(b"c", b"3")]);
-        assert_eq!(scan(&foreign, 7, ScanCursor::at_segment_start(0)).stop, ScanStop::WrongLog { expected: 7, found: 8 });
+        assert_eq!(
+            scan(&foreign, 7, ScanCursor::at_segment_start(0)).stop,
+            ScanStop::WrongLog { expected: 7, found: 8 }
+        );
         assert_eq!(scan(&log, 7, ScanCursor::at_segment_start(5)).stop, ScanStop::OffsetGap { expected: 5, found: 0 });
     }
 

@@ -53,18 +53,39 @@ pub const SEGMENT_SIZE_MAX: u64 = u32::MAX as u64;
 /// Why an index cannot be used (rebuild it from the segment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IndexError {
-    Truncated { needed: usize, available: usize },
-    BadMagic { found: u32 },
-    UnsupportedVersion { version: u8 },
-    CrcMismatch { expected: u32, actual: u32 },
+    Truncated {
+        needed: usize,
+        available: usize,
+    },
+    BadMagic {
+        found: u32,
+    },
+    UnsupportedVersion {
+        version: u8,
+    },
+    CrcMismatch {
+        expected: u32,
+        actual: u32,
+    },
     /// The file belongs to another segment or log.
-    WrongSegment { log_id: u64, base_offset: u64 },
+    WrongSegment {
+        log_id: u64,
+        base_offset: u64,
+    },
     /// Entries that do not increase, or point past the log.
-    BadEntry { entry_index: u32 },
+    BadEntry {
+        entry_index: u32,
+    },
     /// A frame past [`SEGMENT_SIZE_MAX`] or with more than u32 offsets.
-    SegmentTooLarge { position: u64, relative_offset: u64 },
+    SegmentTooLarge {
+        position: u64,
+        relative_offset: u64,
+    },
     /// A frame that does not continue the indexed log.
-    OutOfOrder { position: u64, expected_position: u64 },
+    OutOfOrder {
+        position: u64,
+        expected_position: u64,
+    },
 }
 
 impl fmt::Display for IndexError {

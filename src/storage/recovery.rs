@@ -21,8 +21,8 @@ use glommio::io::{DmaFile, OpenOptions};
 use super::format::{FRAME_SIZE_MAX, ScanCursor, ScanOutcome, ScanStop, scan_with};
 use super::index::{IndexError, SegmentIndex};
 use super::segment::{
-    BLOCK_SIZE, SegmentConfig, SegmentError, SegmentWriter, WriterStart, align_down, align_up, io_context,
-    parent_dir, prime_dma_probe, write_index_file,
+    BLOCK_SIZE, SegmentConfig, SegmentError, SegmentWriter, WriterStart, align_down, align_up, io_context, parent_dir,
+    prime_dma_probe, write_index_file,
 };
 
 /// Bytes the scan reads at a time.
@@ -116,7 +116,12 @@ pub async fn recover_segment(
     let mut tail_block = Vec::new();
     let mut changed = false;
     if valid_end > block_start {
-        let read = io_context(file.read_at_aligned(block_start, BLOCK_SIZE as usize).await, "read segment", path, block_start)?;
+        let read = io_context(
+            file.read_at_aligned(block_start, BLOCK_SIZE as usize).await,
+            "read segment",
+            path,
+            block_start,
+        )?;
         let tail_size = (valid_end - block_start) as usize;
         tail_block.extend_from_slice(&read[..tail_size]);
         if read[tail_size..].iter().any(|&byte| byte != 0) {
@@ -126,7 +131,12 @@ pub async fn recover_segment(
             let written = io_context(file.write_at(block, block_start).await, "rewrite tail block", path, block_start)?;
             if written != BLOCK_SIZE as usize {
                 let expected = BLOCK_SIZE as usize;
-                return Err(SegmentError::ShortWrite { path: path.to_path_buf(), position: block_start, written, expected });
+                return Err(SegmentError::ShortWrite {
+                    path: path.to_path_buf(),
+                    position: block_start,
+                    written,
+                    expected,
+                });
             }
             changed = true;
         }
@@ -153,7 +163,10 @@ pub enum IndexRebuildReason {
     Missing,
     Damaged(IndexError),
     /// The sidecar claims more log than the file holds.
-    Stale { index_log_size: u64, file_size: u64 },
+    Stale {
+        index_log_size: u64,
+        file_size: u64,
+    },
 }
 
 /// A sealed segment, ready to read.
@@ -350,7 +363,9 @@ mod tests {
                 bytes[60] ^= 1;
                 std::fs::write(&index_path, &bytes).unwrap();
                 let opened = open_sealed(&log_path, &index_path, 5, 0, 4096).await.unwrap();
-                assert!(matches!(opened.rebuilt, Some((IndexRebuildReason::Damaged(_), outcome)) if outcome.stop.is_clean()));
+                assert!(
+                    matches!(opened.rebuilt, Some((IndexRebuildReason::Damaged(_), outcome)) if outcome.stop.is_clean())
+                );
                 assert_eq!(opened.index, sealed_index);
                 std::fs::remove_file(&index_path).unwrap();
                 let opened = open_sealed(&log_path, &index_path, 5, 0, 4096).await.unwrap();

@@ -104,22 +104,57 @@ impl SegmentConfig {
 /// what was being done where.
 #[derive(Debug)]
 pub enum SegmentError {
-    Io { op: &'static str, path: PathBuf, position: u64, source: io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        position: u64,
+        source: io::Error,
+    },
     /// The kernel wrote fewer bytes than asked (the disk filled up mid-way).
-    ShortWrite { path: PathBuf, position: u64, written: usize, expected: usize },
+    ShortWrite {
+        path: PathBuf,
+        position: u64,
+        written: usize,
+        expected: usize,
+    },
     /// The frame does not fit in the write buffer: flush (and sync) first.
-    BufferFull { needed: usize, available: usize },
+    BufferFull {
+        needed: usize,
+        available: usize,
+    },
     /// Too many flushed buffers wait for an fdatasync: sync first.
-    TooManyUnsynced { buffer_count: usize },
+    TooManyUnsynced {
+        buffer_count: usize,
+    },
     /// The segment reached its size limit: roll to a new one.
-    SegmentFull { segment_size: u64, needed: u64, segment_bytes_max: u64 },
+    SegmentFull {
+        segment_size: u64,
+        needed: u64,
+        segment_bytes_max: u64,
+    },
     /// A frame given to the writer, or read back, is not valid.
-    Frame { path: PathBuf, position: u64, error: FrameError },
+    Frame {
+        path: PathBuf,
+        position: u64,
+        error: FrameError,
+    },
     /// A valid frame that does not continue this segment's log.
-    NotNext { expected_log_id: u64, expected_offset: u64, log_id: u64, base_offset: u64 },
-    Index { path: PathBuf, error: IndexError },
+    NotNext {
+        expected_log_id: u64,
+        expected_offset: u64,
+        log_id: u64,
+        base_offset: u64,
+    },
+    Index {
+        path: PathBuf,
+        error: IndexError,
+    },
     /// A read outside the readable part of a segment.
-    OutOfRange { path: PathBuf, offset: u64, readable_end: u64 },
+    OutOfRange {
+        path: PathBuf,
+        offset: u64,
+        readable_end: u64,
+    },
 }
 
 impl SegmentError {
@@ -133,7 +168,8 @@ impl SegmentError {
 
     /// Whether the disk (or quota) is full: backpressure, not a crash.
     pub fn is_storage_full(&self) -> bool {
-        matches!(self.os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) || matches!(self, SegmentError::ShortWrite { .. })
+        matches!(self.os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+            || matches!(self, SegmentError::ShortWrite { .. })
     }
 }
 
@@ -152,10 +188,9 @@ impl fmt::Display for SegmentError {
             SegmentError::TooManyUnsynced { buffer_count } => {
                 write!(f, "{buffer_count} flushed buffers wait for fdatasync: sync first")
             }
-            SegmentError::SegmentFull { segment_size, needed, segment_bytes_max } => write!(
-                f,
-                "segment of {segment_size} bytes cannot take {needed} more (limit {segment_bytes_max}): roll"
-            ),
+            SegmentError::SegmentFull { segment_size, needed, segment_bytes_max } => {
+                write!(f, "segment of {segment_size} bytes cannot take {needed} more (limit {segment_bytes_max}): roll")
+            }
             SegmentError::Frame { path, position, error } => write!(f, "{} at {position}: {error}", path.display()),
             SegmentError::NotNext { expected_log_id, expected_offset, log_id, base_offset } => write!(
                 f,
@@ -163,7 +198,11 @@ impl fmt::Display for SegmentError {
             ),
             SegmentError::Index { path, error } => write!(f, "{}: {error}", path.display()),
             SegmentError::OutOfRange { path, offset, readable_end } => {
-                write!(f, "{}: offset or position {offset} is outside the readable log (end {readable_end})", path.display())
+                write!(
+                    f,
+                    "{}: offset or position {offset} is outside the readable log (end {readable_end})",
+                    path.display()
+                )
             }
         }
     }
@@ -689,7 +728,8 @@ impl SegmentReader {
                 _ => {
                     // Read from this frame on: enough for the request, or
                     // for the whole frame once its header is known.
-                    let frame_size = chunk.get(in_chunk..).and_then(|rest| parse_header(rest).ok()).map(|h| h.frame_size());
+                    let frame_size =
+                        chunk.get(in_chunk..).and_then(|rest| parse_header(rest).ok()).map(|h| h.frame_size());
                     let want = bytes_max.max(frame_size.unwrap_or(FRAME_HEADER_SIZE)).max(BLOCK_SIZE as usize);
                     let want = want.min((readable_end - position) as usize);
                     chunk.clear();
@@ -716,7 +756,13 @@ impl SegmentReader {
 
     /// Copies the whole frames at the start of `bytes` (read from
     /// `position`) into `out`, checking each, up to `bytes_max`.
-    fn take_frames(&self, bytes: &[u8], position: u64, bytes_max: usize, out: &mut Vec<u8>) -> Result<FramesRead, SegmentError> {
+    fn take_frames(
+        &self,
+        bytes: &[u8],
+        position: u64,
+        bytes_max: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<FramesRead, SegmentError> {
         let mut read = FramesRead { position, base_offset: 0, next_offset: 0, frame_count: 0, byte_count: 0 };
         while read.byte_count < bytes.len() {
             let frame = match decode_frame(&bytes[read.byte_count..]) {
@@ -727,7 +773,9 @@ impl SegmentReader {
                 Err(error) => return Err(self.frame_error(position + read.byte_count as u64, error)),
             };
             let frame_size = frame.header.frame_size();
-            if read.frame_count > 0 && (read.byte_count + frame_size > bytes_max || frame.header.base_offset != read.next_offset) {
+            if read.frame_count > 0
+                && (read.byte_count + frame_size > bytes_max || frame.header.base_offset != read.next_offset)
+            {
                 break;
             }
             if read.frame_count == 0 {
@@ -848,7 +896,10 @@ pub(crate) mod tests {
         assert_eq!(bytes.len() as u64, align_up(log_end, BLOCK_SIZE));
         let outcome = scan(&bytes, 7, ScanCursor::at_segment_start(1000));
         assert_eq!(outcome.stop, if bytes.len() as u64 == log_end { ScanStop::EndOfData } else { ScanStop::Zeros });
-        assert_eq!((outcome.cursor.position, outcome.cursor.next_offset, outcome.cursor.frame_count), (log_end, next_offset, 301));
+        assert_eq!(
+            (outcome.cursor.position, outcome.cursor.next_offset, outcome.cursor.frame_count),
+            (log_end, next_offset, 301)
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -876,7 +927,10 @@ pub(crate) mod tests {
                 assert!(read.frame_count == 1 || read.byte_count <= 2000);
                 assert_eq!(out.len(), read.byte_count);
                 let outcome = scan(&out, 3, ScanCursor { next_offset: read.base_offset, ..ScanCursor::default() });
-                assert_eq!((outcome.stop, outcome.cursor.frame_count), (ScanStop::EndOfData, u64::from(read.frame_count)));
+                assert_eq!(
+                    (outcome.stop, outcome.cursor.frame_count),
+                    (ScanStop::EndOfData, u64::from(read.frame_count))
+                );
             }
             let mut out = Vec::new();
             let past = reader.read_frames(writer.index(), next_offset, readable_end, 2000, &mut out).await;
