@@ -43,6 +43,7 @@ pub mod partition;
 pub mod protocol;
 mod serve;
 mod shard;
+pub mod storage;
 mod subscribe;
 
 pub use client::{SubArgs, SubError, run_sub};

@@ -1,0 +1,990 @@
+//! Segment files on glommio DMA (O_DIRECT through io_uring): the writer and
+//! the reader.
+//!
+//! # How the writer keeps the file readable
+//!
+//! O_DIRECT writes whole aligned blocks ([`BLOCK_SIZE`], 4 KiB). Frames are
+//! encoded into an aligned in-memory buffer (`active`) that starts at a block
+//! boundary of the file. A flush writes the buffer up to the next block
+//! boundary, zero-filled past the last frame, so the file always ends in
+//! whole frames followed by zeros: the recovery scan reads that as a clean
+//! end. The partial last block is copied (at most 4 KiB) to the start of a
+//! fresh buffer, and the next flush rewrites that block with the new frames
+//! after the old bytes. The layout benchmark found the rewrite costs nothing
+//! measurable, where padding every commit to a block wastes up to 4 KiB of
+//! disk per commit (`benches/disk_layout.rs`).
+//!
+//! A torn rewrite cannot damage acknowledged data: the old and new contents
+//! of the rewritten block are identical up to the old end, so any mix of
+//! them keeps every synced frame; what follows is cut by the scan.
+//!
+//! Why a fresh buffer per flush: glommio 0.9's `DmaFile::write_rc_at` writes
+//! a whole `DmaBuffer`, and `DmaBuffer::trim_to_size` cannot grow it back, so
+//! a buffer cannot be written in parts. A flushed buffer is kept (shared
+//! with the kernel through an `Rc`) until its bytes are durable, which is
+//! what makes errors retryable: a failed or short write leaves the writer's
+//! state as it was and the next [`SegmentWriter::flush`] writes the same
+//! bytes at the same position again; a failed `fdatasync` marks every
+//! unsynced buffer unwritten, so the next [`SegmentWriter::sync`] rewrites
+//! and syncs them all (retrying only the fdatasync could report success for
+//! data the kernel already dropped).
+//!
+//! # Memory
+//!
+//! A writer holds `(unsynced_buffers_max + 1) * buffer_bytes` at most, plus
+//! its index (8 bytes per `index_interval_bytes` of segment). In the usual
+//! group commit (append, then [`SegmentWriter::sync`]) one flushed buffer is
+//! alive while the next fills.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::GlommioError;
+use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
+
+use super::format::{
+    FRAME_HEADER_SIZE, FrameEncoder, FrameError, FrameHeader, SealedFrame, decode_frame, parse_header,
+};
+use super::index::{INDEX_INTERVAL_BYTES_DEFAULT, IndexError, SEGMENT_SIZE_MAX, SegmentIndex};
+
+/// The block every write is aligned to and sized in. Larger than glommio's
+/// `alignment()` on this box (512, the logical block size) on purpose: the
+/// device's physical block is 4 KiB, and a sub-block write would make it
+/// read-modify-write.
+pub const BLOCK_SIZE: u64 = 4096;
+/// Default size of the writer's buffer: the largest frame it takes is this
+/// minus one block.
+pub const WRITE_BUFFER_BYTES_DEFAULT: usize = 1 << 20;
+/// Default bound on flushed buffers waiting for an fdatasync.
+pub const UNSYNCED_BUFFERS_MAX_DEFAULT: usize = 4;
+/// Default segment size limit before the caller rolls to a new segment.
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 256 << 20;
+
+/// Limits of one segment writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentConfig {
+    /// Bytes of the aligned write buffer (a multiple of [`BLOCK_SIZE`], at
+    /// least two blocks). Costs this much per buffer alive.
+    pub buffer_bytes: usize,
+    /// Flushed buffers that may wait for an fdatasync; past it, `flush`
+    /// asks for a `sync` first.
+    pub unsynced_buffers_max: usize,
+    /// The writer refuses frames past this size; the caller rolls.
+    pub segment_bytes_max: u64,
+    /// Spacing of index entries.
+    pub index_interval_bytes: u32,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> SegmentConfig {
+        SegmentConfig {
+            buffer_bytes: WRITE_BUFFER_BYTES_DEFAULT,
+            unsynced_buffers_max: UNSYNCED_BUFFERS_MAX_DEFAULT,
+            segment_bytes_max: SEGMENT_BYTES_MAX_DEFAULT,
+            index_interval_bytes: INDEX_INTERVAL_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl SegmentConfig {
+    fn check(&self) {
+        assert!(self.buffer_bytes >= 2 * BLOCK_SIZE as usize, "buffer_bytes {}", self.buffer_bytes);
+        assert!(self.buffer_bytes.is_multiple_of(BLOCK_SIZE as usize), "buffer_bytes {}", self.buffer_bytes);
+        assert!(self.unsynced_buffers_max >= 1);
+        assert!(self.segment_bytes_max > 0 && self.segment_bytes_max <= SEGMENT_SIZE_MAX);
+        assert!(self.index_interval_bytes > 0);
+    }
+}
+
+/// A segment operation that failed. I/O errors keep the OS error (so
+/// `ENOSPC` and `EIO` are visible through [`SegmentError::os_error`]) and say
+/// what was being done where.
+#[derive(Debug)]
+pub enum SegmentError {
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        position: u64,
+        source: io::Error,
+    },
+    /// The kernel wrote fewer bytes than asked (the disk filled up mid-way).
+    ShortWrite {
+        path: PathBuf,
+        position: u64,
+        written: usize,
+        expected: usize,
+    },
+    /// The frame does not fit in the write buffer: flush (and sync) first.
+    BufferFull {
+        needed: usize,
+        available: usize,
+    },
+    /// Too many flushed buffers wait for an fdatasync: sync first.
+    TooManyUnsynced {
+        buffer_count: usize,
+    },
+    /// The segment reached its size limit: roll to a new one.
+    SegmentFull {
+        segment_size: u64,
+        needed: u64,
+        segment_bytes_max: u64,
+    },
+    /// A frame given to the writer, or read back, is not valid.
+    Frame {
+        path: PathBuf,
+        position: u64,
+        error: FrameError,
+    },
+    /// A valid frame that does not continue this segment's log.
+    NotNext {
+        expected_log_id: u64,
+        expected_offset: u64,
+        log_id: u64,
+        base_offset: u64,
+    },
+    Index {
+        path: PathBuf,
+        error: IndexError,
+    },
+    /// A read outside the readable part of a segment.
+    OutOfRange {
+        path: PathBuf,
+        offset: u64,
+        readable_end: u64,
+    },
+}
+
+impl SegmentError {
+    /// The OS error number behind an I/O failure, if any.
+    pub fn os_error(&self) -> Option<i32> {
+        match self {
+            SegmentError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// Whether the disk (or quota) is full: backpressure, not a crash.
+    pub fn is_storage_full(&self) -> bool {
+        matches!(self.os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+            || matches!(self, SegmentError::ShortWrite { .. })
+    }
+}
+
+impl fmt::Display for SegmentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SegmentError::Io { op, path, position, source } => {
+                write!(f, "{op} {} at {position}: {source}", path.display())
+            }
+            SegmentError::ShortWrite { path, position, written, expected } => {
+                write!(f, "short write to {} at {position}: {written} of {expected} bytes", path.display())
+            }
+            SegmentError::BufferFull { needed, available } => {
+                write!(f, "segment write buffer full: needs {needed} bytes, {available} free")
+            }
+            SegmentError::TooManyUnsynced { buffer_count } => {
+                write!(f, "{buffer_count} flushed buffers wait for fdatasync: sync first")
+            }
+            SegmentError::SegmentFull { segment_size, needed, segment_bytes_max } => {
+                write!(f, "segment of {segment_size} bytes cannot take {needed} more (limit {segment_bytes_max}): roll")
+            }
+            SegmentError::Frame { path, position, error } => write!(f, "{} at {position}: {error}", path.display()),
+            SegmentError::NotNext { expected_log_id, expected_offset, log_id, base_offset } => write!(
+                f,
+                "frame of log {log_id} at offset {base_offset} does not continue log {expected_log_id} at {expected_offset}"
+            ),
+            SegmentError::Index { path, error } => write!(f, "{}: {error}", path.display()),
+            SegmentError::OutOfRange { path, offset, readable_end } => {
+                write!(
+                    f,
+                    "{}: offset or position {offset} is outside the readable log (end {readable_end})",
+                    path.display()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SegmentError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SegmentError::Io { source, .. } => Some(source),
+            SegmentError::Frame { error, .. } => Some(error),
+            SegmentError::Index { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// The `io::Error` inside a glommio error, with its OS error number kept
+/// (glommio's own conversion rebuilds the error from its text and loses it).
+pub(crate) fn io_error_of(error: GlommioError<()>) -> io::Error {
+    match error {
+        GlommioError::IoError(source) | GlommioError::EnhancedIoError { source, .. } => source,
+        other => other.into(),
+    }
+}
+
+/// Wraps a glommio result into [`SegmentError::Io`].
+pub(crate) fn io_context<T>(
+    result: Result<T, GlommioError<()>>,
+    op: &'static str,
+    path: &Path,
+    position: u64,
+) -> Result<T, SegmentError> {
+    result.map_err(|error| SegmentError::Io { op, path: path.to_path_buf(), position, source: io_error_of(error) })
+}
+
+pub(crate) fn align_down(value: u64, block_size: u64) -> u64 {
+    value / block_size * block_size
+}
+
+pub(crate) fn align_up(value: u64, block_size: u64) -> u64 {
+    value.div_ceil(block_size) * block_size
+}
+
+/// A flushed buffer whose bytes are not yet durable.
+struct PendingWrite {
+    /// Aligned file position of the buffer's first byte.
+    position: u64,
+    buffer: Rc<DmaBuffer>,
+    /// The log end (file position after the last frame) it covers.
+    end: u64,
+    /// The offset after its last record.
+    next_offset: u64,
+    written: bool,
+}
+
+/// Where a writer starts: an empty segment or the end of a recovered one.
+pub(crate) struct WriterStart {
+    pub file: DmaFile,
+    pub path: PathBuf,
+    pub log_id: u64,
+    pub config: SegmentConfig,
+    pub index: SegmentIndex,
+    /// The last partial block of the log (empty when the log ends on a
+    /// block boundary), read back from the file.
+    pub tail_block: Vec<u8>,
+}
+
+/// Appends frames of one log to one segment file.
+pub struct SegmentWriter {
+    file: DmaFile,
+    path: PathBuf,
+    log_id: u64,
+    config: SegmentConfig,
+    /// Frames not flushed yet, from file position `active_position`.
+    active: DmaBuffer,
+    active_position: u64,
+    active_used: usize,
+    /// Bytes at the start of `active` already inside a pending write (the
+    /// copied partial block).
+    active_carried: usize,
+    unsynced: VecDeque<PendingWrite>,
+    next_offset: u64,
+    written_end: u64,
+    written_next_offset: u64,
+    durable_end: u64,
+    durable_next_offset: u64,
+    index: SegmentIndex,
+}
+
+impl SegmentWriter {
+    /// Creates a new, empty segment file for log `log_id` starting at
+    /// `base_offset`. Fails if the file exists.
+    pub async fn create(
+        path: &Path,
+        log_id: u64,
+        base_offset: u64,
+        config: SegmentConfig,
+    ) -> Result<SegmentWriter, SegmentError> {
+        config.check();
+        prime_dma_probe(parent_dir(path)).await?;
+        let opened = OpenOptions::new().read(true).write(true).create_new(true).dma_open(path).await;
+        let file = io_context(opened, "create segment", path, 0)?;
+        sync_parent_dir(path).await?;
+        let index = SegmentIndex::new(log_id, base_offset, config.index_interval_bytes);
+        let start = WriterStart { file, path: path.to_path_buf(), log_id, config, index, tail_block: Vec::new() };
+        Ok(SegmentWriter::start(start))
+    }
+
+    /// A writer at the end of the log that `start` describes, all of it
+    /// already durable.
+    pub(crate) fn start(start: WriterStart) -> SegmentWriter {
+        let WriterStart { file, path, log_id, config, index, tail_block } = start;
+        config.check();
+        let end = index.log_size();
+        assert_eq!(tail_block.len() as u64, end - align_down(end, BLOCK_SIZE));
+        let mut active = file.alloc_dma_buffer(config.buffer_bytes);
+        active.as_bytes_mut()[..tail_block.len()].copy_from_slice(&tail_block);
+        let next_offset = index.next_offset();
+        SegmentWriter {
+            file,
+            path,
+            log_id,
+            config,
+            active,
+            active_position: align_down(end, BLOCK_SIZE),
+            active_used: tail_block.len(),
+            active_carried: tail_block.len(),
+            unsynced: VecDeque::new(),
+            next_offset,
+            written_end: end,
+            written_next_offset: next_offset,
+            durable_end: end,
+            durable_next_offset: next_offset,
+            index,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn log_id(&self) -> u64 {
+        self.log_id
+    }
+
+    /// The offset the next appended frame must start at.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// File position after the last appended frame.
+    pub fn end(&self) -> u64 {
+        self.active_position + self.active_used as u64
+    }
+
+    /// File position up to which frames are written to the file (readable
+    /// with a [`SegmentReader`]), and the offset after them.
+    pub fn written(&self) -> (u64, u64) {
+        (self.written_end, self.written_next_offset)
+    }
+
+    /// File position up to which frames are durable (fdatasync returned),
+    /// and the offset after them.
+    pub fn durable(&self) -> (u64, u64) {
+        (self.durable_end, self.durable_next_offset)
+    }
+
+    /// The index of every appended frame.
+    pub fn index(&self) -> &SegmentIndex {
+        &self.index
+    }
+
+    #[cfg(test)]
+    pub(crate) fn file_for_tests(&self) -> &DmaFile {
+        &self.file
+    }
+
+    /// Free space for the next frame, bounded by the buffer and the segment.
+    fn spare(&self) -> Result<usize, SegmentError> {
+        let segment_room = self.config.segment_bytes_max.saturating_sub(self.end());
+        let buffer_room = self.active.len() - self.active_used;
+        let needed = (FRAME_HEADER_SIZE + super::format::RECORD_HEADER_SIZE) as u64;
+        if segment_room < needed {
+            let segment_bytes_max = self.config.segment_bytes_max;
+            return Err(SegmentError::SegmentFull { segment_size: self.end(), needed, segment_bytes_max });
+        }
+        Ok(buffer_room.min(usize::try_from(segment_room).unwrap_or(usize::MAX)))
+    }
+
+    /// A [`FrameEncoder`] over the free part of the write buffer, so records
+    /// are copied once, straight into DMA memory. After
+    /// [`FrameEncoder::seal`], hand the [`SealedFrame`] to
+    /// [`SegmentWriter::commit_encoded`]; a frame never committed is
+    /// overwritten by the next one.
+    pub fn frame_encoder(&mut self) -> Result<FrameEncoder<'_>, SegmentError> {
+        let spare = self.spare()?;
+        let range = self.active_used..self.active_used + spare;
+        FrameEncoder::new(&mut self.active.as_bytes_mut()[range])
+            .map_err(|_| SegmentError::BufferFull { needed: FRAME_HEADER_SIZE, available: spare })
+    }
+
+    /// Appends the frame that the last [`SegmentWriter::frame_encoder`]
+    /// sealed.
+    pub fn commit_encoded(&mut self, sealed: SealedFrame) -> Result<(), SegmentError> {
+        let start = self.active_used;
+        let spare = self.active.len() - start;
+        if sealed.frame_size > spare {
+            return Err(SegmentError::BufferFull { needed: sealed.frame_size, available: spare });
+        }
+        let frame = &self.active.as_bytes()[start..start + sealed.frame_size];
+        let header = parse_header(frame).map_err(|error| self.frame_error(error))?;
+        debug_assert!(decode_frame(frame).is_ok());
+        assert_eq!((header.base_offset, header.record_count), (sealed.base_offset, sealed.record_count));
+        assert_eq!(header.frame_size(), sealed.frame_size);
+        self.accept(&header)
+    }
+
+    /// Copies one already-framed, checked frame into the write buffer.
+    pub fn append_frame(&mut self, frame: &[u8]) -> Result<(), SegmentError> {
+        let header = decode_frame(frame).map_err(|error| self.frame_error(error))?.header;
+        if header.frame_size() != frame.len() {
+            let error = FrameError::Truncated { needed: header.frame_size(), available: frame.len() };
+            return Err(self.frame_error(error));
+        }
+        let spare = self.spare()?;
+        if frame.len() > spare {
+            return Err(self.full_error(frame.len() as u64, spare));
+        }
+        self.check_next(&header)?;
+        let start = self.active_used;
+        self.active.as_bytes_mut()[start..start + frame.len()].copy_from_slice(frame);
+        self.accept(&header)
+    }
+
+    fn frame_error(&self, error: FrameError) -> SegmentError {
+        SegmentError::Frame { path: self.path.clone(), position: self.end(), error }
+    }
+
+    fn full_error(&self, needed: u64, spare: usize) -> SegmentError {
+        if self.end() + needed > self.config.segment_bytes_max {
+            let segment_bytes_max = self.config.segment_bytes_max;
+            return SegmentError::SegmentFull { segment_size: self.end(), needed, segment_bytes_max };
+        }
+        SegmentError::BufferFull { needed: needed as usize, available: spare }
+    }
+
+    fn check_next(&self, header: &FrameHeader) -> Result<(), SegmentError> {
+        if header.log_id != self.log_id || header.base_offset != self.next_offset {
+            return Err(SegmentError::NotNext {
+                expected_log_id: self.log_id,
+                expected_offset: self.next_offset,
+                log_id: header.log_id,
+                base_offset: header.base_offset,
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the frame now at the end of the buffer into the log.
+    fn accept(&mut self, header: &FrameHeader) -> Result<(), SegmentError> {
+        self.check_next(header)?;
+        let position = self.end();
+        let indexed = self.index.on_frame(position, header);
+        indexed.map_err(|error| SegmentError::Index { path: self.path.clone(), error })?;
+        self.active_used += header.frame_size();
+        self.next_offset = header.next_offset();
+        debug_assert_eq!(self.index.log_size(), self.end());
+        debug_assert_eq!(self.index.next_offset(), self.next_offset);
+        Ok(())
+    }
+
+    /// Moves the appended frames into a pending write and starts a fresh
+    /// buffer holding the partial last block.
+    fn seal_active(&mut self) -> Result<(), SegmentError> {
+        if self.active_used == self.active_carried {
+            return Ok(());
+        }
+        if self.unsynced.len() >= self.config.unsynced_buffers_max {
+            return Err(SegmentError::TooManyUnsynced { buffer_count: self.unsynced.len() });
+        }
+        let used = self.active_used;
+        let write_size = align_up(used as u64, BLOCK_SIZE) as usize;
+        let keep_from = align_down(used as u64, BLOCK_SIZE) as usize;
+        let mut fresh = self.file.alloc_dma_buffer(self.config.buffer_bytes);
+        fresh.as_bytes_mut()[..used - keep_from].copy_from_slice(&self.active.as_bytes()[keep_from..used]);
+        let mut flushed = std::mem::replace(&mut self.active, fresh);
+        // Zeros after the last frame: the scan reads them as a clean end.
+        flushed.as_bytes_mut()[used..write_size].fill(0);
+        flushed.trim_to_size(write_size);
+        self.unsynced.push_back(PendingWrite {
+            position: self.active_position,
+            buffer: Rc::new(flushed),
+            end: self.end(),
+            next_offset: self.next_offset,
+            written: false,
+        });
+        self.active_position += keep_from as u64;
+        self.active_used -= keep_from;
+        self.active_carried = self.active_used;
+        Ok(())
+    }
+
+    /// Writes every appended frame to the file (not durably: see
+    /// [`SegmentWriter::sync`]) and returns the written end. On error
+    /// nothing is lost: call it again to retry the same writes.
+    pub async fn flush(&mut self) -> Result<u64, SegmentError> {
+        self.seal_active()?;
+        self.write_pending().await
+    }
+
+    /// Writes the flushed buffers not written yet, in file order (they
+    /// overlap by the rewritten partial block, so the order matters).
+    async fn write_pending(&mut self) -> Result<u64, SegmentError> {
+        for pending in self.unsynced.iter_mut().filter(|pending| !pending.written) {
+            let expected = pending.buffer.len();
+            let result = self.file.write_rc_at(pending.buffer.clone(), pending.position).await;
+            let written = io_context(result, "write segment", &self.path, pending.position)?;
+            if written != expected {
+                let (path, position) = (self.path.clone(), pending.position);
+                return Err(SegmentError::ShortWrite { path, position, written, expected });
+            }
+            pending.written = true;
+            self.written_end = pending.end;
+            self.written_next_offset = pending.next_offset;
+        }
+        Ok(self.written_end)
+    }
+
+    /// Flushes, then fdatasyncs: every frame appended before the call is
+    /// durable when it returns `Ok`. Returns the durable end.
+    pub async fn sync(&mut self) -> Result<u64, SegmentError> {
+        if self.unsynced.len() >= self.config.unsynced_buffers_max {
+            // No room to flush the active buffer: make the pending ones
+            // durable first.
+            self.write_pending().await?;
+            self.sync_written().await?;
+        }
+        self.flush().await?;
+        self.sync_written().await
+    }
+
+    /// fdatasyncs what is written.
+    async fn sync_written(&mut self) -> Result<u64, SegmentError> {
+        debug_assert!(self.unsynced.iter().all(|pending| pending.written));
+        if self.durable_end == self.written_end {
+            return Ok(self.durable_end);
+        }
+        let synced = self.file.fdatasync().await;
+        if let Err(error) = synced {
+            // What the kernel did with the written blocks is unknown: write
+            // them all again before the next fdatasync.
+            for pending in &mut self.unsynced {
+                pending.written = false;
+            }
+            self.written_end = self.durable_end;
+            self.written_next_offset = self.durable_next_offset;
+            return io_context(Err(error), "fdatasync segment", &self.path, self.durable_end);
+        }
+        self.durable_end = self.written_end;
+        self.durable_next_offset = self.written_next_offset;
+        self.unsynced.clear();
+        Ok(self.durable_end)
+    }
+
+    /// Syncs, writes the index sidecar (atomically: temporary file, fdatasync,
+    /// rename, directory sync) and closes the segment. Returns its index.
+    pub async fn seal(mut self, index_path: &Path) -> Result<SegmentIndex, SegmentError> {
+        self.sync().await?;
+        write_index_file(index_path, &self.index).await?;
+        let closed = self.file.close().await;
+        io_context(closed, "close segment", &self.path, self.durable_end)?;
+        Ok(self.index)
+    }
+
+    /// Closes the file without syncing: what was not synced may be lost.
+    pub async fn close(self) -> Result<(), SegmentError> {
+        let end = self.durable_end;
+        io_context(self.file.close().await, "close segment", &self.path, end)
+    }
+}
+
+thread_local! {
+    /// Devices (`st_dev`) whose io_uring poll support glommio has probed on
+    /// this thread with a real read.
+    static PROBED_DEVICES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Makes glommio's first open of a DMA file on `dir`'s device (per thread)
+/// probe a non-empty file.
+///
+/// glommio 0.9 decides once per device and thread whether reads and writes
+/// go to its I/O-poll ring, by reading one block at position 0 of the first
+/// DMA file opened there. When that file is empty (a new segment) the read
+/// returns 0 bytes without reaching the device, the probe "succeeds", and
+/// every later read of a non-empty file fails with EOPNOTSUPP on a device
+/// without poll queues (virtio-blk here). Opening a one-block file first
+/// makes the probe see the truth.
+pub async fn prime_dma_probe(dir: &Path) -> Result<(), SegmentError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source: io::Error| SegmentError::Io { op, path, position: 0, source }
+    };
+    let device = std::fs::metadata(dir).map_err(io("stat directory", dir))?.dev();
+    if PROBED_DEVICES.with(|devices| devices.borrow().contains(&device)) {
+        return Ok(());
+    }
+    let thread = format!("{:?}", std::thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric(), "");
+    let probe_path = dir.join(format!(".spate-dma-probe-{}-{thread}", std::process::id()));
+    std::fs::write(&probe_path, [0u8; BLOCK_SIZE as usize]).map_err(io("write probe file", &probe_path))?;
+    let opened = DmaFile::open(&probe_path).await;
+    let removed = std::fs::remove_file(&probe_path);
+    let file = io_context(opened, "open probe file", &probe_path, 0)?;
+    io_context(file.close().await, "close probe file", &probe_path, 0)?;
+    removed.map_err(io("remove probe file", &probe_path))?;
+    PROBED_DEVICES.with(|devices| devices.borrow_mut().push(device));
+    Ok(())
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// fsyncs the directory holding `path`, so a created or renamed file stays.
+pub(crate) async fn sync_parent_dir(path: &Path) -> Result<(), SegmentError> {
+    let parent = parent_dir(path);
+    let dir = io_context(glommio::io::Directory::open(parent).await, "open directory", parent, 0)?;
+    io_context(dir.sync().await, "sync directory", parent, 0)?;
+    io_context(dir.close().await, "close directory", parent, 0)
+}
+
+/// Writes an index sidecar atomically.
+pub async fn write_index_file(index_path: &Path, index: &SegmentIndex) -> Result<(), SegmentError> {
+    let mut bytes = Vec::with_capacity(index.encoded_size());
+    index.encode(&mut bytes);
+    let mut temporary = index_path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    prime_dma_probe(parent_dir(index_path)).await?;
+    let opened = OpenOptions::new().write(true).create(true).truncate(true).dma_open(&temporary).await;
+    let file = io_context(opened, "create index", &temporary, 0)?;
+    let mut buffer = file.alloc_dma_buffer(align_up(bytes.len() as u64, BLOCK_SIZE) as usize);
+    buffer.as_bytes_mut().fill(0);
+    buffer.as_bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+    let expected = buffer.len();
+    let written = io_context(file.write_at(buffer, 0).await, "write index", &temporary, 0)?;
+    if written != expected {
+        return Err(SegmentError::ShortWrite { path: temporary, position: 0, written, expected });
+    }
+    io_context(file.truncate(bytes.len() as u64).await, "truncate index", &temporary, 0)?;
+    io_context(file.fdatasync().await, "fdatasync index", &temporary, 0)?;
+    io_context(file.rename(index_path).await, "rename index", &temporary, 0)?;
+    io_context(file.close().await, "close index", index_path, 0)?;
+    sync_parent_dir(index_path).await
+}
+
+/// What [`SegmentReader::read_frames`] put in the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramesRead {
+    /// File position of the first frame read.
+    pub position: u64,
+    /// Offset of the first record of the first frame (at or before the
+    /// offset asked for).
+    pub base_offset: u64,
+    /// The offset after the last record read.
+    pub next_offset: u64,
+    pub frame_count: u32,
+    pub byte_count: usize,
+}
+
+/// Reads a sealed or active segment with aligned DMA reads.
+pub struct SegmentReader {
+    file: DmaFile,
+    path: PathBuf,
+}
+
+impl SegmentReader {
+    pub async fn open(path: &Path) -> Result<SegmentReader, SegmentError> {
+        prime_dma_probe(parent_dir(path)).await?;
+        let file = io_context(DmaFile::open(path).await, "open segment", path, 0)?;
+        Ok(SegmentReader { file, path: path.to_path_buf() })
+    }
+
+    /// Appends the file's bytes `position .. position + size` to `out`
+    /// (fewer at the end of the file) and returns how many. The read itself
+    /// is widened to whole blocks.
+    pub async fn read_into(&self, position: u64, size: usize, out: &mut Vec<u8>) -> Result<usize, SegmentError> {
+        let start = align_down(position, BLOCK_SIZE);
+        let end = align_up(position + size as u64, BLOCK_SIZE);
+        let result = self.file.read_at_aligned(start, (end - start) as usize).await;
+        let data = io_context(result, "read segment", &self.path, start)?;
+        let skip = (position - start) as usize;
+        let available = data.len().saturating_sub(skip).min(size);
+        out.extend_from_slice(&data[skip..skip + available]);
+        Ok(available)
+    }
+
+    /// Appends to `out` whole, CRC-checked frames from the one holding
+    /// `offset`, up to `bytes_max` bytes (at least one frame) and never past
+    /// `readable_end` (the index's log size for a sealed segment, the
+    /// writer's written or durable end for the active one). Seeks through
+    /// `index`, then walks at most one index interval of frame headers.
+    pub async fn read_frames(
+        &self,
+        index: &SegmentIndex,
+        offset: u64,
+        readable_end: u64,
+        bytes_max: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<FramesRead, SegmentError> {
+        let out_of_range = || SegmentError::OutOfRange { path: self.path.clone(), offset, readable_end };
+        let mut position = index.lookup(offset).ok_or_else(out_of_range)?;
+        let mut chunk = Vec::new();
+        let mut chunk_position = position;
+        loop {
+            if position >= readable_end {
+                return Err(out_of_range());
+            }
+            let in_chunk = (position - chunk_position) as usize;
+            let header = match chunk.get(in_chunk..).map(parse_header) {
+                Some(Ok(header)) if in_chunk + header.frame_size() <= chunk.len() => header,
+                _ => {
+                    // Read from this frame on: enough for the request, or
+                    // for the whole frame once its header is known.
+                    let frame_size =
+                        chunk.get(in_chunk..).and_then(|rest| parse_header(rest).ok()).map(|h| h.frame_size());
+                    let want = bytes_max.max(frame_size.unwrap_or(FRAME_HEADER_SIZE)).max(BLOCK_SIZE as usize);
+                    let want = want.min((readable_end - position) as usize);
+                    chunk.clear();
+                    chunk_position = position;
+                    self.read_into(position, want, &mut chunk).await?;
+                    let header = parse_header(&chunk).map_err(|error| self.frame_error(position, error))?;
+                    if header.frame_size() > chunk.len() {
+                        let error = FrameError::Truncated { needed: header.frame_size(), available: chunk.len() };
+                        return Err(self.frame_error(position, error));
+                    }
+                    continue;
+                }
+            };
+            if header.contains(offset) {
+                return self.take_frames(&chunk[in_chunk..], position, bytes_max, out);
+            }
+            position += header.frame_size() as u64;
+        }
+    }
+
+    fn frame_error(&self, position: u64, error: FrameError) -> SegmentError {
+        SegmentError::Frame { path: self.path.clone(), position, error }
+    }
+
+    /// Copies the whole frames at the start of `bytes` (read from
+    /// `position`) into `out`, checking each, up to `bytes_max`.
+    fn take_frames(
+        &self,
+        bytes: &[u8],
+        position: u64,
+        bytes_max: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<FramesRead, SegmentError> {
+        let mut read = FramesRead { position, base_offset: 0, next_offset: 0, frame_count: 0, byte_count: 0 };
+        while read.byte_count < bytes.len() {
+            let frame = match decode_frame(&bytes[read.byte_count..]) {
+                Ok(frame) => frame,
+                // A bad frame after good ones is reported by the next read,
+                // which starts at it.
+                Err(_) if read.frame_count > 0 => break,
+                Err(error) => return Err(self.frame_error(position + read.byte_count as u64, error)),
+            };
+            let frame_size = frame.header.frame_size();
+            if read.frame_count > 0
+                && (read.byte_count + frame_size > bytes_max || frame.header.base_offset != read.next_offset)
+            {
+                break;
+            }
+            if read.frame_count == 0 {
+                read.base_offset = frame.header.base_offset;
+            }
+            out.extend_from_slice(&bytes[read.byte_count..read.byte_count + frame_size]);
+            read.byte_count += frame_size;
+            read.frame_count += 1;
+            read.next_offset = frame.header.next_offset();
+        }
+        Ok(read)
+    }
+
+    pub async fn close(self) -> Result<(), SegmentError> {
+        io_context(self.file.close().await, "close segment", &self.path, 0)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::future::Future;
+    use std::os::fd::AsRawFd;
+
+    use glommio::{LocalExecutorBuilder, Placement};
+
+    use super::*;
+    use crate::storage::format::{ScanCursor, ScanStop, scan};
+
+    /// Runs `future` on a fresh glommio executor (small io_memory: the test
+    /// box's memlock limit is 8 MiB).
+    pub(crate) fn run<T: 'static>(future: impl Future<Output = T> + 'static) -> T {
+        let executor = LocalExecutorBuilder::new(Placement::Unbound).io_memory(512 << 10).make();
+        executor.expect("glommio executor").run(future)
+    }
+
+    /// An empty directory on a disk filesystem, so O_DIRECT is really on
+    /// (glommio silently drops it on tmpfs).
+    pub(crate) fn scratch_dir(name: &str) -> PathBuf {
+        let mut base = std::env::temp_dir();
+        let output = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(&base).output();
+        if output.is_ok_and(|output| String::from_utf8_lossy(&output.stdout).trim() == "tmpfs") {
+            base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+        }
+        let dir = base.join(format!("spate-storage-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    pub(crate) fn o_direct_is_on(file: &DmaFile) -> bool {
+        // SAFETY: F_GETFL on an open descriptor.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        flags & libc::O_DIRECT != 0
+    }
+
+    /// Appends frame number `frame_index` (1 to 4 records) through the
+    /// in-place encoder, or as copied bytes every third frame.
+    pub(crate) fn append_test_frame(writer: &mut SegmentWriter, frame_index: usize) -> Result<(), SegmentError> {
+        let base_offset = writer.next_offset();
+        let payload = vec![b'a' + (frame_index % 26) as u8; (frame_index * 37) % 700];
+        let record_count = 1 + frame_index % 4;
+        if frame_index % 3 == 2 {
+            let mut bytes = vec![0u8; 4 * (payload.len() + 64)];
+            let mut encoder = FrameEncoder::new(&mut bytes).unwrap();
+            for _ in 0..record_count {
+                encoder.append(b"user42", &payload).unwrap();
+            }
+            let sealed = encoder.seal(writer.log_id(), base_offset, frame_index as u64).unwrap();
+            return writer.append_frame(&bytes[..sealed.frame_size]);
+        }
+        let log_id = writer.log_id();
+        let mut encoder = writer.frame_encoder()?;
+        for _ in 0..record_count {
+            encoder.append(b"user42", &payload).map_err(|error| SegmentError::Frame {
+                path: PathBuf::new(),
+                position: 0,
+                error,
+            })?;
+        }
+        let sealed = encoder.seal(log_id, base_offset, frame_index as u64).unwrap();
+        writer.commit_encoded(sealed)
+    }
+
+    fn small_config() -> SegmentConfig {
+        SegmentConfig { buffer_bytes: 16 << 10, unsynced_buffers_max: 2, ..SegmentConfig::default() }
+    }
+
+    /// Frames appended with syncs in between read back whole from the
+    /// file, in order, through O_DIRECT, and the file ends in zeros on a
+    /// block boundary.
+    #[test]
+    fn writer_round_trip_on_disk() {
+        let dir = scratch_dir("round-trip");
+        let path = dir.join("00000000000000001000.log");
+        let (log_end, next_offset) = run({
+            let path = path.clone();
+            async move {
+                let mut writer = SegmentWriter::create(&path, 7, 1000, small_config()).await.unwrap();
+                assert!(o_direct_is_on(&writer.file), "O_DIRECT must be on for this test");
+                for frame_index in 0..300 {
+                    append_test_frame(&mut writer, frame_index).unwrap();
+                    if frame_index % 5 == 4 {
+                        let end = writer.end();
+                        assert_eq!(writer.sync().await.unwrap(), end);
+                        assert_eq!(writer.durable(), (end, writer.next_offset()));
+                    }
+                }
+                append_test_frame(&mut writer, 300).unwrap();
+                assert_eq!(writer.flush().await.unwrap(), writer.end());
+                assert!(writer.durable().0 < writer.end());
+                writer.sync().await.unwrap();
+                let result = (writer.end(), writer.next_offset());
+                writer.close().await.unwrap();
+                result
+            }
+        });
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, align_up(log_end, BLOCK_SIZE));
+        let outcome = scan(&bytes, 7, ScanCursor::at_segment_start(1000));
+        assert_eq!(outcome.stop, if bytes.len() as u64 == log_end { ScanStop::EndOfData } else { ScanStop::Zeros });
+        assert_eq!(
+            (outcome.cursor.position, outcome.cursor.next_offset, outcome.cursor.frame_count),
+            (log_end, next_offset, 301)
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The reader finds every offset through the index with aligned reads,
+    /// and returns whole checked frames within its byte budget.
+    #[test]
+    fn reader_finds_every_offset() {
+        let dir = scratch_dir("reader");
+        let path = dir.join("00000000000000000000.log");
+        run(async move {
+            let mut writer = SegmentWriter::create(&path, 3, 0, small_config()).await.unwrap();
+            for frame_index in 0..120 {
+                append_test_frame(&mut writer, frame_index).unwrap();
+                if frame_index % 10 == 0 {
+                    writer.sync().await.unwrap();
+                }
+            }
+            writer.sync().await.unwrap();
+            let reader = SegmentReader::open(&path).await.unwrap();
+            let (readable_end, next_offset) = writer.durable();
+            for offset in 0..next_offset {
+                let mut out = Vec::new();
+                let read = reader.read_frames(writer.index(), offset, readable_end, 2000, &mut out).await.unwrap();
+                assert!(read.base_offset <= offset && offset < read.next_offset, "offset {offset}: {read:?}");
+                assert!(read.frame_count == 1 || read.byte_count <= 2000);
+                assert_eq!(out.len(), read.byte_count);
+                let outcome = scan(&out, 3, ScanCursor { next_offset: read.base_offset, ..ScanCursor::default() });
+                assert_eq!(
+                    (outcome.stop, outcome.cursor.frame_count),
+                    (ScanStop::EndOfData, u64::from(read.frame_count))
+                );
+            }
+            let mut out = Vec::new();
+            let past = reader.read_frames(writer.index(), next_offset, readable_end, 2000, &mut out).await;
+            assert!(matches!(past, Err(SegmentError::OutOfRange { .. })));
+            assert_eq!(reader.read_into(5, 10, &mut out).await.unwrap(), 10);
+            assert_eq!(out, std::fs::read(&path).unwrap()[5..15]);
+            reader.close().await.unwrap();
+            writer.close().await.unwrap();
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The writer refuses what breaks its limits or the log, with errors
+    /// that say what to do, and stays usable after each.
+    #[test]
+    fn writer_limits() {
+        let dir = scratch_dir("limits");
+        let path = dir.join("00000000000000000000.log");
+        run(async move {
+            let config = SegmentConfig { segment_bytes_max: 64 << 10, ..small_config() };
+            let mut writer = SegmentWriter::create(&path, 1, 0, config).await.unwrap();
+            assert!(SegmentWriter::create(&path, 1, 0, config).await.is_err(), "create must not reuse a file");
+            let mut encoder = writer.frame_encoder().unwrap();
+            assert!(matches!(encoder.append(b"k", &vec![0; 20 << 10]), Err(FrameError::FrameFull { .. })));
+            let mut foreign = vec![0u8; 128];
+            let mut other = FrameEncoder::new(&mut foreign).unwrap();
+            other.append(b"k", b"v").unwrap();
+            let sealed = other.seal(2, 0, 0).unwrap();
+            assert!(matches!(writer.append_frame(&foreign[..sealed.frame_size]), Err(SegmentError::NotNext { .. })));
+            // Flushed buffers pile up without a sync until the limit.
+            let mut frame_index = 0;
+            let outcome = loop {
+                append_test_frame(&mut writer, frame_index).unwrap();
+                frame_index += 1;
+                if let Err(error) = writer.flush().await {
+                    break error;
+                }
+            };
+            assert!(matches!(outcome, SegmentError::TooManyUnsynced { buffer_count: 2 }), "{outcome}");
+            writer.sync().await.unwrap();
+            let full = loop {
+                if let Err(error) = append_test_frame(&mut writer, frame_index) {
+                    break error;
+                }
+                frame_index += 1;
+                if writer.end() > 12 << 10 {
+                    writer.sync().await.unwrap();
+                }
+            };
+            assert!(matches!(full, SegmentError::SegmentFull { .. } | SegmentError::BufferFull { .. }), "{full}");
+            writer.sync().await.unwrap();
+            assert!(writer.end() <= 64 << 10);
+            writer.close().await.unwrap();
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
