@@ -259,7 +259,7 @@ fn push_and_recycle(router: &mut Router, owner: u16, partition: u32, key: &[u8],
 fn grant_back(router: &mut Router, owner: u16, batch: DataBatch, recycle: bool) {
     let credit_bytes = batch.bytes.len();
     let recycled = if recycle { batch.bytes } else { Vec::new() };
-    router.grant(owner, CreditGrant { sequence: batch.sequence, credit_bytes, recycled });
+    router.grant(owner, CreditGrant { sequence: batch.sequence, credit_bytes, recycled, sync: false });
 }
 
 fn new_router() -> Router {
@@ -454,7 +454,7 @@ fn apply_all(partitions: &mut PartitionManager, batches: &[Vec<u8>]) -> u64 {
 /// A log already past its retention, so every bench iteration runs the
 /// steady state: segments roll and reuse the dropped ones.
 fn full_log(batches: &[Vec<u8>]) -> PartitionLog {
-    let mut log = PartitionLog::new(RETENTION_BYTES, SEGMENT_BYTES);
+    let mut log = PartitionLog::in_memory(RETENTION_BYTES, SEGMENT_BYTES);
     while log.earliest_offset() == 0 || log.next_offset() < 2 * log.earliest_offset() {
         append_all(&mut log, batches);
     }
@@ -492,7 +492,7 @@ fn bench_owner(criterion: &mut Criterion, input: &Input) {
 
     throughput(&mut group, "owner", "apply_128_logs_inline", owned_events);
     let mut logs: Vec<PartitionLog> =
-        (0..PARTITION_COUNT).map(|_| PartitionLog::new(RETENTION_BYTES, SEGMENT_BYTES)).collect();
+        (0..PARTITION_COUNT).map(|_| PartitionLog::in_memory(RETENTION_BYTES, SEGMENT_BYTES)).collect();
     while logs.iter().step_by(usize::from(SHARD_COUNT)).any(|log| log.earliest_offset() == 0) {
         append_by_partition(&mut logs, &owned_batches);
     }
@@ -519,7 +519,7 @@ fn append_by_partition(logs: &mut [PartitionLog], batches: &[Vec<u8>]) -> u64 {
 fn owned_partitions(placement: &PlacementTable, retention_bytes: usize, segment_bytes: usize) -> PartitionManager {
     let mut partitions = PartitionManager::new(PARTITION_COUNT);
     for (partition, _) in placement.iter().filter(|(_, placement)| placement.owner == OWNER_SHARD) {
-        let log = PartitionLog::new(retention_bytes, segment_bytes);
+        let log = PartitionLog::in_memory(retention_bytes, segment_bytes);
         partitions.install(partition, Box::new(Partition::new(log, RATE_HALF_LIFE_MS)));
     }
     partitions

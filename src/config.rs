@@ -23,6 +23,24 @@ pub const PARTITION_COUNT_MAX: u32 = 65_536;
 /// Frames a mesh channel holds beyond the data batches credits allow:
 /// credit grants, subscriber fetches and replies, load reports and control.
 pub const MESH_CONTROL_SLOTS: usize = 256;
+/// Retention per partition on disk, by default: 1 GiB of segment files.
+pub const RETENTION_BYTES_DISK_DEFAULT: usize = 1024 * MIB;
+/// Retention per partition in memory, by default.
+pub const RETENTION_BYTES_MEMORY_DEFAULT: usize = 8 * MIB;
+/// Segment file size on disk, by default.
+pub const SEGMENT_BYTES_DISK_DEFAULT: usize = 64 * MIB;
+/// In-memory segment size, by default.
+pub const SEGMENT_BYTES_MEMORY_DEFAULT: usize = MIB;
+/// One offset-index entry (8 bytes, in memory) per this many bytes of
+/// segment file: 50 GB of log costs 6 MiB of index.
+pub const INDEX_INTERVAL_BYTES: u32 = 64 * 1024;
+/// Write buffers of a partition that may wait for an fdatasync before the
+/// committer must sync it (bounded overall by --fsync-pending-bytes-max).
+pub const WRITER_UNSYNCED_BUFFERS_MAX: usize = 8;
+/// How often the committer applies retention (deletes expired segments).
+pub const RETENTION_CHECK_MS: u64 = 1000;
+/// How often a failing storage write or fdatasync is retried, in ms.
+pub const STORAGE_RETRY_MS: u64 = 100;
 /// The largest log segment: record positions within one are `u32`.
 pub const SEGMENT_BYTES_LIMIT: usize = u32::MAX as usize;
 /// Reply bytes an ingest connection buffers (`ERR`/`OK` lines) before it
@@ -58,7 +76,11 @@ Peak memory (S = shards, P = partitions; see README \"Limits and memory\"):
   + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
                                                                  (includes events a thief buffers
                                                                  during a migration handoff)
-  + P * (retention_bytes + segment_bytes)                        partition logs
+  + partition logs, with --storage memory:
+      P * (retention_bytes + segment_bytes)
+    with --storage disk (the files are on disk, not in this sum):
+      P * (tail_cache_bytes * 5/4 + retention_bytes / 8192 + 4 KiB) tail caches, offset index
+      + S * fsync_pending_bytes_max + S * S * credit_window_bytes    write buffers
   + S * subscribers_per_shard_max * (S + 1) * fetch_bytes_max    subscriber fetches
   + S * (io_memory_bytes + 8 * P + 64 MiB)                       fixed per shard
   + S * S * mesh_channel_frames * frame size                     mesh rings
@@ -129,14 +151,53 @@ pub struct Config {
     #[arg(long, default_value_t = 64)]
     pub credit_window_batches: usize,
 
-    /// Retention per partition, in bytes of log (records and index); the
-    /// oldest segments are dropped beyond it.
-    #[arg(long, default_value_t = 8 * MIB)]
-    pub retention_bytes: usize,
+    /// Where events are kept: `disk` (segment files in --data-dir, an
+    /// acknowledged event survives kill -9) or `memory` (RAM only, bounded
+    /// by --retention-bytes; for benchmarks and caches).
+    #[arg(long, value_enum, default_value_t = Storage::Disk)]
+    pub storage: Storage,
 
-    /// Log segment size in bytes (the unit of retention).
+    /// Data directory (created if missing; locked against a second server).
+    #[arg(long, default_value = "./spate-data")]
+    pub data_dir: std::path::PathBuf,
+
+    /// When written events are made durable with fdatasync: `always` (each
+    /// group commit; `#SYNC` and credits wait for it), `interval` (every
+    /// --fsync-interval-ms, at once when a `#SYNC` asks), `never` (written
+    /// to the kernel only: survives kill -9, not power loss).
+    #[arg(long, value_enum, default_value_t = FsyncPolicy::Interval)]
+    pub fsync: FsyncPolicy,
+
+    /// With `--fsync interval`: the longest a written event waits for an
+    /// fdatasync, in ms.
+    #[arg(long, default_value_t = 100)]
+    pub fsync_interval_ms: u64,
+
+    /// With `--fsync interval`: written bytes a shard lets wait for an
+    /// fdatasync before it syncs early. Bounds the write buffers kept for a
+    /// retry after a failed fdatasync.
+    #[arg(long, default_value_t = 32 * MIB)]
+    pub fsync_pending_bytes_max: usize,
+
+    /// With `--storage disk`: recent events each partition keeps in memory,
+    /// in bytes, so live subscribers read without I/O.
     #[arg(long, default_value_t = MIB)]
-    pub segment_bytes: usize,
+    pub tail_cache_bytes: usize,
+
+    /// Retention per partition in bytes [default: 1 GiB of files on disk, 8
+    /// MiB of memory with --storage memory]; whole oldest segments go first.
+    #[arg(long)]
+    pub retention_bytes: Option<usize>,
+
+    /// Retention by age in ms [default: 7 days]: sealed segments whose last
+    /// write is older are deleted (disk only). 0 keeps them regardless.
+    #[arg(long, default_value_t = 7 * 24 * 3600 * 1000)]
+    pub retention_ms: u64,
+
+    /// Segment size in bytes, the unit of retention [default: 64 MiB files
+    /// on disk, 1 MiB in memory].
+    #[arg(long)]
+    pub segment_bytes: Option<usize>,
 
     /// Subscriber connections per shard; further ones get `ERR subscriber_limit`.
     #[arg(long, default_value_t = 64)]
@@ -180,6 +241,23 @@ pub struct Config {
     /// empty means every shard. Makes one shard the slow, "hot" one.
     #[arg(long, value_delimiter = ',')]
     pub apply_delay_shards: Vec<u16>,
+}
+
+/// Where events are kept.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    Disk,
+    Memory,
+}
+
+/// When written events are made durable (see `--fsync`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncPolicy {
+    Always,
+    Interval,
+    Never,
 }
 
 /// Whether shards move partitions between them at runtime.
@@ -275,7 +353,8 @@ pub struct MemoryBound {
     /// Open batches and events in flight:
     /// shards * shards * (batch_bytes + credit_window_bytes).
     pub batches_and_credits: usize,
-    /// Partition logs: partitions * (retention_bytes + segment_bytes).
+    /// Partition logs ([`Config::partition_log_bytes`]): all of retention in
+    /// memory mode; tail caches, indexes and write buffers on disk.
     pub retention: usize,
     /// Subscribers: shards * subscribers_per_shard_max * (shards + 1) * fetch_bytes_max
     /// (one reply in flight per owner plus one being written).
@@ -334,7 +413,7 @@ impl Config {
     fn validate_format_limits(&self) -> Result<(), ConfigError> {
         let limits = [
             ("--line-size-max", self.line_size_max, PAYLOAD_SIZE_LIMIT, "a record's payload size is a u32"),
-            ("--segment-bytes", self.segment_bytes, SEGMENT_BYTES_LIMIT, "record positions in a segment are u32"),
+            ("--segment-bytes", self.segment_bytes(), SEGMENT_BYTES_LIMIT, "record positions in a segment are u32"),
         ];
         for (name, value, max, why) in limits {
             if value > max {
@@ -352,16 +431,16 @@ impl Config {
                 line_record_size_max,
             });
         }
-        if self.segment_bytes < self.line_size_max {
+        if self.segment_bytes() < self.line_size_max {
             return Err(ConfigError::SegmentBelowLine {
-                segment_bytes: self.segment_bytes,
+                segment_bytes: self.segment_bytes(),
                 line_size_max: self.line_size_max,
             });
         }
-        if self.retention_bytes < self.segment_bytes {
+        if self.retention_bytes() < self.segment_bytes() {
             return Err(ConfigError::RetentionBelowSegment {
-                retention_bytes: self.retention_bytes,
-                segment_bytes: self.segment_bytes,
+                retention_bytes: self.retention_bytes(),
+                segment_bytes: self.segment_bytes(),
             });
         }
         if self.read_buffer_initial_bytes == 0 || self.read_buffer_initial_bytes > self.read_buffer_bytes {
@@ -371,6 +450,50 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// Retention per partition, in bytes (the flag, or the storage's default).
+    pub fn retention_bytes(&self) -> usize {
+        let default = match self.storage {
+            Storage::Disk => RETENTION_BYTES_DISK_DEFAULT,
+            Storage::Memory => RETENTION_BYTES_MEMORY_DEFAULT,
+        };
+        self.retention_bytes.unwrap_or(default)
+    }
+
+    /// Segment size in bytes (the flag, or the storage's default).
+    pub fn segment_bytes(&self) -> usize {
+        let default = match self.storage {
+            Storage::Disk => SEGMENT_BYTES_DISK_DEFAULT,
+            Storage::Memory => SEGMENT_BYTES_MEMORY_DEFAULT,
+        };
+        self.segment_bytes.unwrap_or(default)
+    }
+
+    /// The size of one in-memory segment of a disk partition's tail cache:
+    /// a quarter of the cache, so retention drops it in steps.
+    pub fn tail_cache_segment_bytes(&self) -> usize {
+        (self.tail_cache_bytes / 4).max(crate::protocol::record::LOG_HEADER_SIZE + 1)
+    }
+
+    /// How one partition's files are written and kept.
+    pub fn disk_config(&self) -> crate::partition::disk::DiskConfig {
+        use crate::storage::segment::{BLOCK_SIZE, SegmentConfig};
+        // A write buffer holds the largest record in one frame, and a
+        // frame's target size, with a block to spare for the carried tail.
+        let largest_frame = self.line_record_size_max() + crate::storage::format::FRAME_HEADER_SIZE;
+        let buffer_bytes = largest_frame.max(crate::partition::disk::FRAME_BODY_BYTES_TARGET * 2) + BLOCK_SIZE as usize;
+        let buffer_bytes = buffer_bytes.div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize;
+        crate::partition::disk::DiskConfig {
+            writer: SegmentConfig {
+                buffer_bytes,
+                unsynced_buffers_max: WRITER_UNSYNCED_BUFFERS_MAX,
+                segment_bytes_max: self.segment_bytes() as u64,
+                index_interval_bytes: INDEX_INTERVAL_BYTES,
+            },
+            retention_bytes: self.retention_bytes() as u64,
+            retention_ms: self.retention_ms,
+        }
     }
 
     /// The largest batch record a line can produce (its credit cost).
@@ -401,6 +524,25 @@ impl Config {
         self.credit_window_batches + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
     }
 
+    /// The partition-log term of the memory formula: all of retention in
+    /// memory mode; with disk storage, the tail caches, the offset indexes
+    /// and the write buffers (what waits for an fdatasync, and a second
+    /// copy of what credits let in flight), but not the files.
+    pub fn partition_log_bytes(&self) -> usize {
+        let partitions = self.partitions as usize;
+        match self.storage {
+            Storage::Memory => partitions * (self.retention_bytes() + self.segment_bytes()),
+            Storage::Disk => {
+                let shards = self.shard_count();
+                let index_bytes = self.retention_bytes() / INDEX_INTERVAL_BYTES as usize * 8;
+                let per_partition = self.tail_cache_bytes + self.tail_cache_segment_bytes() + index_bytes + 4 * KIB;
+                partitions * per_partition
+                    + shards * self.fsync_pending_bytes_max
+                    + shards * shards * self.credit_window_bytes
+            }
+        }
+    }
+
     /// The peak-memory formula for this configuration.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
@@ -408,7 +550,7 @@ impl Config {
         let connection_buffers = connections * (self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX);
         let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
         let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
-        let retention = self.partitions as usize * (self.retention_bytes + self.segment_bytes);
+        let retention = self.partition_log_bytes();
         let subscribers = shards * self.subscribers_per_shard_max * (shards + 1) * self.fetch_bytes_max;
         let placement = self.partitions as usize * std::mem::size_of::<crate::partition::Placement>();
         let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
@@ -449,7 +591,9 @@ mod tests {
         let config = parse(&["--shards", "2"]);
         config.validate().unwrap();
         let bound = config.memory_bound();
-        assert_eq!(bound.retention, 256 * 9 * MIB);
+        assert_eq!(bound.retention, 256 * (1024 * MIB / 8192 + MIB + MIB / 4 + 4 * KIB) + 2 * 32 * MIB + 4 * 4 * MIB);
+        let memory = parse(&["--shards", "2", "--storage", "memory"]);
+        assert_eq!(memory.memory_bound().retention, 256 * 9 * MIB);
         assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
         assert_eq!(bound.connection_buffers, 2 * 4096 * (256 * KIB + REPLY_BUFFER_BYTES_MAX));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);

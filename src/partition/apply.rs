@@ -67,9 +67,9 @@ pub fn apply_batch<B: Batch>(
     let mut applied = Applied::default();
     let mut held_for = None;
     for (partition_id, record) in BatchIter::new(batch.records()) {
-        if let Some(partition) = partitions.get_mut(partition_id) {
+        if let Some(bytes) = partitions.append(partition_id, &record) {
             applied.stored += 1;
-            applied.stored_bytes += partition.append(&record);
+            applied.stored_bytes += bytes;
         } else if let Some(pending) = migrations.pending_mut(partition_id) {
             pending.push(record.log_record);
             held_for = Some(partition_id);
@@ -103,6 +103,7 @@ pub fn install_handoff(
         position += record.log_record.len();
     }
     partitions.install(partition_id, partition);
+    partitions.mark_dirty(partition_id);
     applied
 }
 
@@ -115,7 +116,7 @@ mod tests {
     fn manager(owned: &[u32]) -> PartitionManager {
         let mut manager = PartitionManager::new(8);
         for &partition in owned {
-            manager.install(partition, Box::new(Partition::new(PartitionLog::new(1 << 16, 1 << 12), 500)));
+            manager.install(partition, Box::new(Partition::new(PartitionLog::in_memory(1 << 16, 1 << 12), 500)));
         }
         manager
     }
@@ -146,7 +147,7 @@ mod tests {
 
     fn payloads(partitions: &PartitionManager, partition: u32) -> Vec<String> {
         let mut seen = Vec::new();
-        partitions.get(partition).unwrap().log.read(0, |_, record| {
+        partitions.get(partition).unwrap().log.read_cached(0, |_, record| {
             seen.push(String::from_utf8(record.payload.to_vec()).unwrap());
             true
         });
@@ -181,7 +182,7 @@ mod tests {
         let applied = apply_batch(&mut partitions, &mut migrations, 0, TestBatch(records, 9), 0, &mut effects);
         assert_eq!(applied.stored, 1);
         assert!(effects.is_empty(), "the grant is held");
-        let mut moved = Box::new(Partition::new(PartitionLog::new(1 << 16, 1 << 12), 500));
+        let mut moved = Box::new(Partition::new(PartitionLog::in_memory(1 << 16, 1 << 12), 500));
         moved.append(&crate::protocol::record::BatchIter::new(&batch(&[(2, "early")])).next().unwrap().1);
         let pending = migrations.on_handoff(2, 1, 3, &mut effects);
         let installed = install_handoff(&mut partitions, 2, moved, pending);

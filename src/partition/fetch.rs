@@ -43,6 +43,10 @@ pub struct FetchReply {
     /// Requested partitions that are migrating to this owner and not yet
     /// installed: the cursor stays, the next fetch comes back here.
     pub waiting: Vec<u32>,
+    /// Cursors behind the tail cache of a partition on disk: (partition,
+    /// offset). The owner reads them from the files before it replies
+    /// ([`write_lines_from_frames`]); their cursors stay until then.
+    pub disk_reads: Vec<(u32, u64)>,
 }
 
 /// Serves a fetch from the owner's logs. `None` means there is nothing to
@@ -64,6 +68,7 @@ pub fn serve_fetch(
         cursors: Vec::with_capacity(request.cursors.len()),
         moved: Vec::new(),
         waiting: Vec::new(),
+        disk_reads: Vec::new(),
     };
     let mut resolved_any = false;
     for &(partition_id, position) in &request.cursors {
@@ -79,7 +84,8 @@ pub fn serve_fetch(
         let offset = read_into(&mut reply, partition_id, &partition.log, position, request.bytes_max);
         reply.cursors.push((partition_id, offset));
     }
-    let has_news = force || !reply.data.is_empty() || !reply.moved.is_empty() || resolved_any;
+    let has_news =
+        force || !reply.data.is_empty() || !reply.moved.is_empty() || !reply.disk_reads.is_empty() || resolved_any;
     has_news.then_some(reply)
 }
 
@@ -95,10 +101,10 @@ fn read_into(
 ) -> u64 {
     let mut offset = match position {
         Position::Earliest => log.earliest_offset(),
-        Position::Latest => log.next_offset(),
+        Position::Latest => log.visible_offset(),
         Position::At(offset) => offset,
     };
-    if reply.data.len() >= bytes_max || offset >= log.next_offset() {
+    if reply.data.len() >= bytes_max || offset >= log.visible_offset() {
         return offset;
     }
     if reply.data.capacity() == 0 {
@@ -108,6 +114,10 @@ fn read_into(
         write_truncated(&mut reply.data, partition_id, offset, log.earliest_offset());
         reply.truncation_count += 1;
         offset = log.earliest_offset();
+    }
+    if offset < log.cached_from() {
+        reply.disk_reads.push((partition_id, offset));
+        return offset;
     }
     let (next, written) = write_lines(&mut reply.data, partition_id, log, offset, bytes_max);
     reply.event_count += written;
@@ -125,7 +135,7 @@ pub fn write_lines(
     bytes_max: usize,
 ) -> (u64, u64) {
     let mut written = 0u64;
-    let next = log.read(offset, |offset, record| {
+    let next = log.read_cached(offset, |offset, record| {
         let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
         if written > 0 && out.len() + line_size > bytes_max {
             return false;
@@ -134,6 +144,38 @@ pub fn write_lines(
         written += 1;
         true
     });
+    (next, written)
+}
+
+/// Writes subscriber lines for the records of whole frames in `frames`
+/// (read from a segment file) from `from_offset` on, until `out` would pass
+/// `bytes_max` (at least one event) or `below` is reached. Returns the next
+/// offset and the events written; stops at the first bytes that are not a
+/// whole valid frame (the caller read a bounded chunk).
+pub fn write_lines_from_frames(
+    out: &mut Vec<u8>,
+    partition_id: u32,
+    frames: &[u8],
+    from_offset: u64,
+    below: u64,
+    bytes_max: usize,
+) -> (u64, u64) {
+    let (mut next, mut written, mut rest) = (from_offset, 0u64, frames);
+    while let Ok(frame) = crate::storage::format::decode_frame(rest) {
+        rest = &rest[frame.header.frame_size()..];
+        for record in frame.records() {
+            if record.offset < next {
+                continue;
+            }
+            let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+            if record.offset != next || next >= below || (written > 0 && out.len() + line_size > bytes_max) {
+                return (next, written);
+            }
+            write_event_line(out, partition_id, record.offset, record.key, record.payload);
+            next += 1;
+            written += 1;
+        }
+    }
     (next, written)
 }
 
@@ -183,7 +225,7 @@ mod tests {
     fn manager_with(events: &[(u32, &str)]) -> PartitionManager {
         let mut manager = PartitionManager::new(4);
         for partition in [0, 1] {
-            let log = PartitionLog::new(4096, 1024);
+            let log = PartitionLog::in_memory(4096, 1024);
             manager.install(partition, Box::new(Partition::new(log, 500)));
         }
         for &(partition, payload) in events {

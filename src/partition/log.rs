@@ -1,14 +1,26 @@
-//! The in-memory partition log: an append-only sequence of records with dense
-//! offsets, kept in fixed-size segments and bounded by a byte retention.
+//! A partition's log: records with dense offsets.
 //!
-//! Memory is accounted by allocation, not by content: a segment costs its
-//! data capacity plus 4 bytes of index per record slot, so the retention
-//! bound is a bound on what the process really holds. When the log would pass
-//! its retention, the oldest segment is dropped and its buffers are reused for
-//! the new one, so a steady-state log allocates nothing.
+//! [`MemoryLog`] is an append-only sequence of records kept in fixed-size
+//! in-memory segments and bounded by a byte retention. Memory is accounted by
+//! allocation, not by content: a segment costs its data capacity plus 4 bytes
+//! of index per record slot, so the retention bound is a bound on what the
+//! process really holds. When the log would pass its retention, the oldest
+//! segment is dropped and its buffers are reused for the new one, so a
+//! steady-state log allocates nothing.
+//!
+//! [`PartitionLog`] is what a partition owns. With `--storage memory` it is a
+//! `MemoryLog` alone, bounded by the retention. With `--storage disk` the
+//! `MemoryLog` is the tail cache in front of a [`DiskLog`]: every append
+//! lands there first (one copy, as in memory mode); the shard's committer
+//! copies it into frames on disk; the cache then drops what is on disk
+//! beyond `--tail-cache-bytes`, never what is not. Readers see only the
+//! *visible* prefix: everything in memory mode; on disk, what is written
+//! (`--fsync interval|never`) or durable (`--fsync always`), so no reader
+//! ever sees an event that a crash could take back and give to another.
 
 use std::collections::VecDeque;
 
+use crate::partition::disk::DiskLog;
 use crate::protocol::record::{LOG_HEADER_SIZE, RecordRef, decode_log_record};
 
 /// One segment: records back to back, and where each starts.
@@ -35,21 +47,41 @@ impl Segment {
     }
 }
 
-/// An append-only log with dense offsets and byte retention.
+/// An append-only in-memory log with dense offsets and byte retention.
 #[derive(Debug)]
-pub struct PartitionLog {
+pub struct MemoryLog {
     segments: VecDeque<Segment>,
     next_offset: u64,
     cost_bytes: usize,
     retention_bytes: usize,
     segment_bytes: usize,
+    /// Retention never drops a record at or after this offset (a tail cache
+    /// keeps what is not on disk yet).
+    keep_from: u64,
 }
 
-impl PartitionLog {
-    pub fn new(retention_bytes: usize, segment_bytes: usize) -> PartitionLog {
+impl MemoryLog {
+    pub fn new(retention_bytes: usize, segment_bytes: usize) -> MemoryLog {
+        MemoryLog::starting_at(0, retention_bytes, segment_bytes)
+    }
+
+    /// An empty log whose first record gets `next_offset`.
+    pub fn starting_at(next_offset: u64, retention_bytes: usize, segment_bytes: usize) -> MemoryLog {
         assert!(segment_bytes > LOG_HEADER_SIZE);
         assert!(retention_bytes >= segment_bytes);
-        PartitionLog { segments: VecDeque::new(), next_offset: 0, cost_bytes: 0, retention_bytes, segment_bytes }
+        MemoryLog {
+            segments: VecDeque::new(),
+            next_offset,
+            cost_bytes: 0,
+            retention_bytes,
+            segment_bytes,
+            keep_from: u64::MAX,
+        }
+    }
+
+    /// Lets retention drop records before `offset` (and only those).
+    pub fn keep_from(&mut self, offset: u64) {
+        self.keep_from = offset;
     }
 
     /// The offset the next append gets.
@@ -97,7 +129,9 @@ impl PartitionLog {
         let index_slots = (data_size / 32).max(1);
         let new_cost = data_size + index_slots * std::mem::size_of::<u32>();
         let mut reused = None;
-        while self.cost_bytes + new_cost > self.retention_bytes && !self.segments.is_empty() {
+        while self.cost_bytes + new_cost > self.retention_bytes
+            && self.segments.front().is_some_and(|oldest| oldest.next_offset() <= self.keep_from)
+        {
             let oldest = self.segments.pop_front().expect("not empty");
             self.cost_bytes -= oldest.cost_bytes();
             reused = Some(oldest);
@@ -144,6 +178,105 @@ impl PartitionLog {
     }
 }
 
+/// The log a partition owns: its in-memory records, and on disk storage the
+/// files behind them (see the module doc).
+#[derive(Debug)]
+pub struct PartitionLog {
+    memory: MemoryLog,
+    disk: Option<Box<DiskLog>>,
+}
+
+impl PartitionLog {
+    /// A log held in memory only, bounded by `retention_bytes`.
+    pub fn in_memory(retention_bytes: usize, segment_bytes: usize) -> PartitionLog {
+        PartitionLog { memory: MemoryLog::new(retention_bytes, segment_bytes), disk: None }
+    }
+
+    /// A log held in memory only (a moved one).
+    pub fn from_memory(memory: MemoryLog) -> PartitionLog {
+        PartitionLog { memory, disk: None }
+    }
+
+    /// A log on disk with `cache` as its tail cache; the cache starts where
+    /// the files end.
+    pub fn on_disk(mut cache: MemoryLog, disk: DiskLog) -> PartitionLog {
+        assert_eq!(cache.next_offset(), disk.next_offset(), "the cache continues the files");
+        cache.keep_from(disk.written_offset());
+        PartitionLog { memory: cache, disk: Some(Box::new(disk)) }
+    }
+
+    /// Appends one record in log format and returns its offset.
+    #[inline]
+    pub fn append(&mut self, log_record: &[u8]) -> u64 {
+        self.memory.append(log_record)
+    }
+
+    /// The offset the next append gets.
+    pub fn next_offset(&self) -> u64 {
+        self.memory.next_offset()
+    }
+
+    /// The oldest offset still readable (from memory or disk).
+    pub fn earliest_offset(&self) -> u64 {
+        match &self.disk {
+            Some(disk) => disk.earliest_offset(),
+            None => self.memory.earliest_offset(),
+        }
+    }
+
+    /// Readers see offsets below this one.
+    pub fn visible_offset(&self) -> u64 {
+        match &self.disk {
+            Some(disk) => disk.visible_offset(),
+            None => self.memory.next_offset(),
+        }
+    }
+
+    /// The oldest offset held in memory: reads from here on need no I/O.
+    pub fn cached_from(&self) -> u64 {
+        self.memory.earliest_offset()
+    }
+
+    /// Visits visible records from `offset` (at least [`Self::cached_from`])
+    /// as [`MemoryLog::read`] does; returns the offset to read next.
+    pub fn read_cached(&self, offset: u64, mut visit: impl FnMut(u64, RecordRef<'_>) -> bool) -> u64 {
+        let visible = self.visible_offset();
+        if offset >= visible {
+            return offset;
+        }
+        self.memory.read(offset, |offset, record| offset < visible && visit(offset, record))
+    }
+
+    /// Bytes this log holds in memory.
+    pub fn cost_bytes(&self) -> usize {
+        self.memory.cost_bytes()
+    }
+
+    /// Bytes of its files, 0 in memory mode.
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |disk| disk.bytes())
+    }
+
+    pub fn memory(&self) -> &MemoryLog {
+        &self.memory
+    }
+
+    pub fn disk(&self) -> Option<&DiskLog> {
+        self.disk.as_deref()
+    }
+
+    /// The files and the cache, both mutably (the committer encodes from
+    /// one into the other).
+    pub fn parts_mut(&mut self) -> (&mut MemoryLog, Option<&mut DiskLog>) {
+        (&mut self.memory, self.disk.as_deref_mut())
+    }
+
+    /// Takes the log apart for a move to another shard.
+    pub fn into_parts(self) -> (MemoryLog, Option<Box<DiskLog>>) {
+        (self.memory, self.disk)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,7 +289,7 @@ mod tests {
     }
 
     /// Reads every record from `offset`, as (offset, payload) pairs.
-    fn read_all(log: &PartitionLog, offset: u64) -> Vec<(u64, String)> {
+    fn read_all(log: &MemoryLog, offset: u64) -> Vec<(u64, String)> {
         let mut seen = Vec::new();
         log.read(offset, |offset, record| {
             seen.push((offset, String::from_utf8(record.payload.to_vec()).unwrap()));
@@ -168,7 +301,7 @@ mod tests {
     /// Offsets are dense from 0 and reads return events in offset order.
     #[test]
     fn append_and_read_in_order() {
-        let mut log = PartitionLog::new(4096, 1024);
+        let mut log = MemoryLog::new(4096, 1024);
         for index in 0..100u32 {
             assert_eq!(log.append(&log_record(b"k", index.to_string().as_bytes())), u64::from(index));
         }
@@ -189,7 +322,7 @@ mod tests {
     /// Retention drops whole old segments and keeps memory under the bound.
     #[test]
     fn retention_bounds_memory() {
-        let mut log = PartitionLog::new(8 * 1024, 1024);
+        let mut log = MemoryLog::new(8 * 1024, 1024);
         let payload = [b'p'; 50];
         for _ in 0..10_000 {
             log.append(&log_record(b"key", &payload));
@@ -200,10 +333,29 @@ mod tests {
         assert_eq!(read_all(&log, earliest).len() as u64, 10_000 - earliest);
     }
 
+    /// A tail cache keeps what is not on disk yet, past its retention, and
+    /// drops only what is.
+    #[test]
+    fn keep_from_protects_unwritten_records() {
+        let mut log = MemoryLog::new(4096, 1024);
+        log.keep_from(0);
+        for _ in 0..500 {
+            log.append(&log_record(b"k", &[b'x'; 20]));
+        }
+        assert_eq!(log.earliest_offset(), 0, "nothing is written: nothing dropped");
+        assert!(log.cost_bytes() > 4096);
+        log.keep_from(400);
+        log.append(&log_record(b"k", &[b'x'; 20]));
+        for _ in 0..100 {
+            log.append(&log_record(b"k", &[b'x'; 20]));
+        }
+        assert!(log.earliest_offset() > 0 && log.earliest_offset() <= 400, "{}", log.earliest_offset());
+    }
+
     /// Reads across segment boundaries see every offset once, from any start.
     #[test]
     fn reads_cross_segments() {
-        let mut log = PartitionLog::new(1 << 20, 256);
+        let mut log = MemoryLog::new(1 << 20, 256);
         for index in 0..1000u32 {
             log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
         }

@@ -99,6 +99,9 @@ pub struct Migrations<G, P> {
     me: u16,
     shard_count: u16,
     outgoing: Option<Outgoing>,
+    /// A partition whose handoff was decided but not yet sent (on disk the
+    /// shard first makes its files durable): still busy until then.
+    handing_off: Option<u32>,
     incoming: AHashMap<u32, Incoming<P>>,
     held_grants: VecDeque<HeldGrant<G>>,
 }
@@ -106,12 +109,24 @@ pub struct Migrations<G, P> {
 impl<G, P: Default> Migrations<G, P> {
     pub fn new(me: u16, shard_count: u16) -> Migrations<G, P> {
         assert!(me < shard_count);
-        Migrations { me, shard_count, outgoing: None, incoming: AHashMap::new(), held_grants: VecDeque::new() }
+        Migrations {
+            me,
+            shard_count,
+            outgoing: None,
+            handing_off: None,
+            incoming: AHashMap::new(),
+            held_grants: VecDeque::new(),
+        }
     }
 
     /// Whether a migration into or out of this shard is in flight.
     pub fn is_busy(&self) -> bool {
-        self.outgoing.is_some() || !self.incoming.is_empty()
+        self.outgoing.is_some() || self.handing_off.is_some() || !self.incoming.is_empty()
+    }
+
+    /// The shard sent the handoff the last [`Effect::SendHandoff`] asked for.
+    pub fn handoff_sent(&mut self, partition: u32) {
+        assert_eq!(self.handing_off.take(), Some(partition), "a handoff that was not asked for");
     }
 
     pub fn is_incoming(&self, partition: u32) -> bool {
@@ -206,6 +221,7 @@ impl<G, P: Default> Migrations<G, P> {
             return;
         }
         let Outgoing { partition, epoch, thief, .. } = self.outgoing.take().expect("checked above");
+        self.handing_off = Some(partition);
         effects.push(Effect::SendHandoff { to: thief, partition, epoch });
         effects.push(Effect::Ended { partition, direction: Direction::Out, at_ms: now_ms });
     }
@@ -300,6 +316,8 @@ mod tests {
         owner.on_marker(1, marker, 11, &mut effects);
         assert_eq!(effects[0], Effect::SendHandoff { to: 2, partition: 3, epoch: 1 });
         assert_eq!(effects[1], Effect::Ended { partition: 3, direction: Direction::Out, at_ms: 11 });
+        assert!(owner.is_busy(), "busy until the handoff is sent");
+        owner.handoff_sent(3);
         assert!(!owner.is_busy());
     }
 

@@ -19,12 +19,13 @@
 //! the [`PartitionManager`] holds the ones a shard owns.
 
 pub mod apply;
+pub mod disk;
 pub mod fetch;
 pub mod log;
 pub mod migration;
 pub mod placement;
 
-pub use log::PartitionLog;
+pub use log::{MemoryLog, PartitionLog};
 pub use placement::{Placement, PlacementTable};
 
 use crate::balance::Ewma;
@@ -83,16 +84,120 @@ impl Partition {
     }
 }
 
-/// The partitions one shard owns, indexed by partition id.
+/// A partition in transit to another shard: everything a [`Partition`]
+/// holds, with its files closed (they are opened again by the thief), so it
+/// can cross threads.
+#[derive(Debug)]
+pub struct MovedPartition {
+    memory: MemoryLog,
+    disk: Option<disk::MovedDisk>,
+    events_total: u64,
+    bytes_total: u64,
+    events_rate: Ewma,
+    bytes_rate: Ewma,
+    sampled_events: u64,
+    sampled_bytes: u64,
+    pub moved_ms: Option<u64>,
+}
+
+impl MovedPartition {
+    /// The files to open again on the thief, if any.
+    pub fn take_disk(&mut self) -> Option<disk::MovedDisk> {
+        self.disk.take()
+    }
+}
+
+impl Partition {
+    /// Packs the partition for a move. On disk, the writer must be out,
+    /// closed, and everything durable; `active_index` is its index.
+    pub fn into_moved(self, active_index: Option<crate::storage::index::SegmentIndex>) -> MovedPartition {
+        let (memory, disk) = self.log.into_parts();
+        let disk = disk.map(|disk| disk.into_moved(active_index.expect("an index for the active segment")));
+        MovedPartition {
+            memory,
+            disk,
+            events_total: self.events_total,
+            bytes_total: self.bytes_total,
+            events_rate: self.events_rate,
+            bytes_rate: self.bytes_rate,
+            sampled_events: self.sampled_events,
+            sampled_bytes: self.sampled_bytes,
+            moved_ms: self.moved_ms,
+        }
+    }
+
+    /// Unpacks a moved partition, with its files opened again (`disk`) when
+    /// it has any ([`MovedPartition::take_disk`] first).
+    pub fn from_moved(moved: MovedPartition, disk: Option<disk::DiskLog>) -> Partition {
+        assert!(moved.disk.is_none(), "take the files out and open them first");
+        let log = match disk {
+            Some(disk) => PartitionLog::on_disk(moved.memory, disk),
+            None => PartitionLog::from_memory(moved.memory),
+        };
+        Partition {
+            log,
+            events_total: moved.events_total,
+            bytes_total: moved.bytes_total,
+            events_rate: moved.events_rate,
+            bytes_rate: moved.bytes_rate,
+            sampled_events: moved.sampled_events,
+            sampled_bytes: moved.sampled_bytes,
+            moved_ms: moved.moved_ms,
+        }
+    }
+}
+
+/// The partitions one shard owns, indexed by partition id, and which of
+/// them were appended to since the committer last looked.
 #[derive(Debug)]
 pub struct PartitionManager {
     partitions: Vec<Option<Box<Partition>>>,
     owned_count: u32,
+    dirty: Vec<u32>,
+    dirty_flags: Vec<bool>,
 }
 
 impl PartitionManager {
     pub fn new(partition_count: u32) -> PartitionManager {
-        PartitionManager { partitions: (0..partition_count).map(|_| None).collect(), owned_count: 0 }
+        let count = partition_count as usize;
+        PartitionManager {
+            partitions: (0..count).map(|_| None).collect(),
+            owned_count: 0,
+            dirty: Vec::new(),
+            dirty_flags: vec![false; count],
+        }
+    }
+
+    /// Appends one event to an owned partition (marking it dirty); returns
+    /// the log bytes added, or `None` if the partition is not owned here.
+    #[inline]
+    pub fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64> {
+        let partition = self.partitions.get_mut(partition_id as usize)?.as_deref_mut()?;
+        let bytes = partition.append(record);
+        self.mark_dirty(partition_id);
+        Some(bytes)
+    }
+
+    /// Notes that `partition_id` has records its files may not have.
+    #[inline]
+    pub fn mark_dirty(&mut self, partition_id: u32) {
+        let flag = &mut self.dirty_flags[partition_id as usize];
+        if !*flag {
+            *flag = true;
+            self.dirty.push(partition_id);
+        }
+    }
+
+    /// The partitions appended to since the last call (the committer's work).
+    pub fn take_dirty(&mut self) -> Vec<u32> {
+        for &partition_id in &self.dirty {
+            self.dirty_flags[partition_id as usize] = false;
+        }
+        std::mem::take(&mut self.dirty)
+    }
+
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
     }
 
     pub fn install(&mut self, partition: u32, value: Box<Partition>) {

@@ -50,6 +50,9 @@ pub enum ServeError {
         shard_count: usize,
     },
     Admin(AdminError),
+    /// The data directory cannot be used (another server holds it, or it
+    /// cannot be created).
+    DataDir(crate::storage::dir::DirError),
     /// A helper thread (signals) could not start.
     Thread {
         name: &'static str,
@@ -74,6 +77,7 @@ impl std::fmt::Display for ServeError {
                 write!(f, "only {started} of {shard_count} shards started within {}s", START_TIMEOUT.as_secs())
             }
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
+            ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
     }
@@ -87,6 +91,14 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     checks::check_memlock()?;
     checks::check_io_uring(&config)?;
     checks::check_addresses(&config)?;
+    // Held until the server exits: a second server on the data directory is
+    // refused with the holder's pid.
+    let _data_dir_lock = match config.storage {
+        crate::config::Storage::Disk => {
+            Some(crate::storage::dir::lock_data_dir(&config.data_dir).map_err(ServeError::DataDir)?)
+        }
+        crate::config::Storage::Memory => None,
+    };
     let config = Arc::new(config);
     let shard_count = config.shard_count();
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);

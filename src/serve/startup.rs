@@ -34,6 +34,13 @@ pub async fn run_shard(context: ShardContext) {
     let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
     let outbox = Rc::new(Outbox::new(senders));
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone()));
+    if shard.committer.is_some() {
+        if let Err(failure) = open_storage(&shard).await {
+            let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
+            return;
+        }
+        glommio::spawn_local(crate::shard::commit::run_committer(shard.clone())).detach();
+    }
     for (peer, stream) in receivers.streams() {
         let peer = u16::try_from(peer).expect("shard count is bounded by SHARD_COUNT_MAX");
         let receiving = shard.clone();
@@ -59,6 +66,41 @@ pub async fn run_shard(context: ShardContext) {
     let _ = context.events.send(ShardEvent::Started);
     serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
     outbox.close();
+}
+
+/// Opens (and recovers) the files of the partitions this shard owns, and
+/// says what recovery cut.
+async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
+    let started = std::time::Instant::now();
+    let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error: error.to_string() })?;
+    let mut cut_count = 0;
+    for report in &reports {
+        let Some((path, recovery)) = &report.recovery else { continue };
+        // Zeros after the last frame are the normal end of a segment.
+        if recovery.outcome.stop.is_clean() {
+            continue;
+        }
+        cut_count += 1;
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
+        eprintln!(
+            "spate: shard {}: recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?})",
+            shard.id,
+            path.display(),
+            recovery.outcome.cursor.position,
+            recovery.outcome.cursor.next_offset,
+            recovery.discarded_bytes,
+            recovery.outcome.stop,
+        );
+    }
+    eprintln!(
+        "spate: shard {}: opened {} partitions on disk in {:.2}s ({} tails cut)",
+        shard.id,
+        reports.len(),
+        started.elapsed().as_secs_f64(),
+        cut_count
+    );
+    Ok(())
 }
 
 /// The shard's own loops: flusher, applier, balancer, fetch servicer.

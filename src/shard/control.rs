@@ -30,6 +30,8 @@ pub enum ShardFailure {
     MeshJoin,
     /// A listener could not be bound.
     Bind { name: &'static str, address: std::net::SocketAddr, error: String },
+    /// The partitions' files could not be opened or recovered.
+    Storage { error: String },
 }
 
 impl std::fmt::Display for ShardFailure {
@@ -37,6 +39,7 @@ impl std::fmt::Display for ShardFailure {
         match self {
             ShardFailure::MeshJoin => write!(f, "could not join the channel mesh between shards"),
             ShardFailure::Bind { name, address, error } => write!(f, "bind {name} {address}: {error}"),
+            ShardFailure::Storage { error } => write!(f, "storage: {error}"),
         }
     }
 }
@@ -58,6 +61,10 @@ pub struct PartitionInfo {
     pub next_offset: u64,
     pub earliest_offset: u64,
     pub log_bytes: u64,
+    /// Bytes of its segment files (0 in memory).
+    pub disk_bytes: u64,
+    /// The offset readers see up to (written or durable on disk).
+    pub visible_offset: u64,
     pub events_total: u64,
 }
 
@@ -98,6 +105,10 @@ pub fn stats(shard: &Shard) -> ShardStats {
         let partitions = shard.partitions.borrow();
         metrics.partitions_owned.set(u64::from(partitions.owned_count()));
         metrics.log_bytes.set(partitions.iter().map(|(_, partition)| partition.log.cost_bytes() as u64).sum());
+        metrics.disk_bytes.set(partitions.iter().map(|(_, partition)| partition.log.disk_bytes()).sum());
+        let segments =
+            partitions.iter().filter_map(|(_, partition)| partition.log.disk()).map(|disk| disk.segment_count());
+        metrics.disk_segments.set(segments.sum::<usize>() as u64);
     }
     {
         let router = shard.source.router();
@@ -106,6 +117,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
     }
     metrics.connections_open.set(shard.lifecycle.connections_open());
     metrics.apply_queue_bytes.set(shard.apply_queue.bytes() as u64);
+    metrics.storage_failing.set(u64::from(shard.committer.as_ref().is_some_and(|committer| committer.is_failing())));
     metrics.mesh_queued_frames.set(shard.outbox.queued_frames() as u64);
     let pending_bytes: usize = shard.migrations.borrow().pending().map(|pending| pending.size_bytes()).sum();
     metrics.migration_pending_bytes.set(pending_bytes as u64);
@@ -136,6 +148,8 @@ fn partition_infos(shard: &Shard) -> Vec<PartitionInfo> {
             next_offset: value.log.next_offset(),
             earliest_offset: value.log.earliest_offset(),
             log_bytes: value.log.cost_bytes() as u64,
+            disk_bytes: value.log.disk_bytes(),
+            visible_offset: value.log.visible_offset(),
             events_total: value.events_total,
         })
         .collect()

@@ -6,7 +6,7 @@
 //! (see [`crate::config::Config::mesh_channel_frames`]).
 
 use crate::balance::{LoadReport, Refusal};
-use crate::partition::Partition;
+use crate::partition::MovedPartition;
 use crate::partition::fetch::{FetchReply, FetchRequest};
 pub use crate::partition::migration::Marker;
 
@@ -20,7 +20,7 @@ pub enum Frame {
     /// A subscriber on the sending shard asks for events.
     Fetch(FetchRequest),
     /// Events for a subscriber on the receiving shard.
-    FetchReply(FetchReply),
+    FetchReply(Box<FetchReply>),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },
     /// A subscriber on the sending shard has cursors for the receiver that
@@ -41,13 +41,14 @@ pub enum Frame {
     Handoff(Handoff),
 }
 
-/// A partition in transit: its log (segments move, no copy), processor
-/// state and rate history. Offsets continue at the thief without a gap.
+/// A partition in transit: its in-memory log (segments move, no copy), its
+/// files' metadata (the thief opens them again), and its rate history.
+/// Offsets continue at the thief without a gap.
 #[derive(Debug)]
 pub struct Handoff {
     pub partition_id: u32,
     pub epoch: u32,
-    pub partition: Box<Partition>,
+    pub partition: Box<MovedPartition>,
 }
 
 /// Bytes one frame takes in a mesh ring (the memory formula's mesh term).
@@ -66,6 +67,9 @@ pub struct DataBatch {
     pub event_count: u32,
     /// Markers that follow this batch's events (usually none: no allocation).
     pub markers: Vec<Marker>,
+    /// A `#SYNC` waits for this batch: its grant returns only once the
+    /// events before it are durable under the fsync policy.
+    pub sync: bool,
 }
 
 /// Credits returned by an owner after applying batches up to `sequence`.
@@ -78,6 +82,8 @@ pub struct CreditGrant {
     /// The applied batch's buffer, returned for reuse so steady state
     /// allocates no batch buffers (and frees none across threads).
     pub recycled: Vec<u8>,
+    /// The batch carried a `#SYNC` (see [`DataBatch::sync`]).
+    pub sync: bool,
 }
 
 impl crate::partition::apply::Batch for DataBatch {
@@ -93,6 +99,6 @@ impl crate::partition::apply::Batch for DataBatch {
 
     /// The grant returns the batch's credits and its buffer, for reuse.
     fn into_grant(self) -> CreditGrant {
-        CreditGrant { sequence: self.sequence, credit_bytes: self.bytes.len(), recycled: self.bytes }
+        CreditGrant { sequence: self.sequence, credit_bytes: self.bytes.len(), recycled: self.bytes, sync: self.sync }
     }
 }

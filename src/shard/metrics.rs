@@ -128,6 +128,20 @@ shard_metrics! {
     Counter migrations_started: u64 => "spate_migrations_started_total", "Migrations this shard started as the owner.";
     Counter migrations_completed: u64 => "spate_migrations_completed_total", "Migrations completed into this shard.";
     Gauge migration_pending_bytes: u64 => "spate_migration_pending_bytes", "Events buffered for partitions migrating to this shard.";
+    Gauge disk_bytes: u64 => "spate_disk_bytes", "Bytes of segment files of the partitions this shard owns.";
+    Gauge disk_segments: u64 => "spate_disk_segments", "Segment files of the partitions this shard owns.";
+    Counter commit_rounds: u64 => "spate_commit_rounds_total", "Group commits (write rounds) to the partitions' files.";
+    Counter commit_seconds: f64 => "spate_commit_seconds_total", "Time spent in group commits (write and fdatasync).";
+    Counter fsync_rounds: u64 => "spate_fsync_rounds_total", "Group commits that ended with an fdatasync of every written partition.";
+    Counter storage_written_bytes: u64 => "spate_storage_written_bytes_total", "Bytes written to segment files (whole blocks).";
+    Counter storage_read_bytes: u64 => "spate_storage_read_bytes_total", "Bytes read from segment files for subscribers behind the tail cache.";
+    Counter storage_errors: u64 => "spate_storage_errors_total", "Failed group commits (disk full or I/O error; retried, nothing released meanwhile).";
+    Gauge storage_failing: u64 => "spate_storage_failing", "1 while a storage error is being retried (ingest into this shard's partitions paused).";
+    Counter storage_read_errors: u64 => "spate_storage_read_errors_total", "Failed reads of segment files for subscribers.";
+    Counter segments_rolled: u64 => "spate_segments_rolled_total", "Segments sealed because they were full.";
+    Counter segment_files_deleted: u64 => "spate_segment_files_deleted_total", "Segment and index files deleted by retention.";
+    Counter recovery_truncations: u64 => "spate_recovery_truncations_total", "Partitions whose last segment had a torn or corrupt tail cut at start.";
+    Counter recovery_discarded_bytes: u64 => "spate_recovery_discarded_bytes_total", "Bytes cut from the end of last segments at start (torn or corrupt tails).";
 }
 
 impl ShardMetrics {

@@ -22,7 +22,9 @@
 
 pub mod apply_queue;
 pub mod balancer;
+pub mod commit;
 pub mod control;
+pub mod disk_read;
 pub mod frame;
 pub mod lifecycle;
 pub mod metrics;
@@ -38,12 +40,17 @@ use std::time::Duration;
 
 use crate::balance::Refusal;
 use crate::config::Config;
+use crate::partition::MovedPartition;
 use crate::partition::apply::{ShardMigrations, apply_batch, install_handoff};
+use crate::partition::disk::DiskLog;
+use crate::partition::disk::OpenReport;
 use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
 use crate::partition::migration::{Effect, Migrations};
-use crate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
+use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
+use crate::storage::segment::SegmentError;
 use apply_queue::ApplyQueue;
 use balancer::{Balancer, Sample, now_ms};
+use commit::Committer;
 use frame::{CreditGrant, DataBatch, Frame, Handoff};
 use lifecycle::Lifecycle;
 use metrics::ShardMetrics;
@@ -62,6 +69,8 @@ pub struct Shard {
     pub partitions: RefCell<PartitionManager>,
     pub migrations: RefCell<ShardMigrations<CreditGrant>>,
     pub apply_queue: Rc<ApplyQueue>,
+    /// Group commit to the partitions' files; `None` with memory storage.
+    pub committer: Option<Committer>,
     pub subscriptions: Subscriptions,
     pub balancer: RefCell<Balancer>,
     pub lifecycle: Lifecycle,
@@ -69,7 +78,9 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// A shard with the initial placement, owning its share of partitions.
+    /// A shard with the initial placement. With memory storage it owns its
+    /// share of partitions at once; on disk they are opened by
+    /// [`Shard::open_partitions`].
     pub fn new(id: u16, config: Arc<Config>, outbox: Rc<Outbox>) -> Shard {
         let shard_count = outbox.peer_count() as u16;
         let metrics = Rc::new(ShardMetrics::default());
@@ -79,10 +90,10 @@ impl Shard {
         let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
         let placement = PlacementTable::spread(config.partitions, shard_count);
         let mut partitions = PartitionManager::new(config.partitions);
-        for (partition, entry) in placement.iter().filter(|(_, entry)| entry.owner == id) {
-            let log = PartitionLog::new(config.retention_bytes, config.segment_bytes);
+        let on_disk = config.storage == crate::config::Storage::Disk;
+        for (partition, _) in placement.iter().filter(|(_, entry)| entry.owner == id && !on_disk) {
+            let log = PartitionLog::in_memory(config.retention_bytes(), config.segment_bytes());
             partitions.install(partition, Box::new(Partition::new(log, balancer.config.ewma_half_life_ms)));
-            debug_assert_eq!(entry.epoch, 0);
         }
         Shard {
             id,
@@ -93,6 +104,7 @@ impl Shard {
             partitions: RefCell::new(partitions),
             migrations: RefCell::new(Migrations::new(id, shard_count)),
             apply_queue,
+            committer: on_disk.then(|| Committer::new(&config)),
             subscriptions: Subscriptions::new(id),
             balancer: RefCell::new(balancer),
             lifecycle: Lifecycle::default(),
@@ -101,13 +113,33 @@ impl Shard {
         }
     }
 
+    /// Opens the files of the partitions this shard owns at start (disk
+    /// storage), recovering each: concurrently, one task per partition.
+    pub async fn open_partitions(self: &Rc<Self>) -> Result<Vec<OpenReport>, SegmentError> {
+        let owned: Vec<u32> = {
+            let placement = self.placement.borrow();
+            placement.iter().filter(|(_, entry)| entry.owner == self.id).map(|(partition, _)| partition).collect()
+        };
+        let opens: Vec<_> = owned
+            .into_iter()
+            .map(|partition| glommio::spawn_local(open_partition(self.config.clone(), partition)))
+            .collect();
+        let mut reports = Vec::new();
+        for open in opens {
+            let (partition_id, partition, report) = open.await?;
+            self.partitions.borrow_mut().install(partition_id, Box::new(partition));
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+
     /// Handles one frame from peer `source`; never waits.
-    pub fn handle_frame(&self, source: u16, frame: Frame) {
+    pub fn handle_frame(self: &Rc<Self>, source: u16, frame: Frame) {
         match frame {
             Frame::Data(batch) => self.apply_queue.push(source, batch),
             Frame::Credit(grant) => self.source.on_grant(source, grant),
             Frame::Fetch(request) => self.handle_fetch(source, request),
-            Frame::FetchReply(reply) => self.subscriptions.deliver(reply),
+            Frame::FetchReply(reply) => self.subscriptions.deliver(*reply),
             Frame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             Frame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             Frame::Load(report) => {
@@ -135,7 +167,7 @@ impl Shard {
     }
 
     /// Carries out what the migration logic decided, in order.
-    fn carry_out(&self, effects: Vec<Effect<CreditGrant>>) {
+    fn carry_out(self: &Rc<Self>, effects: Vec<Effect<CreditGrant>>) {
         for effect in effects {
             match effect {
                 Effect::SendPlacement { to, partition, owner, epoch } => {
@@ -152,8 +184,17 @@ impl Shard {
         }
     }
 
-    /// Returns credits to `source` (this shard included).
+    /// Returns credits to `source` once the batch is stored as the storage
+    /// promises: at once in memory, after the committer's round on disk.
     fn send_grant(&self, source: u16, grant: CreditGrant) {
+        match &self.committer {
+            Some(committer) => committer.queue_grant(source, grant),
+            None => self.send_grant_now(source, grant),
+        }
+    }
+
+    /// Returns credits to `source` (this shard included) now.
+    pub(crate) fn send_grant_now(&self, source: u16, grant: CreditGrant) {
         if source == self.id {
             self.source.on_grant(source, grant);
         } else {
@@ -162,7 +203,7 @@ impl Shard {
     }
 
     /// The applier: applies queued batches in arrival order.
-    pub async fn run_applier(&self) {
+    pub async fn run_applier(self: &Rc<Self>) {
         loop {
             self.apply_queue.pushed().await;
             while let Some((source, batch)) = self.apply_queue.pop() {
@@ -173,7 +214,7 @@ impl Shard {
     }
 
     /// Applies one batch from `source` and carries out what follows.
-    async fn apply(&self, source: u16, batch: DataBatch) {
+    async fn apply(self: &Rc<Self>, source: u16, batch: DataBatch) {
         let delay_ns = self.config.apply_delay_ns_per_event_on(self.id) * u64::from(batch.event_count);
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
@@ -191,23 +232,80 @@ impl Shard {
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
         self.carry_out(effects);
-        self.subscriptions.wake_parked();
+        match &self.committer {
+            // Readers see new events once they are committed.
+            Some(committer) => committer.wake(),
+            None => self.subscriptions.wake_parked(),
+        }
     }
 
-    /// Step 4 of a migration on the old owner: hand the partition over.
-    fn send_handoff(&self, thief: u16, partition_id: u32, epoch: u32) {
+    /// Step 4 of a migration on the old owner: hand the partition over. On
+    /// disk its files are first made durable and closed (the thief opens
+    /// them again), so the handoff waits for a synced commit round.
+    fn send_handoff(self: &Rc<Self>, thief: u16, partition_id: u32, epoch: u32) {
+        if self.committer.is_none() {
+            let partition = self.take_partition(partition_id).into_moved(None);
+            self.finish_handoff(thief, partition_id, epoch, partition);
+            return;
+        }
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            let committer = shard.committer.as_ref().expect("disk storage");
+            committer.barrier().await;
+            let writer = {
+                let mut partitions = shard.partitions.borrow_mut();
+                let partition = partitions.get_mut(partition_id).expect("a partition stays until its handoff");
+                let (_, disk) = partition.log.parts_mut();
+                disk.and_then(|disk| disk.take_writer()).expect("the writer is back after a round")
+            };
+            let index = writer.index().clone();
+            if let Err(error) = writer.close().await {
+                // Its data is durable already (the round synced it): the
+                // thief opens the file again either way.
+                eprintln!("spate: shard {}: closing partition {partition_id} for a move: {error}", shard.id);
+            }
+            let partition = shard.take_partition(partition_id).into_moved(Some(index));
+            shard.finish_handoff(thief, partition_id, epoch, partition);
+        })
+        .detach();
+    }
+
+    fn take_partition(&self, partition_id: u32) -> Box<Partition> {
         let partition = self.partitions.borrow_mut().remove(partition_id);
-        let mut partition =
-            partition.unwrap_or_else(|| panic!("shard {} hands over {partition_id}, not owned", self.id));
+        partition.unwrap_or_else(|| panic!("shard {} hands over {partition_id}, not owned", self.id))
+    }
+
+    fn finish_handoff(&self, thief: u16, partition_id: u32, epoch: u32, mut partition: MovedPartition) {
+        self.migrations.borrow_mut().handoff_sent(partition_id);
         partition.moved_ms = Some(now_ms());
+        let partition = Box::new(partition);
         self.outbox.send(thief, Frame::Handoff(Handoff { partition_id, epoch, partition }), &self.metrics);
         // Parked fetches for it must now be told it moved.
         self.subscriptions.wake_parked();
     }
 
-    /// Step 5 on the thief: install, catch up, release the held credits.
-    fn on_handoff(&self, handoff: Handoff) {
-        let Handoff { partition_id, epoch, partition } = handoff;
+    /// Step 5 on the thief: open the files again (on disk), install, catch
+    /// up, release the held credits.
+    fn on_handoff(self: &Rc<Self>, handoff: Handoff) {
+        let Handoff { partition_id, epoch, mut partition } = handoff;
+        let Some(moved_disk) = partition.take_disk() else {
+            self.install_moved(partition_id, epoch, Partition::from_moved(*partition, None));
+            return;
+        };
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            // Events for it keep arriving meanwhile and wait as pending.
+            let disk = match DiskLog::reopen(moved_disk).await {
+                Ok(disk) => disk,
+                Err(error) => panic!("shard {}: cannot open moved partition {partition_id}: {error}", shard.id),
+            };
+            shard.install_moved(partition_id, epoch, Partition::from_moved(*partition, Some(disk)));
+        })
+        .detach();
+    }
+
+    fn install_moved(self: &Rc<Self>, partition_id: u32, epoch: u32, partition: Partition) {
+        let partition = Box::new(partition);
         let now_ms = now_ms();
         let moved_ms = partition.moved_ms.unwrap_or(now_ms);
         let mut effects = Vec::new();
@@ -223,14 +321,26 @@ impl Shard {
                 other => self.carry_out(vec![other]),
             }
         }
+        if let Some(committer) = &self.committer {
+            committer.wake();
+        }
         self.subscriptions.wake_parked();
     }
 
     /// A fetch from a subscriber on shard `origin` (possibly this one).
-    pub fn handle_fetch(&self, origin: u16, request: FetchRequest) {
+    pub fn handle_fetch(self: &Rc<Self>, origin: u16, request: FetchRequest) {
         match self.serve(&request, false) {
-            Some(reply) => self.send_reply(origin, reply),
+            Some(reply) => self.reply_after_disk_reads(origin, reply, request.bytes_max),
             None => self.subscriptions.park(origin, request),
+        }
+    }
+
+    /// Sends a reply, reading from the files first what it needs from them.
+    fn reply_after_disk_reads(self: &Rc<Self>, origin: u16, reply: FetchReply, bytes_max: usize) {
+        if reply.disk_reads.is_empty() {
+            self.send_reply(origin, reply);
+        } else {
+            glommio::spawn_local(disk_read::complete_disk_reads(self.clone(), origin, reply, bytes_max)).detach();
         }
     }
 
@@ -244,23 +354,23 @@ impl Shard {
 
     /// A subscriber on `origin` wants its parked fetch back (it has cursors
     /// for this shard that the fetch does not carry): answer it now.
-    fn wake_fetch(&self, origin: u16, subscription_id: u64) {
+    fn wake_fetch(self: &Rc<Self>, origin: u16, subscription_id: u64) {
         if let Some(request) = self.subscriptions.take_parked(origin, subscription_id) {
             let reply = self.serve(&request, true).expect("a forced fetch always answers");
-            self.send_reply(origin, reply);
+            self.reply_after_disk_reads(origin, reply, request.bytes_max);
         }
     }
 
-    fn send_reply(&self, origin: u16, reply: FetchReply) {
+    pub(crate) fn send_reply(&self, origin: u16, reply: FetchReply) {
         if origin == self.id {
             self.subscriptions.deliver(reply);
         } else {
-            self.outbox.send(origin, Frame::FetchReply(reply), &self.metrics);
+            self.outbox.send(origin, Frame::FetchReply(Box::new(reply)), &self.metrics);
         }
     }
 
     /// Re-serves parked fetches when they may have news.
-    pub async fn run_fetch_servicer(&self) {
+    pub async fn run_fetch_servicer(self: &Rc<Self>) {
         loop {
             for (origin, request) in self.subscriptions.parked_with_news().await {
                 self.handle_fetch(origin, request);
@@ -269,7 +379,7 @@ impl Shard {
     }
 
     /// Sends a fetch to `owner` for a subscriber on this shard.
-    pub fn send_fetch(&self, owner: u16, request: FetchRequest) {
+    pub fn send_fetch(self: &Rc<Self>, owner: u16, request: FetchRequest) {
         if owner == self.id {
             self.handle_fetch(self.id, request);
         } else {
@@ -278,7 +388,7 @@ impl Shard {
     }
 
     /// Asks `owner` to answer this subscriber's parked fetch now.
-    pub fn send_fetch_wake(&self, owner: u16, subscription_id: u64) {
+    pub fn send_fetch_wake(self: &Rc<Self>, owner: u16, subscription_id: u64) {
         if owner == self.id {
             self.wake_fetch(self.id, subscription_id);
         } else {
@@ -327,7 +437,7 @@ impl Shard {
     }
 
     /// A thief asks this shard for a partition.
-    fn on_steal_request(&self, thief: u16, thief_events_per_s: f64) {
+    fn on_steal_request(self: &Rc<Self>, thief: u16, thief_events_per_s: f64) {
         let now_ms = now_ms();
         let busy = self.migrations.borrow().is_busy();
         let choice =
@@ -348,3 +458,25 @@ impl Shard {
         self.balancer.borrow_mut().on_refused(victim, &refusal, now_ms());
     }
 }
+
+/// Opens one partition's files and builds the partition around them, with
+/// an empty tail cache that starts where the files end.
+async fn open_partition(config: Arc<Config>, partition_id: u32) -> Result<(u32, Partition, OpenReport), SegmentError> {
+    let dir = crate::storage::dir::partition_dir(&config.data_dir, DEFAULT_STREAM, partition_id).map_err(|error| {
+        SegmentError::Io {
+            op: "partition directory",
+            path: config.data_dir.clone(),
+            position: 0,
+            source: std::io::Error::other(error.to_string()),
+        }
+    })?;
+    let log_id = u64::from(partition_id);
+    let (disk, report) = DiskLog::open(&dir, log_id, config.disk_config()).await?;
+    let cache = MemoryLog::starting_at(disk.next_offset(), config.tail_cache_bytes, config.tail_cache_segment_bytes());
+    let log = PartitionLog::on_disk(cache, disk);
+    let half_life_ms = config.balance_config().ewma_half_life_ms;
+    Ok((partition_id, Partition::new(log, half_life_ms), report))
+}
+
+/// The stream every event belongs to until named streams exist.
+pub const DEFAULT_STREAM: &str = "default";

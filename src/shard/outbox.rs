@@ -100,7 +100,7 @@ mod tests {
     use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 
     fn grant(sequence: u64) -> Frame {
-        Frame::Credit(CreditGrant { sequence, credit_bytes: 0, recycled: Vec::new() })
+        Frame::Credit(CreditGrant { sequence, credit_bytes: 0, recycled: Vec::new(), sync: false })
     }
 
     /// Sends never wait: past a full ring they queue, the drainer delivers

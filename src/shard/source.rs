@@ -72,6 +72,8 @@ struct Destination {
     spare_buffers: Vec<Vec<u8>>,
     /// Markers to send behind the open batch's events.
     markers: Vec<Marker>,
+    /// The next batch must carry a sync request (a `#SYNC` waits for it).
+    sync: bool,
 }
 
 /// Why an event cannot be batched now.
@@ -108,6 +110,7 @@ impl Router {
                 sequence_applied: 0,
                 spare_buffers: Vec::new(),
                 markers: Vec::new(),
+                sync: false,
             })
             .collect();
         Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches }
@@ -147,7 +150,8 @@ impl Router {
     pub fn take_batch(&mut self, owner: u16) -> Option<DataBatch> {
         let batch_bytes = self.batch_bytes;
         let destination = &mut self.destinations[usize::from(owner)];
-        if (destination.batch.is_empty() && destination.markers.is_empty()) || destination.batch_slots == 0 {
+        let empty = destination.batch.is_empty() && destination.markers.is_empty() && !destination.sync;
+        if empty || destination.batch_slots == 0 {
             return None;
         }
         destination.batch_slots -= 1;
@@ -156,13 +160,20 @@ impl Router {
         let bytes = std::mem::replace(&mut destination.batch, fresh);
         let event_count = std::mem::take(&mut destination.batch_event_count);
         let markers = std::mem::take(&mut destination.markers);
-        Some(DataBatch { sequence: destination.sequence_sent, bytes, event_count, markers })
+        let sync = std::mem::take(&mut destination.sync);
+        Some(DataBatch { sequence: destination.sequence_sent, bytes, event_count, markers, sync })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
     /// it leaves with the next batch taken (which may hold no events).
     pub fn add_marker(&mut self, owner: u16, marker: Marker) {
         self.destinations[usize::from(owner)].markers.push(marker);
+    }
+
+    /// Makes the next batch for `owner` (possibly an empty one) carry a sync
+    /// request: its grant comes back once the events before it are durable.
+    pub fn request_sync(&mut self, owner: u16) {
+        self.destinations[usize::from(owner)].sync = true;
     }
 
     /// Applies a grant from `owner`: credits and a batch slot come back.
@@ -187,10 +198,11 @@ impl Router {
         self.destinations.iter().enumerate().map(|(owner, _)| owner as u16).filter(|&owner| self.has_pending(owner))
     }
 
-    /// Whether `owner` has an open batch (events or markers) not yet sent.
+    /// Whether `owner` has an open batch (events, markers or a sync
+    /// request) not yet sent.
     pub fn has_pending(&self, owner: u16) -> bool {
         let destination = &self.destinations[usize::from(owner)];
-        !destination.batch.is_empty() || !destination.markers.is_empty()
+        !destination.batch.is_empty() || !destination.markers.is_empty() || destination.sync
     }
 
     /// Sequence of the last batch sent to / applied by `owner`.
@@ -204,6 +216,7 @@ impl Router {
         self.destinations.iter().all(|destination| {
             destination.batch.is_empty()
                 && destination.markers.is_empty()
+                && !destination.sync
                 && destination.sequence_applied == destination.sequence_sent
         })
     }
@@ -229,6 +242,8 @@ pub struct Source {
     flush_notify: Notify,
     flush_requested: Cell<bool>,
     batch_flush: Duration,
+    /// Whether a `#SYNC` must ask owners for durability (disk storage).
+    sync_requests: bool,
     outbox: Rc<Outbox>,
     apply_queue: Rc<ApplyQueue>,
     metrics: Rc<ShardMetrics>,
@@ -279,6 +294,7 @@ impl Source {
             flush_notify: Notify::default(),
             flush_requested: Cell::new(false),
             batch_flush: Duration::from_micros(config.batch_flush_us),
+            sync_requests: config.storage == crate::config::Storage::Disk,
             outbox,
             apply_queue,
             metrics,
@@ -373,10 +389,16 @@ impl Source {
     }
 
     /// Resolves once every event this shard accepted before the call for the
-    /// owners in `owners` has been applied by its owner (used by `#SYNC`, for
-    /// the owners a connection sent to, and by drain, for all).
+    /// owners in `owners` is stored by its owner as the storage promises
+    /// (applied in memory mode; written or durable on disk, per the fsync
+    /// policy): a grant returns only then, and the last batch to each owner
+    /// carries a sync request. Used by `#SYNC`, for the owners a connection
+    /// sent to, and by drain, for all.
     pub async fn sync_barrier(&self, owners: impl Iterator<Item = u16>) {
         for owner in owners {
+            if self.sync_requests {
+                self.router.borrow_mut().request_sync(owner);
+            }
             let waiters = &self.credit_waiters[usize::from(owner)];
             // The open batch may lack a slot: flush until it is gone.
             waiters
@@ -396,7 +418,12 @@ mod tests {
     use super::*;
 
     fn grant_for(batch: DataBatch) -> CreditGrant {
-        CreditGrant { sequence: batch.sequence, credit_bytes: batch.bytes.len(), recycled: batch.bytes }
+        CreditGrant {
+            sequence: batch.sequence,
+            credit_bytes: batch.bytes.len(),
+            recycled: batch.bytes,
+            sync: batch.sync,
+        }
     }
 
     /// A source can never have more than the window in flight: once spent,

@@ -141,6 +141,10 @@ impl SegmentIndex {
         SegmentIndex { log_id, base_offset, next_offset: base_offset, log_size: 0, interval_bytes, entries: Vec::new() }
     }
 
+    pub fn log_id(&self) -> u64 {
+        self.log_id
+    }
+
     pub fn base_offset(&self) -> u64 {
         self.base_offset
     }

@@ -270,6 +270,18 @@ pub(crate) struct WriterStart {
     pub tail_block: Vec<u8>,
 }
 
+impl fmt::Debug for SegmentWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SegmentWriter")
+            .field("path", &self.path)
+            .field("log_id", &self.log_id)
+            .field("next_offset", &self.next_offset)
+            .field("written", &(self.written_end, self.written_next_offset))
+            .field("durable", &(self.durable_end, self.durable_next_offset))
+            .finish_non_exhaustive()
+    }
+}
+
 /// Appends frames of one log to one segment file.
 pub struct SegmentWriter {
     file: DmaFile,
@@ -311,6 +323,63 @@ impl SegmentWriter {
         Ok(SegmentWriter::start(start))
     }
 
+    /// Opens an existing, clean segment whose `index` is known (the old
+    /// owner of a moved partition wrote, synced and closed it) and appends
+    /// after its last frame, with no scan: only the partial last block is
+    /// read back.
+    pub async fn reopen(
+        path: &Path,
+        index: SegmentIndex,
+        config: SegmentConfig,
+    ) -> Result<SegmentWriter, SegmentError> {
+        config.check();
+        prime_dma_probe(parent_dir(path)).await?;
+        let opened = OpenOptions::new().read(true).write(true).dma_open(path).await;
+        let file = io_context(opened, "open segment", path, 0)?;
+        let end = index.log_size();
+        let block_start = align_down(end, BLOCK_SIZE);
+        let mut tail_block = Vec::new();
+        if end > block_start {
+            let read = file.read_at_aligned(block_start, BLOCK_SIZE as usize).await;
+            let read = io_context(read, "read segment", path, block_start)?;
+            let tail_size = (end - block_start) as usize;
+            if read.len() < tail_size {
+                let (path, position) = (path.to_path_buf(), block_start);
+                return Err(SegmentError::ShortWrite { path, position, written: read.len(), expected: tail_size });
+            }
+            tail_block.extend_from_slice(&read[..tail_size]);
+        }
+        let log_id = index.log_id();
+        let start = WriterStart { file, path: path.to_path_buf(), log_id, config, index, tail_block };
+        Ok(SegmentWriter::start(start))
+    }
+
+    /// Whether a frame of `frame_size` bytes would take the segment past its
+    /// limit (the caller rolls to a new segment).
+    pub fn would_pass_segment_limit(&self, frame_size: usize) -> bool {
+        self.end() + frame_size as u64 > self.config.segment_bytes_max
+    }
+
+    /// Forgets flushed buffers once written, without an fdatasync: for
+    /// `--fsync never`, where a write handed to the kernel is the promise.
+    pub fn forget_written(&mut self) {
+        while self.unsynced.front().is_some_and(|pending| pending.written) {
+            let pending = self.unsynced.pop_front().expect("checked above");
+            self.durable_end = pending.end;
+            self.durable_next_offset = pending.next_offset;
+        }
+    }
+
+    /// Bytes in flushed buffers waiting for an fdatasync.
+    pub fn unsynced_bytes(&self) -> usize {
+        self.unsynced.iter().map(|pending| pending.buffer.len()).sum()
+    }
+
+    /// Whether the writer has no room to flush again before a sync.
+    pub fn needs_sync(&self) -> bool {
+        self.unsynced.len() >= self.config.unsynced_buffers_max
+    }
+
     /// A writer at the end of the log that `start` describes, all of it
     /// already durable.
     pub(crate) fn start(start: WriterStart) -> SegmentWriter {
@@ -346,6 +415,10 @@ impl SegmentWriter {
 
     pub fn log_id(&self) -> u64 {
         self.log_id
+    }
+
+    pub fn config(&self) -> SegmentConfig {
+        self.config
     }
 
     /// The offset the next appended frame must start at.

@@ -99,7 +99,7 @@ enum Outstanding {
 }
 
 struct Session<'a> {
-    shard: &'a Shard,
+    shard: &'a Rc<Shard>,
     subscription_id: u64,
     cursors: Vec<Cursor>,
     /// Per owner: whether a fetch to it is out.

@@ -15,6 +15,11 @@ pub struct Server {
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
     pub log_path: std::path::PathBuf,
+    /// The server's data directory (a fresh temporary one unless the test
+    /// passed `--data-dir`), removed when the server is dropped.
+    pub data_dir: std::path::PathBuf,
+    owns_data_dir: bool,
+    args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -28,19 +33,43 @@ impl Server {
         let subscribe: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
-        let log = std::fs::File::create(&log_path).unwrap();
+        let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
+        let owns_data_dir = given.is_none();
+        let data_dir = given.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("spate-test-data-{}-{}", std::process::id(), ingest.port()))
+        });
+        let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        if owns_data_dir {
+            args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
+        }
+        let mut server = Server { child: None, ingest, subscribe, admin, log_path, data_dir, owns_data_dir, args };
+        server.spawn();
+        server
+    }
+
+    /// Starts the process (again, after a kill), on the same ports and data
+    /// directory, and waits until /stats answers.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "the server is already running");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_spate"))
             .arg("serve")
-            .args(["--ingest", &ingest.to_string(), "--subscribe", &subscribe.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(args)
+            .args(["--ingest", &self.ingest.to_string(), "--subscribe", &self.subscribe.to_string()])
+            .args(["--admin", &self.admin.to_string()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("spawn spate");
-        let mut server = Server { child: Some(child), ingest, subscribe, admin, log_path };
-        server.wait_ready();
-        server
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// SIGKILLs the server (no drain, no flush) and reaps it.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     fn wait_ready(&mut self) {
@@ -116,6 +145,9 @@ impl Drop for Server {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if self.owns_data_dir {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
 }

@@ -1,0 +1,416 @@
+//! A partition's files with `--storage disk`: sealed segments and the
+//! active one, in `<data-dir>/streams/<stream>/<partition>/`
+//! ([`crate::storage`] has the formats and the I/O).
+//!
+//! The data structure is plain and synchronous: which segments exist, how
+//! far the log is written, durable and visible, and encoding records from
+//! the tail cache into frames in the active segment's write buffer. The
+//! shard's committer ([`crate::shard::commit`]) does the awaiting: it takes
+//! the [`SegmentWriter`] out ([`DiskLog::take_writer`]), flushes and syncs it
+//! with no borrow held across an await, and puts it back. Everything else
+//! that touches a partition (apply, fetch) never waits for the disk.
+//!
+//! Offsets and positions only grow: `durable <= written <= encoded <= next`,
+//! and `visible` is `written` or `durable` depending on the fsync policy.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use crate::partition::log::MemoryLog;
+use crate::storage::dir::{index_path, list_segments, segment_path};
+use crate::storage::format::{FRAME_HEADER_SIZE, FrameError};
+use crate::storage::index::SegmentIndex;
+use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment};
+use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter};
+
+/// Largest body of a frame the committer writes (a record larger than this
+/// gets a frame of its own): a reader fetches whole frames, so this bounds
+/// what one read fetches beyond its budget.
+pub const FRAME_BODY_BYTES_TARGET: usize = 256 * 1024;
+
+/// How a partition's files are laid out and kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskConfig {
+    pub writer: SegmentConfig,
+    /// Bytes of files kept per partition; whole sealed segments go first.
+    pub retention_bytes: u64,
+    /// Age after which a sealed segment is deleted (by its file's last
+    /// write); 0 keeps segments regardless of age.
+    pub retention_ms: u64,
+}
+
+/// A sealed segment: immutable, readable by any shard.
+#[derive(Debug, Clone)]
+pub struct SealedMeta {
+    pub log_path: PathBuf,
+    pub index_path: PathBuf,
+    pub index: SegmentIndex,
+    /// Last write to the file, ms since the Unix epoch (age retention).
+    pub modified_ms: u64,
+}
+
+impl SealedMeta {
+    fn size_bytes(&self) -> u64 {
+        self.index.log_size()
+    }
+}
+
+/// What opening a partition's files found, for the log and /metrics.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    pub dir: PathBuf,
+    pub sealed_count: usize,
+    /// The active segment's recovery, when it existed.
+    pub recovery: Option<(PathBuf, RecoveryReport)>,
+    /// Sealed segments whose sidecar index had to be rebuilt.
+    pub indexes_rebuilt: usize,
+}
+
+/// Where a read of one offset must go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Located {
+    /// Retention deleted it: the log starts at `earliest`.
+    Gone { earliest: u64 },
+    /// In a file: read from `position` (a frame at or before the offset),
+    /// never past `readable_end`.
+    File { path: PathBuf, position: u64, readable_end: u64 },
+    /// In the active segment while the committer has its writer out: try
+    /// again after the commit.
+    Busy,
+}
+
+/// One partition's files.
+#[derive(Debug)]
+pub struct DiskLog {
+    dir: PathBuf,
+    log_id: u64,
+    config: DiskConfig,
+    sealed: VecDeque<SealedMeta>,
+    sealed_bytes: u64,
+    active_base: u64,
+    active_path: PathBuf,
+    /// `None` while the committer has it out.
+    writer: Option<SegmentWriter>,
+    /// The active segment's size as of the last time the writer was here.
+    active_size: u64,
+    written_offset: u64,
+    durable_offset: u64,
+    visible_offset: u64,
+}
+
+/// A partition's files in transit to another shard: everything but the open
+/// file, which the thief opens again ([`DiskLog::reopen`]).
+#[derive(Debug)]
+pub struct MovedDisk {
+    dir: PathBuf,
+    log_id: u64,
+    config: DiskConfig,
+    sealed: VecDeque<SealedMeta>,
+    active_base: u64,
+    active_path: PathBuf,
+    active_index: SegmentIndex,
+    visible_offset: u64,
+}
+
+impl DiskLog {
+    /// Opens (creating if need be) the files of one partition: sealed
+    /// segments through their sidecars, the last one recovered (a torn or
+    /// corrupt tail cut after the last whole frame).
+    pub async fn open(dir: &Path, log_id: u64, config: DiskConfig) -> Result<(DiskLog, OpenReport), SegmentError> {
+        std::fs::create_dir_all(dir).map_err(|source| SegmentError::Io {
+            op: "create partition directory",
+            path: dir.to_path_buf(),
+            position: 0,
+            source,
+        })?;
+        let listed = list_segments(dir).map_err(|error| SegmentError::Io {
+            op: "list partition directory",
+            path: dir.to_path_buf(),
+            position: 0,
+            source: std::io::Error::other(error.to_string()),
+        })?;
+        let mut report = OpenReport { dir: dir.to_path_buf(), sealed_count: 0, recovery: None, indexes_rebuilt: 0 };
+        let mut sealed = VecDeque::new();
+        let interval = config.writer.index_interval_bytes;
+        for files in listed.iter().take(listed.len().saturating_sub(1)) {
+            let index_path = index_path(dir, files.base_offset);
+            let SealedSegment { index, rebuilt } =
+                open_sealed(&files.log_path, &index_path, log_id, files.base_offset, interval).await?;
+            report.indexes_rebuilt += usize::from(rebuilt.is_some());
+            let modified_ms = modified_ms(&files.log_path);
+            sealed.push_back(SealedMeta { log_path: files.log_path.clone(), index_path, index, modified_ms });
+        }
+        report.sealed_count = sealed.len();
+        let (writer, active_base) = match listed.last() {
+            Some(files) => {
+                let (writer, recovery) =
+                    recover_segment(&files.log_path, log_id, files.base_offset, config.writer).await?;
+                report.recovery = Some((files.log_path.clone(), recovery));
+                (writer, files.base_offset)
+            }
+            None => (SegmentWriter::create(&segment_path(dir, 0), log_id, 0, config.writer).await?, 0),
+        };
+        Ok((DiskLog::assemble(dir, log_id, config, sealed, active_base, writer), report))
+    }
+
+    fn assemble(
+        dir: &Path,
+        log_id: u64,
+        config: DiskConfig,
+        sealed: VecDeque<SealedMeta>,
+        active_base: u64,
+        writer: SegmentWriter,
+    ) -> DiskLog {
+        let next_offset = writer.next_offset();
+        DiskLog {
+            dir: dir.to_path_buf(),
+            log_id,
+            config,
+            sealed_bytes: sealed.iter().map(SealedMeta::size_bytes).sum(),
+            sealed,
+            active_base,
+            active_path: writer.path().to_path_buf(),
+            active_size: writer.end(),
+            writer: Some(writer),
+            written_offset: next_offset,
+            durable_offset: next_offset,
+            visible_offset: next_offset,
+        }
+    }
+
+    /// The offset after the last record in the files (with the writer here).
+    pub fn next_offset(&self) -> u64 {
+        self.writer.as_ref().map_or(self.written_offset, SegmentWriter::next_offset)
+    }
+
+    pub fn earliest_offset(&self) -> u64 {
+        self.sealed.front().map_or(self.active_base, |sealed| sealed.index.base_offset())
+    }
+
+    pub fn written_offset(&self) -> u64 {
+        self.written_offset
+    }
+
+    pub fn durable_offset(&self) -> u64 {
+        self.durable_offset
+    }
+
+    pub fn visible_offset(&self) -> u64 {
+        self.visible_offset
+    }
+
+    /// Bytes of the partition's segment files.
+    pub fn bytes(&self) -> u64 {
+        self.sealed_bytes + self.active_size
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.sealed.len() + 1
+    }
+
+    pub fn log_id(&self) -> u64 {
+        self.log_id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The active segment's writer, when it is here.
+    pub fn writer(&self) -> Option<&SegmentWriter> {
+        self.writer.as_ref()
+    }
+
+    /// Takes the active segment's writer out for an await; `None` if it is
+    /// already out.
+    pub fn take_writer(&mut self) -> Option<SegmentWriter> {
+        self.writer.take()
+    }
+
+    /// Puts the writer back and records how far it got.
+    pub fn put_writer(&mut self, writer: SegmentWriter) {
+        assert!(self.writer.is_none(), "one writer per partition");
+        assert_eq!(writer.path(), self.active_path, "the writer of the active segment");
+        let (written_end, written_offset) = writer.written();
+        let (_, durable_offset) = writer.durable();
+        assert!(written_offset >= self.written_offset && durable_offset >= self.durable_offset.min(written_offset));
+        self.written_offset = written_offset;
+        self.durable_offset = self.durable_offset.max(durable_offset);
+        self.active_size = written_end;
+        self.writer = Some(writer);
+    }
+
+    /// Marks everything written as durable without an fdatasync (`--fsync
+    /// never`: handed to the kernel is the promise).
+    pub fn assume_durable(&mut self) {
+        self.durable_offset = self.written_offset;
+    }
+
+    /// Readers see offsets below `offset` (never more than is written).
+    pub fn set_visible(&mut self, offset: u64) {
+        assert!(offset <= self.written_offset && offset >= self.visible_offset, "visible {offset}");
+        self.visible_offset = offset;
+    }
+
+    /// Where a read of `offset` (below the tail cache) must go.
+    pub fn locate(&self, offset: u64) -> Located {
+        let earliest = self.earliest_offset();
+        if offset < earliest {
+            return Located::Gone { earliest };
+        }
+        if let Some(sealed) = self.sealed.iter().find(|sealed| offset < sealed.index.next_offset()) {
+            let position = sealed.index.lookup(offset).expect("the offset is in this segment");
+            let readable_end = sealed.index.log_size();
+            return Located::File { path: sealed.log_path.clone(), position, readable_end };
+        }
+        match &self.writer {
+            Some(writer) => match writer.index().lookup(offset) {
+                Some(position) if offset < self.visible_offset => {
+                    Located::File { path: self.active_path.clone(), position, readable_end: writer.written().0 }
+                }
+                _ => Located::Busy,
+            },
+            None => Located::Busy,
+        }
+    }
+
+    /// A sealed segment (or the active one) to roll to: the active one is
+    /// full when the writer refuses the next frame; see [`Self::on_rolled`].
+    pub fn next_segment_path(&self, base_offset: u64) -> PathBuf {
+        segment_path(&self.dir, base_offset)
+    }
+
+    pub fn active_index_path(&self) -> PathBuf {
+        index_path(&self.dir, self.active_base)
+    }
+
+    /// Records a roll: the old active segment (sealed by the committer, with
+    /// `index`) joins the sealed ones and `writer` is the new active one.
+    pub fn on_rolled(&mut self, index: SegmentIndex, writer: SegmentWriter) {
+        assert!(self.writer.is_none(), "the committer holds the writer while rolling");
+        assert_eq!(index.next_offset(), writer.next_offset(), "the new segment continues the old");
+        let log_path = std::mem::replace(&mut self.active_path, writer.path().to_path_buf());
+        let index_path = index_path(&self.dir, self.active_base);
+        self.sealed_bytes += index.log_size();
+        self.sealed.push_back(SealedMeta { log_path, index_path, index, modified_ms: now_unix_ms() });
+        self.active_base = writer.next_offset();
+        self.active_size = 0;
+        self.writer = Some(writer);
+    }
+
+    /// Drops the sealed segments that retention no longer keeps (by bytes,
+    /// then by age) and returns their files, for the caller to delete.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        while let Some(oldest) = self.sealed.front() {
+            let over_bytes = self.bytes() > self.config.retention_bytes;
+            let too_old = self.config.retention_ms > 0 && oldest.modified_ms + self.config.retention_ms < now_ms;
+            if !over_bytes && !too_old {
+                break;
+            }
+            let oldest = self.sealed.pop_front().expect("checked above");
+            self.sealed_bytes -= oldest.size_bytes();
+            files.push(oldest.log_path);
+            files.push(oldest.index_path);
+        }
+        files
+    }
+
+    /// Takes the files apart for a move: the writer must be out and closed
+    /// (everything written and durable first).
+    pub fn into_moved(self, active_index: SegmentIndex) -> MovedDisk {
+        assert!(self.writer.is_none(), "close the writer before moving the files");
+        assert_eq!(self.durable_offset, self.written_offset, "move only durable files");
+        MovedDisk {
+            dir: self.dir,
+            log_id: self.log_id,
+            config: self.config,
+            sealed: self.sealed,
+            active_base: self.active_base,
+            active_path: self.active_path,
+            active_index,
+            visible_offset: self.visible_offset,
+        }
+    }
+
+    /// Opens moved files on this shard, appending where the old owner
+    /// stopped.
+    pub async fn reopen(moved: MovedDisk) -> Result<DiskLog, SegmentError> {
+        let MovedDisk { dir, log_id, config, sealed, active_base, active_path, active_index, visible_offset } = moved;
+        let writer = SegmentWriter::reopen(&active_path, active_index, config.writer).await?;
+        let mut log = DiskLog::assemble(&dir, log_id, config, sealed, active_base, writer);
+        log.visible_offset = visible_offset.min(log.written_offset);
+        Ok(log)
+    }
+}
+
+/// What [`encode_pending`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoded {
+    /// Every record of the cache is in a frame.
+    All,
+    /// The write buffer is full: flush, then encode again.
+    BufferFull,
+    /// The segment is full: roll to a new one, then encode again.
+    SegmentFull,
+}
+
+/// Encodes the cache's records not yet in the files into frames in the
+/// writer's buffer (each record copied once, straight into DMA memory).
+pub fn encode_pending(
+    cache: &MemoryLog,
+    writer: &mut SegmentWriter,
+    timestamp_ms: u64,
+) -> Result<Encoded, SegmentError> {
+    while writer.next_offset() < cache.next_offset() {
+        let base_offset = writer.next_offset();
+        let log_id = writer.log_id();
+        let mut encoder = match writer.frame_encoder() {
+            Ok(encoder) => encoder,
+            Err(SegmentError::SegmentFull { .. }) => return Ok(Encoded::SegmentFull),
+            Err(SegmentError::BufferFull { .. }) => return Ok(Encoded::BufferFull),
+            Err(error) => return Err(error),
+        };
+        let mut refused_size = None;
+        cache.read(base_offset, |_, record| {
+            let over_target = encoder.frame_size() > FRAME_BODY_BYTES_TARGET && encoder.record_count() > 0;
+            if over_target {
+                return false;
+            }
+            match encoder.append_record(record.log_record) {
+                Ok(()) => true,
+                Err(FrameError::FrameFull { .. }) => {
+                    refused_size = Some(record.log_record.len());
+                    false
+                }
+                Err(error) => panic!("a cached record does not frame: {error}"),
+            }
+        });
+        if encoder.record_count() == 0 {
+            // Not even one record fits what is left of the buffer or the
+            // segment: the caller flushes or rolls first.
+            let frame_size = FRAME_HEADER_SIZE + refused_size.unwrap_or(0);
+            let segment_full = writer.would_pass_segment_limit(frame_size);
+            return Ok(if segment_full { Encoded::SegmentFull } else { Encoded::BufferFull });
+        }
+        let sealed = encoder.seal(log_id, base_offset, timestamp_ms).map_err(|error| SegmentError::Frame {
+            path: writer.path().to_path_buf(),
+            position: writer.end(),
+            error,
+        })?;
+        writer.commit_encoded(sealed)?;
+    }
+    Ok(Encoded::All)
+}
+
+/// Milliseconds since the Unix epoch (frame timestamps and age retention).
+pub fn now_unix_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn modified_ms(path: &Path) -> u64 {
+    let modified = std::fs::metadata(path).and_then(|metadata| metadata.modified());
+    let since = modified.ok().and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,458 @@
+//! The committer: group commit of everything a shard applied to partitions
+//! on disk, and what durability then allows.
+//!
+//! Apply only appends to each partition's tail cache (memory, no I/O). One
+//! committer task per shard runs rounds back to back while there is work:
+//!
+//! 1. take the credit grants of the batches applied so far;
+//! 2. write: for every partition with records not in its files, encode them
+//!    into frames and write them (all partitions concurrently, each with its
+//!    writer taken out of the partition so no borrow is held across an
+//!    await); a full segment is sealed and a new one started;
+//! 3. sync, when the policy says: always with `--fsync always`; with
+//!    `interval` when `--fsync-interval-ms` has passed, when a `#SYNC` asked
+//!    for it, or when the unsynced bytes pass their bound; never with
+//!    `never` (a write handed to the kernel survives `kill -9`);
+//! 4. then, and only then: readers see the new records (visible = written,
+//!    or durable with `always`), the grants go back to their sources, and
+//!    the grants of batches that carried a `#SYNC` go back once a round
+//!    with an fdatasync covered them.
+//!
+//! So a credit grant means "stored as the policy promises", and the `#SYNC`
+//! barrier (which waits for every grant of a connection's batches) answers
+//! only once the events before it are durable under the policy. Memory
+//! stays bounded the same way it always was: a source cannot have more than
+//! its credit window applied and not yet committed.
+//!
+//! A write or sync error (ENOSPC, EIO) fails the round: nothing is released,
+//! the error is logged once per episode and counted, and the round is
+//! retried every [`STORAGE_RETRY_MS`]. Producers are pushed back through
+//! their credits meanwhile; when space returns the retry succeeds and
+//! everything resumes by itself.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
+use crate::partition::disk::{Encoded, encode_pending, now_unix_ms};
+use crate::shard::Shard;
+use crate::shard::frame::CreditGrant;
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::notify::{Notify, WaitList};
+use crate::storage::segment::{SegmentError, SegmentWriter};
+
+/// One shard's committer state.
+pub struct Committer {
+    policy: FsyncPolicy,
+    interval: Duration,
+    unsynced_bytes_max: usize,
+    notify: Notify,
+    /// Grants of applied batches, in apply order: each goes back after the
+    /// first round that starts after it was queued (after the first synced
+    /// one when its batch carried a `#SYNC`). One FIFO for all, because a
+    /// source takes its grants strictly in sequence: a grant waiting for a
+    /// sync holds back the ones queued after it.
+    grants: RefCell<VecDeque<(u16, CreditGrant)>>,
+    sync_requested: Cell<bool>,
+    /// Rounds completed, and the last one that synced.
+    rounds: Cell<u64>,
+    synced_round: Cell<u64>,
+    round_waiters: WaitList,
+    last_sync: Cell<Instant>,
+    /// Bytes written and not yet synced, over all partitions.
+    unsynced_bytes: Cell<usize>,
+    failing: Cell<bool>,
+    /// A round is running (between its start and its end).
+    in_round: Cell<bool>,
+    /// Partitions whose write failed, for the next round.
+    retry: RefCell<Vec<u32>>,
+    /// Partitions written since the last round finished (their visible
+    /// offsets move at its end).
+    written: RefCell<Vec<u32>>,
+    /// Partitions written since the last fdatasync.
+    unsynced: RefCell<Vec<u32>>,
+    last_expiry: Cell<Instant>,
+}
+
+impl Committer {
+    pub fn new(config: &Config) -> Committer {
+        Committer {
+            policy: config.fsync,
+            interval: Duration::from_millis(config.fsync_interval_ms),
+            unsynced_bytes_max: config.fsync_pending_bytes_max,
+            notify: Notify::default(),
+            grants: RefCell::default(),
+            sync_requested: Cell::new(false),
+            rounds: Cell::new(0),
+            synced_round: Cell::new(0),
+            round_waiters: WaitList::default(),
+            last_sync: Cell::new(Instant::now()),
+            unsynced_bytes: Cell::new(0),
+            failing: Cell::new(false),
+            in_round: Cell::new(false),
+            retry: RefCell::default(),
+            written: RefCell::default(),
+            unsynced: RefCell::default(),
+            last_expiry: Cell::new(Instant::now()),
+        }
+    }
+
+    /// A batch was applied: its grant goes back after the next round
+    /// (after the next synced round when it carried a `#SYNC`).
+    pub fn queue_grant(&self, source: u16, grant: CreditGrant) {
+        if grant.sync && self.waits_for_sync() {
+            self.sync_requested.set(true);
+        }
+        self.grants.borrow_mut().push_back((source, grant));
+        self.notify.notify();
+    }
+
+    /// Records were appended: a round is due.
+    pub fn wake(&self) {
+        self.notify.notify();
+    }
+
+    /// Waits until a round that starts after this call has completed with
+    /// an fdatasync (a handoff moves only durable files).
+    pub async fn barrier(&self) {
+        // A round running now may have started before this call: the
+        // request makes the one after it run and sync.
+        let target = self.rounds.get() + if self.in_round.get() { 2 } else { 1 };
+        self.sync_requested.set(true);
+        self.notify.notify();
+        self.round_waiters.wait_until(|| self.synced_round.get() >= target).await;
+    }
+
+    /// Whether a grant of a batch that carried a `#SYNC` needs a synced round.
+    fn waits_for_sync(&self) -> bool {
+        self.policy != FsyncPolicy::Never
+    }
+
+    /// Whether a storage error is being retried now.
+    pub fn is_failing(&self) -> bool {
+        self.failing.get()
+    }
+
+    /// Whether this round must fdatasync; `requested` is whether a `#SYNC`
+    /// (or a handoff) asked before the round started.
+    fn sync_due(&self, requested: bool) -> bool {
+        match self.policy {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Never => false,
+            FsyncPolicy::Interval => {
+                requested
+                    || self.unsynced_bytes.get() >= self.unsynced_bytes_max
+                    || (self.unsynced_bytes.get() > 0 && self.last_sync.get().elapsed() >= self.interval)
+            }
+        }
+    }
+}
+
+/// The committer loop of one shard.
+pub async fn run_committer(shard: Rc<Shard>) {
+    let committer = shard.committer.as_ref().expect("a committer on disk storage");
+    loop {
+        if !has_work(&shard) {
+            let idle_with_unsynced = committer.policy == FsyncPolicy::Interval && committer.unsynced_bytes.get() > 0;
+            if idle_with_unsynced {
+                let interval = glommio::timer::sleep(committer.interval);
+                let _ = crate::shard::notify::first(committer.notify.notified(), interval).await;
+            } else {
+                committer.notify.notified().await;
+            }
+        }
+        // What this round covers is fixed at its start: the grants queued
+        // so far, and whether a sync was asked for so far. Later ones wait
+        // for the next round.
+        let grants_before = committer.grants.borrow().len();
+        let requested = committer.sync_requested.replace(false);
+        let started = Instant::now();
+        committer.in_round.set(true);
+        let round = commit_round(&shard, requested).await;
+        committer.in_round.set(false);
+        match round {
+            Ok(synced) => {
+                finish_round(&shard, grants_before, synced);
+                ShardMetrics::add(&shard.metrics.commit_seconds, started.elapsed().as_secs_f64());
+            }
+            Err(error) => {
+                committer.sync_requested.set(committer.sync_requested.get() || requested);
+                report_error(&shard, &error);
+                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+            }
+        }
+        glommio::yield_if_needed().await;
+    }
+}
+
+/// Whether a round has anything to do: records to write, a sync asked
+/// for, or grants that the next round releases. A grant waiting for a sync
+/// with no sync asked for cannot happen: queueing it asks for one.
+fn has_work(shard: &Shard) -> bool {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let releasable =
+        committer.grants.borrow().front().is_some_and(|(_, grant)| !grant.sync || !committer.waits_for_sync());
+    releasable || committer.sync_requested.get() || shard.partitions.borrow().has_dirty()
+}
+
+/// Writes every dirty partition (concurrently), then syncs if due. Returns
+/// whether it synced.
+async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let mut dirty = shard.partitions.borrow_mut().take_dirty();
+    // A partition whose last write failed is dirty until it succeeds.
+    dirty.append(&mut committer.retry.borrow_mut());
+    dirty.sort_unstable();
+    dirty.dedup();
+    let writes: Vec<_> =
+        dirty.iter().map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition))).collect();
+    let mut first_error = None;
+    let mut written_bytes = 0;
+    for (write, partition) in writes.into_iter().zip(&dirty) {
+        match write.await {
+            Ok(written) => written_bytes += written,
+            Err(error) => {
+                committer.retry.borrow_mut().push(*partition);
+                first_error = first_error.or(Some(error));
+            }
+        }
+    }
+    committer.written.borrow_mut().extend_from_slice(&dirty);
+    if committer.policy != FsyncPolicy::Never {
+        committer.unsynced.borrow_mut().extend_from_slice(&dirty);
+    }
+    committer.unsynced_bytes.set(committer.unsynced_bytes.get() + written_bytes);
+    ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes as u64);
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    if committer.policy == FsyncPolicy::Never {
+        forget_written(shard);
+        return Ok(false);
+    }
+    if !committer.sync_due(sync_requested) {
+        return Ok(false);
+    }
+    sync_all(shard).await?;
+    Ok(true)
+}
+
+/// Encodes and writes one partition's new records; rolls full segments.
+/// Returns the bytes written.
+async fn write_partition(shard: Rc<Shard>, partition_id: u32) -> Result<usize, SegmentError> {
+    let mut written = 0;
+    loop {
+        let Some((mut writer, encoded)) = encode(&shard, partition_id)? else { return Ok(written) };
+        let before = writer.written().0;
+        // A writer out of room for more unsynced buffers syncs instead (the
+        // round's fdatasync would come too late for it).
+        let flushed = if writer.needs_sync() { writer.sync().await } else { writer.flush().await };
+        written += writer.written().0.saturating_sub(before) as usize;
+        if let Err(error) = flushed {
+            put_back(&shard, partition_id, writer);
+            return Err(error);
+        }
+        match encoded {
+            Encoded::All => {
+                put_back(&shard, partition_id, writer);
+                return Ok(written);
+            }
+            Encoded::BufferFull => put_back(&shard, partition_id, writer),
+            Encoded::SegmentFull => roll(&shard, partition_id, writer).await?,
+        }
+    }
+}
+
+/// Takes the partition's writer out and encodes its new records into it.
+/// `None` when the partition is gone or has no disk.
+fn encode(shard: &Shard, partition_id: u32) -> Result<Option<(SegmentWriter, Encoded)>, SegmentError> {
+    let mut partitions = shard.partitions.borrow_mut();
+    let Some(partition) = partitions.get_mut(partition_id) else { return Ok(None) };
+    let (cache, disk) = partition.log.parts_mut();
+    let Some(disk) = disk else { return Ok(None) };
+    let Some(mut writer) = disk.take_writer() else { return Ok(None) };
+    match encode_pending(cache, &mut writer, now_unix_ms()) {
+        Ok(encoded) => Ok(Some((writer, encoded))),
+        Err(error) => {
+            disk.put_writer(writer);
+            Err(error)
+        }
+    }
+}
+
+/// Returns a writer to its partition and lets the cache drop what is now on
+/// disk. A partition that left meanwhile (it cannot: a handoff waits for a
+/// round) would be a bug.
+fn put_back(shard: &Shard, partition_id: u32, writer: SegmentWriter) {
+    let mut partitions = shard.partitions.borrow_mut();
+    let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
+    let (cache, disk) = partition.log.parts_mut();
+    let disk = disk.expect("a writer belongs to a disk log");
+    disk.put_writer(writer);
+    // The writer keeps what it wrote until it is synced (to write it again
+    // if an fdatasync fails), so the cache needs only what is not written.
+    cache.keep_from(disk.written_offset());
+}
+
+/// Seals a full segment (sync, sidecar index, close) and opens the next.
+async fn roll(shard: &Rc<Shard>, partition_id: u32, writer: SegmentWriter) -> Result<(), SegmentError> {
+    let (index_path, next_path) = {
+        let partitions = shard.partitions.borrow();
+        let disk = partitions.get(partition_id).and_then(|partition| partition.log.disk()).expect("disk partition");
+        (disk.active_index_path(), disk.next_segment_path(writer.next_offset()))
+    };
+    let (log_id, next_offset, config) = (writer.log_id(), writer.next_offset(), writer.config());
+    let index = writer.seal(&index_path).await?;
+    let next = SegmentWriter::create(&next_path, log_id, next_offset, config).await?;
+    let mut partitions = shard.partitions.borrow_mut();
+    let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
+    let (_, disk) = partition.log.parts_mut();
+    disk.expect("disk partition").on_rolled(index, next);
+    ShardMetrics::add(&shard.metrics.segments_rolled, 1);
+    Ok(())
+}
+
+/// fdatasyncs every partition written since the last sync, concurrently.
+async fn sync_all(shard: &Rc<Shard>) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let mut unsynced = std::mem::take(&mut *committer.unsynced.borrow_mut());
+    unsynced.sort_unstable();
+    unsynced.dedup();
+    let mut syncs = Vec::new();
+    {
+        let mut partitions = shard.partitions.borrow_mut();
+        for &partition_id in &unsynced {
+            let Some(partition) = partitions.get_mut(partition_id) else { continue };
+            let (_, disk) = partition.log.parts_mut();
+            let Some(disk) = disk else { continue };
+            if disk.durable_offset() == disk.written_offset() {
+                continue;
+            }
+            let Some(writer) = disk.take_writer() else { continue };
+            syncs.push((partition_id, glommio::spawn_local(sync_writer(shard.clone(), partition_id, writer))));
+        }
+    }
+    let mut first_error = None;
+    for (partition_id, sync) in syncs {
+        if let Err(error) = sync.await {
+            committer.unsynced.borrow_mut().push(partition_id);
+            first_error = first_error.or(Some(error));
+        }
+    }
+    committer.written.borrow_mut().extend_from_slice(&unsynced);
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    committer.unsynced_bytes.set(0);
+    committer.last_sync.set(Instant::now());
+    ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+    Ok(())
+}
+
+async fn sync_writer(shard: Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -> Result<(), SegmentError> {
+    let synced = writer.sync().await;
+    put_back(&shard, partition_id, writer);
+    synced.map(drop)
+}
+
+/// `--fsync never`: what is written counts as durable.
+fn forget_written(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let mut partitions = shard.partitions.borrow_mut();
+    for &partition_id in committer.written.borrow().iter() {
+        let Some(partition) = partitions.get_mut(partition_id) else { continue };
+        let (cache, disk) = partition.log.parts_mut();
+        let Some(disk) = disk else { continue };
+        let Some(mut writer) = disk.take_writer() else { continue };
+        writer.forget_written();
+        disk.put_writer(writer);
+        disk.assume_durable();
+        cache.keep_from(disk.written_offset());
+    }
+}
+
+/// After a successful round: readers see the new records, and the first
+/// `grants_before` grants (queued before it started) go back, up to the
+/// first that waits for a sync when the round did not sync.
+fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    {
+        let mut partitions = shard.partitions.borrow_mut();
+        let durable_only = committer.policy == FsyncPolicy::Always;
+        let mut touched = std::mem::take(&mut *committer.written.borrow_mut());
+        touched.sort_unstable();
+        touched.dedup();
+        for partition_id in touched {
+            let Some(partition) = partitions.get_mut(partition_id) else { continue };
+            let (_, disk) = partition.log.parts_mut();
+            if let Some(disk) = disk {
+                let visible = if durable_only { disk.durable_offset() } else { disk.written_offset() };
+                if visible > disk.visible_offset() {
+                    disk.set_visible(visible);
+                }
+            }
+        }
+    }
+    let durable = synced || committer.policy == FsyncPolicy::Never;
+    for _ in 0..grants_before {
+        let released = {
+            let mut grants = committer.grants.borrow_mut();
+            match grants.front() {
+                Some((_, grant)) if grant.sync && !durable => None,
+                _ => grants.pop_front(),
+            }
+        };
+        let Some((source, grant)) = released else { break };
+        shard.send_grant_now(source, grant);
+    }
+    if committer.failing.replace(false) {
+        eprintln!("spate: shard {}: storage writes succeed again", shard.id);
+    }
+    committer.rounds.set(committer.rounds.get() + 1);
+    if synced || committer.policy == FsyncPolicy::Never {
+        committer.synced_round.set(committer.rounds.get());
+    }
+    ShardMetrics::add(&shard.metrics.commit_rounds, 1);
+    committer.round_waiters.wake_all();
+    shard.subscriptions.wake_parked();
+    if committer.last_expiry.get().elapsed() >= Duration::from_millis(RETENTION_CHECK_MS) {
+        committer.last_expiry.set(Instant::now());
+        expire_segments(shard);
+    }
+}
+
+/// Retention: deletes the sealed segments no partition keeps any more.
+fn expire_segments(shard: &Shard) {
+    let now_ms = now_unix_ms();
+    let mut expired = Vec::new();
+    for (_, partition) in shard.partitions.borrow_mut().iter_mut() {
+        let (_, disk) = partition.log.parts_mut();
+        if let Some(disk) = disk {
+            expired.extend(disk.expire(now_ms));
+        }
+    }
+    for path in expired {
+        match std::fs::remove_file(&path) {
+            Ok(()) => ShardMetrics::add(&shard.metrics.segment_files_deleted, 1),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                eprintln!("spate: shard {}: retention could not delete {}: {error}", shard.id, path.display())
+            }
+        }
+    }
+}
+
+fn report_error(shard: &Shard, error: &SegmentError) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    ShardMetrics::add(&shard.metrics.storage_errors, 1);
+    if !committer.failing.replace(true) {
+        let what = if error.is_storage_full() { "disk full" } else { "I/O error" };
+        eprintln!(
+            "spate: shard {}: storage {what}: {error}; ingest into the affected partitions is paused (credits held) \
+             and retried every {STORAGE_RETRY_MS} ms",
+            shard.id
+        );
+    }
+}
