@@ -203,6 +203,12 @@ const GOAL_P99_US: f64 = 1_000.0;
 const GOAL_P999_US: f64 = 5_000.0;
 /// The server CPU goal at moderate rates, µs per event.
 const GOAL_CPU_US_PER_EVENT: f64 = 1.0;
+/// Labels on a sweep plot's rate axis (plotters picks round values).
+const SWEEP_AXIS_LABELS: usize = 16;
+/// Labels on the CPU axis (fewer: the panel is short).
+const SWEEP_CPU_AXIS_LABELS: usize = 6;
+/// Light grid lines between two labelled ones.
+const SWEEP_LIGHT_LINES: usize = 1;
 /// Share of the sweep plot's height the latency panel takes.
 const LATENCY_PANEL_SHARE: f64 = 0.62;
 
@@ -260,6 +266,8 @@ fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<()
     chart
         .configure_mesh()
         .y_desc("latency (µs, log scale)")
+        .x_labels(SWEEP_AXIS_LABELS)
+        .max_light_lines(SWEEP_LIGHT_LINES)
         .x_label_formatter(&|rate| format_axis_rate(*rate))
         .y_label_formatter(&|us| format!("{us:.0}"))
         .label_style(("sans-serif", 15))
@@ -329,6 +337,9 @@ fn draw_sweep_cpu(area: &Area<'_>, sweeps: &[SweepSummary], x_range: std::ops::R
         .configure_mesh()
         .x_desc("offered rate (events/s, log scale)")
         .y_desc("server CPU (µs/event, log)")
+        .y_labels(SWEEP_CPU_AXIS_LABELS)
+        .x_labels(SWEEP_AXIS_LABELS)
+        .max_light_lines(SWEEP_LIGHT_LINES)
         .x_label_formatter(&|rate| format_axis_rate(*rate))
         .y_label_formatter(&|us| format!("{us}"))
         .label_style(("sans-serif", 15))
