@@ -131,6 +131,11 @@ impl Recorder {
         Recorder { payload_bytes, tag: tag.bytes()[..tag_bytes].to_vec(), outcome, record_from_ns: 0, event_count: 0 }
     }
 
+    /// Bytes of every payload of this run.
+    pub fn payload_bytes(&self) -> usize {
+        self.payload_bytes
+    }
+
     /// The stamp of a payload of this run: the right size, a stamp, our tag.
     #[inline]
     pub fn stamp_of_payload(&self, payload: &[u8]) -> Option<u64> {
