@@ -204,7 +204,7 @@ const GOAL_P999_US: f64 = 5_000.0;
 /// The server CPU goal at moderate rates, µs per event.
 const GOAL_CPU_US_PER_EVENT: f64 = 1.0;
 /// Labels on a sweep plot's rate axis (plotters picks round values).
-const SWEEP_AXIS_LABELS: usize = 16;
+const SWEEP_AXIS_LABELS: usize = 8;
 /// Labels on the CPU axis (fewer: the panel is short).
 const SWEEP_CPU_AXIS_LABELS: usize = 6;
 /// Light grid lines between two labelled ones.
@@ -265,11 +265,11 @@ fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<()
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
-        .y_desc("latency (µs, log scale)")
+        .y_desc("latency (log scale)")
         .x_labels(SWEEP_AXIS_LABELS)
         .max_light_lines(SWEEP_LIGHT_LINES)
         .x_label_formatter(&|rate| format_axis_rate(*rate))
-        .y_label_formatter(&|us| format!("{us:.0}"))
+        .y_label_formatter(&|us| format_axis_latency(*us))
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(|e| e.to_string())?;
@@ -373,6 +373,15 @@ fn draw_sweep_cpu(area: &Area<'_>, sweeps: &[SweepSummary], x_range: std::ops::R
     Ok(())
 }
 
+/// Microseconds as `500 µs`, `2 ms`, `1.5 s`.
+fn format_axis_latency(us: f64) -> String {
+    match us {
+        us if us >= 1e6 => format!("{} s", us / 1e6),
+        us if us >= 1e3 => format!("{} ms", us / 1e3),
+        us => format!("{us} µs"),
+    }
+}
+
 /// `250000` as `250k`, `2000000` as `2M`.
 fn format_axis_rate(rate: f64) -> String {
     match rate {
@@ -419,6 +428,9 @@ mod tests {
         assert_eq!(log_range(std::iter::empty(), 2.0), 2.0..20.0);
         assert_eq!(format_axis_rate(250_000.0), "250k");
         assert_eq!(format_axis_rate(2_000_000.0), "2M");
+        assert_eq!(format_axis_latency(500.0), "500 µs");
+        assert_eq!(format_axis_latency(20_000.0), "20 ms");
+        assert_eq!(format_axis_latency(1_500_000.0), "1.5 s");
     }
 
     /// Shard rates are deltas over the sample spacing.
