@@ -22,6 +22,10 @@ pub const DURATION_S_DEFAULT: f64 = 10.0;
 pub const SWEEP_DURATION_S_DEFAULT: f64 = 5.0;
 /// Warm-up of each sweep point when --warmup-s is not given (single runs have none).
 pub const SWEEP_WARMUP_S_DEFAULT: f64 = 1.0;
+/// Longest run (warm-up included) against NATS: its producers do not read
+/// until the end, so they miss the server's PINGs (every 120 s; two missed
+/// and NATS drops the connection as stale).
+pub const NATS_RUN_S_MAX: f64 = 200.0;
 /// Most rates in one --sweep.
 pub const SWEEP_POINT_COUNT_MAX: usize = 64;
 /// Most sweep files one --compare draws together.
@@ -141,7 +145,8 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write latency.svg and shards.svg into this directory.
+    /// Write latency.svg and shards.svg into this directory (--sweep: latency-vs-rate.svg; --compare:
+    /// latency-vs-rate-compare.svg).
     #[arg(long, value_name = "DIR")]
     pub plot_dir: Option<PathBuf>,
 }
@@ -262,6 +267,15 @@ impl Plan {
             }
         };
         if args.target == Target::Nats {
+            if let Stop::Duration(duration) = stop
+                && duration.as_secs_f64() > NATS_RUN_S_MAX
+            {
+                return Err(invalid(
+                    "--duration-s",
+                    duration.as_secs_f64().to_string(),
+                    "a run against NATS must stay under 200 s (producers do not answer the server's PINGs)",
+                ));
+            }
             if args.start_server {
                 return Err(invalid(
                     "--start-server",
@@ -435,6 +449,7 @@ mod tests {
         };
         assert_eq!(flag_of(&["--target", "nats", "--start-server"]), "--start-server");
         assert_eq!(flag_of(&["--target", "nats", "--sub-from", "earliest"]), "--sub-from");
+        assert_eq!(flag_of(&["--target", "nats", "--duration-s", "300"]), "--duration-s");
     }
 
     /// Server arguments pass through, hyphens and all.

@@ -25,6 +25,16 @@
 //! NATS keeps nothing (core NATS is fire-and-forget; a subscriber that falls
 //! too far behind is cut off as a slow consumer, which shows as events
 //! missing), so there is no "stored" count and no `/stats`.
+//!
+//! Limit: producers read nothing until their final `PING`, so they do not
+//! answer the server's own `PING`s (every 2 minutes by default; after 2
+//! unanswered ones NATS closes the connection as stale). A run (or sweep
+//! point) against NATS must stay under about 4 minutes; the bench refuses
+//! one longer than [`crate::bench::args::NATS_RUN_S_MAX`].
+//!
+//! ```text
+//! spate bench --target nats --nats 127.0.0.1:4222 --sweep 50000,100000,1000000 --json nats.json
+//! ```
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
