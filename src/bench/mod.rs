@@ -357,24 +357,16 @@ fn sleep_until(clock: BenchClock, until_ns: u64, abort: &AtomicBool) {
     }
 }
 
-/// Starts the producers and the sampler; waits for all, then for the subscriber.
-fn drive(
+type ProducerThread = (String, JoinHandle<Result<Vec<ProducerOutcome>, BenchError>>);
+
+/// Spreads the connections over the producer threads and starts them (they
+/// connect, then wait at the ready barrier).
+fn spawn_producers(
     plan: &Plan,
     session: &Session,
-    before: Option<&StatsSnapshot>,
     layout: LineLayout,
-    clock: BenchClock,
-    subscriber: Option<SubscriberThread>,
-) -> Result<Measured, BenchError> {
-    let shared = Arc::new(Shared {
-        clock,
-        ready_barrier: Barrier::new(plan.producer_thread_count() + 1),
-        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
-        start_ns: AtomicU64::new(0),
-        abort: AtomicBool::new(false),
-        events_sent: AtomicU64::new(0),
-        line_bytes_sent: AtomicU64::new(0),
-    });
+    shared: &Arc<Shared>,
+) -> Result<Vec<ProducerThread>, BenchError> {
     let mut groups: Vec<Vec<ProducerTask>> = (0..plan.producer_thread_count()).map(|_| Vec::new()).collect();
     for index in 0..plan.connection_count {
         groups[index % plan.producer_thread_count()].push(ProducerTask {
@@ -400,6 +392,28 @@ fn drive(
         producers
             .push(spawn(format!("bench-producer-{thread_index}"), move || producer::run_group(group, shared, tick))?);
     }
+    Ok(producers)
+}
+
+/// Starts the producers and the sampler; waits for all, then for the subscriber.
+fn drive(
+    plan: &Plan,
+    session: &Session,
+    before: Option<&StatsSnapshot>,
+    layout: LineLayout,
+    clock: BenchClock,
+    subscriber: Option<SubscriberThread>,
+) -> Result<Measured, BenchError> {
+    let shared = Arc::new(Shared {
+        clock,
+        ready_barrier: Barrier::new(plan.producer_thread_count() + 1),
+        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
+        start_ns: AtomicU64::new(0),
+        abort: AtomicBool::new(false),
+        events_sent: AtomicU64::new(0),
+        line_bytes_sent: AtomicU64::new(0),
+    });
+    let producers = spawn_producers(plan, session, layout, &shared)?;
     let warmup_ns = u64::try_from(plan.warmup.as_nanos()).unwrap_or(u64::MAX);
     shared.ready_barrier.wait();
     let mark_at_start = (warmup_ns == 0).then(|| CpuMark::take(session, &shared));
