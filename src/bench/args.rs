@@ -18,13 +18,37 @@ pub const WRITE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const TICK_US_MAX: u64 = 100_000;
 /// Run length when neither --events nor --duration-s is given.
 pub const DURATION_S_DEFAULT: f64 = 10.0;
+/// Measured length of each sweep point when --duration-s is not given.
+pub const SWEEP_DURATION_S_DEFAULT: f64 = 5.0;
+/// Warm-up of each sweep point when --warmup-s is not given (single runs have none).
+pub const SWEEP_WARMUP_S_DEFAULT: f64 = 1.0;
+/// Longest run (warm-up included) against NATS: its producers do not read
+/// until the end, so they miss the server's PINGs (every 120 s; two missed
+/// and NATS drops the connection as stale).
+pub const NATS_RUN_S_MAX: f64 = 200.0;
+/// Most rates in one --sweep.
+pub const SWEEP_POINT_COUNT_MAX: usize = 64;
+/// Most sweep files one --compare draws together.
+pub const COMPARE_FILE_COUNT_MAX: usize = 8;
 
 /// `spate bench` flags.
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = "Closed loop (no --rate) sends as fast as TCP accepts, so its latency includes queueing \
 behind the producer's own backlog. Open loop (--rate) sends on a fixed schedule and measures latency from each \
-event's intended send time (coordinated-omission-correct).")]
+event's intended send time (coordinated-omission-correct). --sweep runs one open-loop point per rate against one \
+server. --target nats drives nats-server with the same generator and subscriber (see src/bench/nats.rs).")]
 pub struct BenchArgs {
+    /// What to drive: spate (the line protocol) or nats (NATS core: PUB to one subject, one subscriber).
+    #[arg(long, value_enum, default_value_t = Target::Spate)]
+    pub target: Target,
+    /// Address of nats-server (--target nats; start it yourself, e.g. scripts/bench-latency does).
+    #[arg(long, default_value = "127.0.0.1:4222")]
+    pub nats: String,
+    /// Pid of a server the bench did not start, for its CPU time (/proc/<pid>/stat). Without it the bench
+    /// looks for the process listening on the ingest (or --nats) port.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
     /// Ingest address of a running server (unused with --start-server).
     #[arg(long, default_value = "127.0.0.1:9400")]
     pub ingest: String,
@@ -79,6 +103,21 @@ pub struct BenchArgs {
     /// Open loop: send this many events/s in total, on a fixed schedule. Absent: closed loop, as fast as possible.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// Latency against rate: one open-loop point per rate (comma-separated events/s), each --warmup-s then
+    /// --duration-s (default 5 s), against one server, with a fresh subscriber per point.
+    #[arg(long, value_delimiter = ',', value_name = "RATES", conflicts_with_all = ["rate", "events"])]
+    pub sweep: Option<Vec<f64>>,
+    /// Seconds at the start of a run (or of each sweep point) that are sent and received but not timed, and
+    /// not counted in the CPU per event (default: 1 with --sweep, else 0).
+    #[arg(long)]
+    pub warmup_s: Option<f64>,
+    /// Name of this run in sweep tables and plots (default: the target and its version).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Run nothing: read sweep JSON files (written by --sweep --json), print them side by side (latency ratios
+    /// against the first) and, with --plot-dir, draw them on one plot; --json writes the combined document.
+    #[arg(long, value_delimiter = ',', value_name = "FILES", conflicts_with_all = ["sweep", "rate", "start_server"])]
+    pub compare: Option<Vec<PathBuf>>,
     /// Open loop: a pacer wakes up at most once per tick and sends everything due, one write per connection. The
     /// wait counts in the latency (up to one tick); shorter ticks cost more CPU (a wake-up and a write per
     /// connection per tick cost tens of µs on a VM, loopback receive path included).
@@ -106,7 +145,8 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write latency.svg and shards.svg into this directory.
+    /// Write latency.svg and shards.svg into this directory (--sweep: latency-vs-rate.svg; --compare:
+    /// latency-vs-rate-compare.svg).
     #[arg(long, value_name = "DIR")]
     pub plot_dir: Option<PathBuf>,
 }
@@ -118,6 +158,23 @@ pub enum KeyDist {
     Uniform,
     Zipf,
     Hotspot,
+}
+
+/// `--target`: the server the generator drives.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Spate,
+    Nats,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::Spate => "spate",
+            Target::Nats => "nats",
+        }
+    }
 }
 
 /// `--sub-from`.
@@ -148,6 +205,7 @@ pub enum Stop {
 /// A run's checked parameters, in units the code uses.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    pub target: Target,
     pub connection_count: usize,
     pub stop: Stop,
     pub payload_bytes: usize,
@@ -160,6 +218,12 @@ pub struct Plan {
     pub write_bytes: usize,
     pub subscriber: bool,
     pub drain_timeout: Duration,
+    /// Sent and received, not timed, at the start of the run (of each sweep point).
+    pub warmup: Duration,
+    /// `--sweep`: the open-loop rates, in the order given.
+    pub sweep_rates: Option<Vec<f64>>,
+    /// Seed of the key draws (connection i uses seed + i).
+    pub seed: u64,
 }
 
 impl Plan {
@@ -180,17 +244,49 @@ impl Plan {
         if args.payload_bytes > PAYLOAD_BYTES_MAX {
             return Err(invalid("--payload-bytes", args.payload_bytes.to_string(), "must be at most 65536"));
         }
+        let sweep_rates = match &args.sweep {
+            Some(rates) => Some(check_sweep(rates)?),
+            None => None,
+        };
+        let warmup_s = args.warmup_s.unwrap_or(if sweep_rates.is_some() { SWEEP_WARMUP_S_DEFAULT } else { 0.0 });
+        if !(warmup_s.is_finite() && (0.0..1e6).contains(&warmup_s)) {
+            return Err(invalid("--warmup-s", warmup_s.to_string(), "must be a number of seconds >= 0"));
+        }
+        let warmup = Duration::from_secs_f64(warmup_s);
         let stop = match (args.events, args.duration_s) {
             (Some(0), _) => return Err(invalid("--events", "0".into(), "must be at least 1")),
             (Some(events), _) => Stop::Events(events),
             (None, duration_s) => {
-                let duration_s = duration_s.unwrap_or(DURATION_S_DEFAULT);
+                let default_s = if sweep_rates.is_some() { SWEEP_DURATION_S_DEFAULT } else { DURATION_S_DEFAULT };
+                let duration_s = duration_s.unwrap_or(default_s);
                 if !(duration_s.is_finite() && duration_s > 0.0 && duration_s < 1e6) {
                     return Err(invalid("--duration-s", duration_s.to_string(), "must be a number of seconds > 0"));
                 }
-                Stop::Duration(Duration::from_secs_f64(duration_s))
+                // The warm-up comes first, then the measured --duration-s.
+                Stop::Duration(warmup + Duration::from_secs_f64(duration_s))
             }
         };
+        if args.target == Target::Nats {
+            if let Stop::Duration(duration) = stop
+                && duration.as_secs_f64() > NATS_RUN_S_MAX
+            {
+                return Err(invalid(
+                    "--duration-s",
+                    duration.as_secs_f64().to_string(),
+                    "a run against NATS must stay under 200 s (producers do not answer the server's PINGs)",
+                ));
+            }
+            if args.start_server {
+                return Err(invalid(
+                    "--start-server",
+                    "nats".into(),
+                    "spate bench starts only spate; start nats-server yourself",
+                ));
+            }
+            if subscriber && args.sub_from == SubFrom::Earliest {
+                return Err(invalid("--sub-from", "earliest".into(), "NATS core keeps no history: use latest"));
+            }
+        }
         if let Some(rate) = args.rate
             && !(rate.is_finite() && rate >= 1.0)
         {
@@ -227,6 +323,7 @@ impl Plan {
         };
         let sampler = KeySampler::new(distribution, args.keys).map_err(BenchError::Keys)?;
         Ok(Plan {
+            target: args.target,
             connection_count: args.connections,
             stop,
             payload_bytes: args.payload_bytes,
@@ -237,7 +334,15 @@ impl Plan {
             write_bytes: args.write_bytes,
             subscriber,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout_s),
+            warmup,
+            sweep_rates,
+            seed: args.seed,
         })
+    }
+
+    /// This plan as one open-loop point at `rate` events/s.
+    pub fn at_rate(&self, rate: f64) -> Plan {
+        Plan { rate: Some(rate), sweep_rates: None, ..self.clone() }
     }
 
     /// Producer threads: one per connection in closed loop, the pacers in open loop.
@@ -252,6 +357,18 @@ impl Plan {
         let count = self.connection_count as u64;
         Some(events / count + u64::from((index as u64) < events % count))
     }
+}
+
+/// Checks the rates of `--sweep`.
+fn check_sweep(rates: &[f64]) -> Result<Vec<f64>, BenchError> {
+    let invalid = |value: String, reason| BenchError::Invalid { flag: "--sweep", value, reason };
+    if rates.is_empty() || rates.len() > SWEEP_POINT_COUNT_MAX {
+        return Err(invalid(rates.len().to_string(), "must list between 1 and 64 rates"));
+    }
+    if let Some(rate) = rates.iter().find(|rate| !(rate.is_finite() && **rate >= 1.0)) {
+        return Err(invalid(rate.to_string(), "every rate must be at least 1 event/s"));
+    }
+    Ok(rates.to_vec())
 }
 
 // Bench keys must be valid protocol keys.
@@ -304,6 +421,35 @@ mod tests {
         assert_eq!(flag_of(&["--events", "0"]), "--events");
         assert!(plan(&["--payload-bytes", "8", "--no-subscriber"]).is_ok());
         assert!(matches!(plan(&["--key-dist", "hotspot", "--hot-keys", "0"]), Err(BenchError::Keys(_))));
+    }
+
+    /// A sweep gets a 1 s warm-up and 5 s points by default; the warm-up
+    /// comes on top of the measured duration; bad rates are refused.
+    #[test]
+    fn sweep_defaults_and_checks() {
+        let sweep = plan(&["--sweep", "1000,20000"]).unwrap();
+        assert_eq!(sweep.sweep_rates.as_deref(), Some([1000.0, 20000.0].as_slice()));
+        assert_eq!(sweep.warmup, Duration::from_secs(1));
+        assert_eq!(sweep.stop, Stop::Duration(Duration::from_secs(6)));
+        let point = sweep.at_rate(20000.0);
+        assert_eq!((point.rate, point.sweep_rates), (Some(20000.0), None));
+        let single = plan(&["--rate", "1000", "--warmup-s", "0.5", "--duration-s", "2"]).unwrap();
+        assert_eq!(single.stop, Stop::Duration(Duration::from_millis(2500)));
+        assert!(matches!(plan(&["--sweep", "1000,0"]), Err(BenchError::Invalid { flag: "--sweep", .. })));
+        assert!(Cli::try_parse_from(["bench", "--sweep", "1000", "--rate", "5"]).is_err());
+    }
+
+    /// NATS runs need an external server and a live subscription.
+    #[test]
+    fn nats_target_checks() {
+        assert!(plan(&["--target", "nats", "--sweep", "1000"]).is_ok());
+        let flag_of = |flags: &[&str]| match plan(flags) {
+            Err(BenchError::Invalid { flag, .. }) => flag,
+            other => panic!("{flags:?}: {other:?}"),
+        };
+        assert_eq!(flag_of(&["--target", "nats", "--start-server"]), "--start-server");
+        assert_eq!(flag_of(&["--target", "nats", "--sub-from", "earliest"]), "--sub-from");
+        assert_eq!(flag_of(&["--target", "nats", "--duration-s", "300"]), "--duration-s");
     }
 
     /// Server arguments pass through, hyphens and all.

@@ -1,26 +1,36 @@
 //! `spate bench`: the load generator.
 //!
-//! It drives a running server (`--ingest/--subscribe/--admin`) or starts one
-//! (`--start-server`, see [`server`]), and measures what DESIGN.md section 6
-//! asks for: stored, routed events/s and end-to-end latency percentiles.
+//! It drives a running server (`--ingest/--subscribe/--admin`), starts one
+//! (`--start-server`, see [`server`]), or drives nats-server with the same
+//! code (`--target nats`, see [`nats`]), and measures what DESIGN.md section
+//! 6 asks for: stored, routed events/s, end-to-end latency percentiles, and
+//! the server's CPU per event.
 //!
 //! A run, in order:
 //!
-//! 1. [`args::Plan`] checks the flags and builds the [`keys::KeySampler`].
-//! 2. `/stats` is read ([`stats`]) and "how it was run" is printed.
-//! 3. The subscriber ([`subscriber`]) sends `SUB * latest` and the bench waits
-//!    until the server counts it, so it sees every event sent afterwards.
+//! 1. [`args::Plan`] checks the flags and builds the [`keys::KeySampler`];
+//!    the [`session::Session`] starts or finds the server and its pid.
+//! 2. `/stats` is read ([`stats`]; spate only).
+//! 3. The subscriber ([`subscriber`]) subscribes (spate: `SUB * latest`, and
+//!    the bench waits until the server counts it; NATS: `SUB` then `PING`,
+//!    and waits for the `PONG`), so it sees every event sent afterwards.
+//!    Then "how it was run" is printed.
 //! 4. The producer threads ([`producer`]) connect, draw their rings of keys,
 //!    and wait at a barrier; then all start at once. Closed loop has a thread
 //!    per connection; open loop has `--pacer-threads` (default 1) that each
 //!    pace a share of the connections. Lines are built into reusable buffers
-//!    and written in big chunks; every connection ends with `#SYNC`, and the
-//!    run's time is from the first byte to the last `OK`.
+//!    and written in big chunks; every connection ends with `#SYNC` (NATS:
+//!    `PING`), and the run's time is from the first byte to the last `OK`.
 //! 5. Meanwhile the sampler polls `/stats` every 200 ms (plot data) and prints
-//!    a progress line each second.
+//!    a progress line each second. The first `--warmup-s` seconds are sent
+//!    and received but not timed; CPU is measured from their end.
 //! 6. The subscriber drains; `/stats` is read again; the [`report`] (table,
 //!    `--json`) and the [`plot`]s (`--plot-dir`) are written; a started server
 //!    gets SIGTERM.
+//!
+//! `--sweep` repeats 2 to 6 at each rate against the same server and prints
+//! one table of latency and CPU against rate ([`sweep`]); `--compare` puts
+//! sweeps of different targets side by side.
 //!
 //! Every event's payload starts with its send time ([`stamp`]): in open loop
 //! the *intended* time on the schedule, so latency is coordinated-omission-
@@ -40,13 +50,17 @@
 
 mod args;
 mod keys;
+mod nats;
 mod plot;
+mod procstat;
 mod producer;
 mod report;
 mod server;
+mod session;
 mod stamp;
 mod stats;
 mod subscriber;
+mod sweep;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -55,17 +69,18 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use args::{BenchArgs, KeyDist, SubFrom};
+pub use args::{BenchArgs, KeyDist, SubFrom, Target};
 pub use keys::KeyError;
 pub use report::Report;
+pub use sweep::{Comparison, SweepReport};
 
 use args::{Plan, Stop};
 use producer::{LineLayout, ProducerOutcome, ProducerTask, Shared};
-use report::{CpuUse, LatencyUs, Machine, RunInfo, ServerInfo, SubscriberCounts};
-use server::{ServerProcess, Targets};
+use report::{CpuUse, LatencyUs, Machine, RunInfo, SecondLatency, ServerInfo, SubscriberCounts};
+use session::Session;
 use stamp::{BenchClock, RunTag};
-use stats::{AdminClient, Sample, SamplerInputs, StatsSnapshot};
-use subscriber::{SubscriberOutcome, SubscriberShared};
+use stats::{Sample, SamplerInputs, StatsSnapshot};
+use subscriber::{LineScanner, Recorder, SubscriberOutcome, SubscriberShared};
 
 /// How long the bench waits for the server to count its subscriber.
 const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
@@ -90,6 +105,9 @@ pub enum BenchError {
     ServerStalled { connection: usize, waited_s: u64 },
     SubscribeRefused { line: String },
     SubscribeLineTooLong { line_bytes_min: usize },
+    NatsClosed { during: &'static str },
+    NatsUnexpected { line: String },
+    ReadSweep { path: PathBuf, detail: String },
     WriteReport { path: PathBuf, source: std::io::Error },
     Plot { path: PathBuf, detail: String },
     ThreadPanicked { thread: String },
@@ -124,6 +142,9 @@ impl std::fmt::Display for BenchError {
             BenchError::SubscribeLineTooLong { line_bytes_min } => {
                 write!(f, "a subscription line is longer than the subscriber's buffer ({line_bytes_min} bytes)")
             }
+            BenchError::NatsClosed { during } => write!(f, "nats-server closed the connection during {during}"),
+            BenchError::NatsUnexpected { line } => write!(f, "unexpected line from nats-server: {line:?}"),
+            BenchError::ReadSweep { path, detail } => write!(f, "read sweep {}: {detail}", path.display()),
             BenchError::WriteReport { path, source } => write!(f, "write {}: {source}", path.display()),
             BenchError::Plot { path, detail } => write!(f, "plot {}: {detail}", path.display()),
             BenchError::ThreadPanicked { thread } => write!(f, "thread {thread} panicked"),
@@ -133,55 +154,96 @@ impl std::fmt::Display for BenchError {
 
 impl std::error::Error for BenchError {}
 
+/// What a bench invocation produced.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Run(Box<Report>),
+    Sweep(Box<SweepReport>),
+    Compare(Comparison),
+}
+
+/// CPU clocks and the send count at one moment of a run.
+#[derive(Debug, Clone, Copy)]
+struct CpuMark {
+    at_ns: u64,
+    bench_cpu_s: f64,
+    server_cpu_s: Option<f64>,
+    events_sent: u64,
+}
+
+impl CpuMark {
+    fn take(session: &Session, shared: &Shared) -> CpuMark {
+        CpuMark {
+            at_ns: shared.clock.now_ns(),
+            bench_cpu_s: procstat::own_cpu_seconds(),
+            server_cpu_s: session.server_cpu_seconds(),
+            events_sent: shared.events_sent.load(Ordering::SeqCst),
+        }
+    }
+
+    /// CPU used from `self` to `end`.
+    fn until(&self, end: &CpuMark) -> CpuUse {
+        let server_cpu_s = self.server_cpu_s.zip(end.server_cpu_s).map(|(start, end)| (end - start).max(0.0));
+        CpuUse::new(
+            end.at_ns.saturating_sub(self.at_ns) as f64 / 1e9,
+            end.events_sent.saturating_sub(self.events_sent),
+            (end.bench_cpu_s - self.bench_cpu_s).max(0.0),
+            server_cpu_s,
+        )
+    }
+}
+
 /// What the threads of a run measured.
 struct Measured {
     producers: Vec<ProducerOutcome>,
     subscriber: Option<SubscriberOutcome>,
     samples: Vec<Sample>,
-    bench_cpu_s: f64,
-    server_cpu_s: Option<f64>,
+    cpu: CpuUse,
+}
+
+/// One measured run against a session's server.
+struct Point {
+    report: Report,
+    measured: Measured,
 }
 
 /// Runs a bench as `args` say and prints (and writes) its report.
-pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
-    let plan = Plan::from_args(args)?;
-    let layout = LineLayout::new(plan.sampler.key_width(), plan.payload_bytes, RunTag::for_this_run());
-    let server =
-        if args.start_server { Some(ServerProcess::start(args.server_shards, &args.server_args)?) } else { None };
-    let targets = match &server {
-        Some(server) => server.targets.clone(),
-        None => Targets { ingest: args.ingest.clone(), subscribe: args.subscribe.clone(), admin: args.admin.clone() },
-    };
-    let admin = AdminClient::new(&targets.admin);
-    let before = admin.stats()?;
-    let run_info = run_info(args, &plan, layout, &targets, server.as_ref(), &before);
-    print!("{}", report::render_run_info(&run_info));
-    // The header goes out before the progress lines on stderr.
-    let _ = std::io::stdout().flush();
-    let measured = drive(args, &plan, &targets, &admin, &before, layout, server.as_ref()).inspect_err(|_| {
-        if let Some(server) = &server {
-            eprintln!("spate bench: the started server's log ({}):\n{}", server.log_path.display(), server.log_tail());
-        }
-    })?;
-    let after = admin.stats()?;
-    if let Some(server) = server {
-        let status = server.stop()?;
-        if !status.success() {
-            eprintln!("spate bench: warning: the started server exited with {status}");
-        }
+pub fn run(args: &BenchArgs) -> Result<Outcome, BenchError> {
+    if let Some(files) = &args.compare {
+        return sweep::compare(args, files).map(Outcome::Compare);
     }
-    let report = build_report(run_info, &plan, layout, &before, &after, &measured);
+    let plan = Plan::from_args(args)?;
+    let mut session = Session::open(args)?;
+    let result = match plan.sweep_rates.clone() {
+        None => run_once(args, &plan, &mut session).map(|report| Outcome::Run(Box::new(report))),
+        Some(rates) => sweep::run(args, &plan, &mut session, &rates).map(|sweep| Outcome::Sweep(Box::new(sweep))),
+    };
+    if result.is_err()
+        && let Some(log) = session.log_tail()
+    {
+        eprintln!("spate bench: the started server's log {log}");
+    }
+    let closed = session.close();
+    let outcome = result?;
+    closed?;
+    Ok(outcome)
+}
+
+/// One run: the full report, JSON and plots.
+fn run_once(args: &BenchArgs, plan: &Plan, session: &mut Session) -> Result<Report, BenchError> {
+    let Point { report, measured } = measure(args, plan, session, true)?;
     print!("{}", report::render_report(&report));
-    if report.events_stored_delta != report.events {
+    if let Some(stored) = report.events_stored_delta
+        && stored != report.events
+    {
         eprintln!(
-            "spate bench: warning: the server stored {} events during the run, the producers had {} acknowledged \
-             (another producer on the server?)",
-            report.events_stored_delta, report.events
+            "spate bench: warning: the server stored {stored} events during the run, the producers had {} \
+             acknowledged (another producer on the server?)",
+            report.events
         );
     }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).expect("reports serialize");
-        std::fs::write(path, text + "\n").map_err(|source| BenchError::WriteReport { path: path.clone(), source })?;
+        write_json(path, &report)?;
     }
     if let Some(dir) = &args.plot_dir {
         write_plots(dir, &report, &measured)?;
@@ -189,13 +251,38 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     Ok(report)
 }
 
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), BenchError> {
+    let text = serde_json::to_string_pretty(value).expect("reports serialize");
+    std::fs::write(path, text + "\n").map_err(|source| BenchError::WriteReport { path: path.to_path_buf(), source })
+}
+
+/// Subscribes, drives the producers, and builds the report of one run.
+fn measure(args: &BenchArgs, plan: &Plan, session: &mut Session, print_header: bool) -> Result<Point, BenchError> {
+    let layout = LineLayout::new(plan.target, plan.sampler.key_width(), plan.payload_bytes, RunTag::for_this_run());
+    let before = session.admin.as_ref().map(stats::AdminClient::stats).transpose()?;
+    let clock = BenchClock::new();
+    let subscriber = match plan.subscriber {
+        true => Some(start_subscriber(args, layout, session, before.as_ref(), clock)?),
+        false => None,
+    };
+    let run_info = run_info(args, plan, layout, session, before.as_ref());
+    if print_header {
+        print!("{}", report::render_run_info(&run_info));
+        // The header goes out before the progress lines on stderr.
+        let _ = std::io::stdout().flush();
+    }
+    let measured = drive(plan, session, before.as_ref(), layout, clock, subscriber)?;
+    let after = session.admin.as_ref().map(stats::AdminClient::stats).transpose()?;
+    let report = build_report(run_info, plan, layout, before.as_ref().zip(after.as_ref()), &measured);
+    Ok(Point { report, measured })
+}
+
 fn run_info(
     args: &BenchArgs,
     plan: &Plan,
     layout: LineLayout,
-    targets: &Targets,
-    server: Option<&ServerProcess>,
-    before: &StatsSnapshot,
+    session: &Session,
+    before: Option<&StatsSnapshot>,
 ) -> RunInfo {
     let key_dist = match args.key_dist {
         KeyDist::Uniform => "uniform".to_string(),
@@ -211,13 +298,16 @@ fn run_info(
         Stop::Events(events) => (Some(events), None),
         Stop::Duration(duration) => (None, Some(duration.as_secs_f64())),
     };
+    let server = session.server.as_ref();
     RunInfo {
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        target: plan.target.as_str(),
         mode: if plan.rate.is_some() { "open-loop" } else { "closed-loop" },
         rate_per_s: plan.rate,
         connections: plan.connection_count,
         events_requested,
         duration_s_requested,
+        warmup_s: plan.warmup.as_secs_f64(),
         payload_bytes: plan.payload_bytes,
         line_bytes: layout.line_bytes(),
         keys: args.keys,
@@ -227,11 +317,14 @@ fn run_info(
         tick_us: plan.rate.map(|_| plan.tick.as_micros() as u64),
         pacer_threads: plan.rate.map(|_| plan.pacer_thread_count),
         server: ServerInfo {
+            name: session.server_name(),
             started: server.is_some(),
             command_line: server.map(|server| server.command_line.clone()),
-            ingest: targets.ingest.clone(),
-            shards: before.shard_count.or(Some(before.shards.len() as u64)),
-            partitions: before.partition_count,
+            ingest: session.targets.ingest.clone(),
+            pid: session.server_pid,
+            pid_source: session.server_pid_source.clone(),
+            shards: before.and_then(|before| before.shard_count.or(Some(before.shards.len() as u64))),
+            partitions: before.and_then(|before| before.partition_count),
         },
         machine: Machine::detect(),
     }
@@ -252,32 +345,33 @@ fn join<T>((name, handle): (String, JoinHandle<T>)) -> Result<T, BenchError> {
     handle.join().map_err(|_| BenchError::ThreadPanicked { thread: name })
 }
 
-/// Starts the subscriber, the producers and the sampler; waits for all.
-fn drive(
-    args: &BenchArgs,
+/// Sleeps until the bench clock reads `until_ns`, or a producer failed.
+fn sleep_until(clock: BenchClock, until_ns: u64, abort: &AtomicBool) {
+    const STEP: Duration = Duration::from_millis(10);
+    loop {
+        let now_ns = clock.now_ns();
+        if now_ns >= until_ns || abort.load(Ordering::Relaxed) {
+            return;
+        }
+        std::thread::sleep(STEP.min(Duration::from_nanos(until_ns - now_ns)));
+    }
+}
+
+type ProducerThread = (String, JoinHandle<Result<Vec<ProducerOutcome>, BenchError>>);
+
+/// Spreads the connections over the producer threads and starts them (they
+/// connect, then wait at the ready barrier).
+fn spawn_producers(
     plan: &Plan,
-    targets: &Targets,
-    admin: &AdminClient,
-    before: &StatsSnapshot,
+    session: &Session,
     layout: LineLayout,
-    server: Option<&ServerProcess>,
-) -> Result<Measured, BenchError> {
-    let clock = BenchClock::new();
-    let shared = Arc::new(Shared {
-        clock,
-        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
-        start_ns: AtomicU64::new(0),
-        abort: AtomicBool::new(false),
-        events_sent: AtomicU64::new(0),
-        line_bytes_sent: AtomicU64::new(0),
-    });
-    let subscriber =
-        if plan.subscriber { Some(start_subscriber(args, layout, targets, admin, before, clock)?) } else { None };
+    shared: &Arc<Shared>,
+) -> Result<Vec<ProducerThread>, BenchError> {
     let mut groups: Vec<Vec<ProducerTask>> = (0..plan.producer_thread_count()).map(|_| Vec::new()).collect();
     for index in 0..plan.connection_count {
         groups[index % plan.producer_thread_count()].push(ProducerTask {
             index,
-            ingest: targets.ingest.clone(),
+            ingest: session.targets.ingest.clone(),
             quota: plan.connection_quota(index),
             duration: match plan.stop {
                 Stop::Duration(duration) => Some(duration),
@@ -288,7 +382,7 @@ fn drive(
             layout,
             write_bytes: plan.write_bytes,
             sampler: plan.sampler.clone(),
-            seed: args.seed.wrapping_add(index as u64),
+            seed: plan.seed.wrapping_add(index as u64),
             shared: shared.clone(),
         });
     }
@@ -298,24 +392,56 @@ fn drive(
         producers
             .push(spawn(format!("bench-producer-{thread_index}"), move || producer::run_group(group, shared, tick))?);
     }
-    let cpu_before = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
+    Ok(producers)
+}
+
+/// Starts the producers and the sampler; waits for all, then for the subscriber.
+fn drive(
+    plan: &Plan,
+    session: &Session,
+    before: Option<&StatsSnapshot>,
+    layout: LineLayout,
+    clock: BenchClock,
+    subscriber: Option<SubscriberThread>,
+) -> Result<Measured, BenchError> {
+    let shared = Arc::new(Shared {
+        clock,
+        ready_barrier: Barrier::new(plan.producer_thread_count() + 1),
+        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
+        start_ns: AtomicU64::new(0),
+        abort: AtomicBool::new(false),
+        events_sent: AtomicU64::new(0),
+        line_bytes_sent: AtomicU64::new(0),
+    });
+    let producers = spawn_producers(plan, session, layout, &shared)?;
+    let warmup_ns = u64::try_from(plan.warmup.as_nanos()).unwrap_or(u64::MAX);
+    shared.ready_barrier.wait();
+    let mark_at_start = (warmup_ns == 0).then(|| CpuMark::take(session, &shared));
     let start_ns = clock.now_ns();
     shared.start_ns.store(start_ns, Ordering::SeqCst);
+    if let Some((subscriber_shared, _)) = &subscriber {
+        subscriber_shared.record_from_ns.store(start_ns.saturating_add(warmup_ns), Ordering::SeqCst);
+    }
     shared.start_barrier.wait();
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let inputs = SamplerInputs {
-        admin: admin.clone(),
-        before: before.clone(),
+        admin: session.admin.clone(),
+        before: before.cloned().unwrap_or_default(),
         producers: shared.clone(),
         subscriber: subscriber.as_ref().map(|(shared, _)| shared.clone()),
         start_ns,
+        warmup_s: plan.warmup.as_secs_f64(),
         stop: sampler_stop.clone(),
     };
     let sampler = spawn("bench-sampler".into(), move || stats::run_sampler(inputs))?;
+    let mark_start = mark_at_start.unwrap_or_else(|| {
+        sleep_until(clock, start_ns.saturating_add(warmup_ns), &shared.abort);
+        CpuMark::take(session, &shared)
+    });
     let outcomes: Vec<Result<Vec<ProducerOutcome>, BenchError>> =
         producers.into_iter().map(|producer| join(producer).and_then(|outcomes| outcomes)).collect();
-    let events_sent = shared.events_sent.load(Ordering::SeqCst);
-    let cpu_after = (process_cpu_seconds(), server.and_then(ServerProcess::cpu_seconds));
+    let mark_end = CpuMark::take(session, &shared);
+    let events_sent = mark_end.events_sent;
     let subscriber = match subscriber {
         Some((subscriber_shared, handle)) => {
             subscriber_shared.events_expected.store(events_sent, Ordering::SeqCst);
@@ -331,55 +457,72 @@ fn drive(
         producers: outcomes.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect(),
         subscriber,
         samples,
-        bench_cpu_s: cpu_after.0 - cpu_before.0,
-        server_cpu_s: cpu_before.1.zip(cpu_after.1).map(|(before, after)| after - before),
+        cpu: mark_start.until(&mark_end),
     })
 }
 
 type SubscriberThread = (Arc<SubscriberShared>, (String, JoinHandle<Result<SubscriberOutcome, BenchError>>));
 
-/// Subscribes and waits until the server counts the subscriber, so that
-/// `latest` is resolved before the first event is sent.
+/// Subscribes and waits until the server has the subscription, so that it
+/// sees every event sent afterwards: spate counts it in `/stats` (and
+/// `latest` is resolved); NATS answers the `PING` sent after the `SUB`.
 fn start_subscriber(
     args: &BenchArgs,
     layout: LineLayout,
-    targets: &Targets,
-    admin: &AdminClient,
-    before: &StatsSnapshot,
+    session: &mut Session,
+    before: Option<&StatsSnapshot>,
     clock: BenchClock,
 ) -> Result<SubscriberThread, BenchError> {
-    let stream = subscriber::subscribe(&targets.subscribe, args.sub_from)?;
+    let shared = Arc::new(SubscriberShared::new(clock));
+    let thread_shared = shared.clone();
+    let recorder = Recorder::new(layout.payload_bytes, layout.tag);
+    let handle = match session.target {
+        Target::Spate => {
+            let stream = subscriber::subscribe(&session.targets.subscribe, args.sub_from)?;
+            if let (Some(admin), Some(before)) = (&session.admin, before) {
+                wait_subscribed(admin, before)?;
+            }
+            let scanner = LineScanner::new(recorder);
+            spawn("bench-subscriber".into(), move || subscriber::run(stream, scanner, thread_shared))?
+        }
+        Target::Nats => {
+            let (stream, handshake) = nats::subscribe(&session.targets.subscribe)?;
+            session.server_version = handshake.server_version.or(session.server_version.take());
+            let scanner = nats::NatsScanner::new(recorder);
+            spawn("bench-subscriber".into(), move || subscriber::run(stream, scanner, thread_shared))?
+        }
+    };
+    Ok((shared, handle))
+}
+
+/// Waits until spate's `/stats` counts one more subscriber than `before`.
+fn wait_subscribed(admin: &stats::AdminClient, before: &StatsSnapshot) -> Result<(), BenchError> {
     let started = Instant::now();
     loop {
         if admin.stats()?.subscribers_open() > before.subscribers_open() {
             std::thread::sleep(SUBSCRIBED_SETTLE);
-            break;
+            return Ok(());
         }
         if started.elapsed() > SUBSCRIBED_TIMEOUT {
             eprintln!("spate bench: warning: /stats does not count the subscriber yet; it may miss the first events");
-            break;
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let shared = Arc::new(SubscriberShared::new(clock));
-    let thread_shared = shared.clone();
-    let handle = spawn("bench-subscriber".into(), move || {
-        subscriber::run(stream, layout.payload_bytes, layout.tag, thread_shared)
-    })?;
-    Ok((shared, handle))
 }
 
 /// How long the drain waits without progress once every sent event is
 /// either received or reported lost to truncation (late lines may still come).
 const DRAIN_GRACE_TRUNCATED: Duration = Duration::from_secs(1);
 
-/// Waits until the subscriber has every sent event, or made no progress for
-/// `timeout` (a shorter grace if the missing ones were truncated).
+/// Waits until the subscriber has every sent event, its thread ended (the
+/// server closed it), or it made no progress for `timeout` (a shorter grace
+/// if the missing ones were truncated).
 fn wait_drained(shared: &SubscriberShared, events_sent: u64, timeout: Duration) {
     let mut last = (shared.events_received.load(Ordering::Relaxed), Instant::now());
     loop {
         let received = shared.events_received.load(Ordering::Relaxed);
-        if received >= events_sent {
+        if received >= events_sent || shared.finished.load(Ordering::SeqCst) {
             return;
         }
         let truncated = shared.events_truncated.load(Ordering::Relaxed);
@@ -397,24 +540,11 @@ fn wait_drained(shared: &SubscriberShared, events_sent: u64, timeout: Duration) 
     }
 }
 
-/// User plus system CPU seconds of this process (every thread).
-fn process_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes one rusage struct, which we own.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
-}
-
 fn build_report(
     run: RunInfo,
     plan: &Plan,
     layout: LineLayout,
-    before: &StatsSnapshot,
-    after: &StatsSnapshot,
+    stats: Option<(&StatsSnapshot, &StatsSnapshot)>,
     measured: &Measured,
 ) -> Report {
     let producers = &measured.producers;
@@ -425,12 +555,11 @@ fn build_report(
     let last_ns = producers.iter().map(|outcome| outcome.sync_ok_ns).max().unwrap_or(0);
     let seconds = last_ns.saturating_sub(first_ns) as f64 / 1e9;
     let per_s = |count: f64| if seconds > 0.0 { count / seconds } else { 0.0 };
-    let per_shard = report::shard_deltas(before, after, seconds);
-    let per_event = |cpu_s: f64| if events > 0 { cpu_s * 1e9 / events as f64 } else { 0.0 };
+    let per_shard = stats.map(|(before, after)| report::shard_deltas(before, after, seconds)).unwrap_or_default();
     let subscriber = measured.subscriber.as_ref();
     Report {
         events,
-        events_stored_delta: after.events_stored.saturating_sub(before.events_stored),
+        events_stored_delta: stats.map(|(before, after)| after.events_stored.saturating_sub(before.events_stored)),
         seconds,
         events_per_s: per_s(events as f64),
         mb_per_s: per_s((events * layout.payload_bytes as u64) as f64) / 1e6,
@@ -441,6 +570,9 @@ fn build_report(
         } else {
             report::CLOSED_LOOP_LATENCY_NOTE
         }),
+        latency_by_second: subscriber
+            .map(|outcome| SecondLatency::series(&outcome.latency_by_second_ns))
+            .unwrap_or_default(),
         subscriber: subscriber.map(|outcome| {
             let seconds = outcome.last_event_ns.saturating_sub(first_ns) as f64 / 1e9;
             SubscriberCounts {
@@ -455,17 +587,15 @@ fn build_report(
         }),
         imbalance: report::imbalance(&per_shard),
         per_shard,
-        credit_stalls: after.credit_stalls().saturating_sub(before.credit_stalls()),
-        credit_stall_seconds: (after.credit_stall_seconds() - before.credit_stall_seconds()).max(0.0),
+        credit_stalls: stats.map_or(0, |(before, after)| after.credit_stalls().saturating_sub(before.credit_stalls())),
+        credit_stall_seconds: stats
+            .map_or(0.0, |(before, after)| (after.credit_stall_seconds() - before.credit_stall_seconds()).max(0.0)),
+        migrations_completed: stats
+            .and_then(|(before, after)| Some(after.migrations_completed?.saturating_sub(before.migrations_completed?))),
         error_lines: producers.iter().map(|outcome| outcome.error_line_count).sum(),
         writes,
         bytes_per_write: if writes > 0 { line_bytes as f64 / writes as f64 } else { 0.0 },
-        cpu: CpuUse {
-            bench_cpu_s: measured.bench_cpu_s,
-            server_cpu_s: measured.server_cpu_s,
-            bench_ns_per_event: per_event(measured.bench_cpu_s),
-            server_ns_per_event: measured.server_cpu_s.map(per_event),
-        },
+        cpu: measured.cpu,
         run,
     }
 }
@@ -477,22 +607,33 @@ fn write_plots(dir: &std::path::Path, report: &Report, measured: &Measured) -> R
         Some(rate) => format!("open loop {}/s", report::format_rate(rate)),
         None => "closed loop".into(),
     };
-    let subtitle = format!(
-        "{mode}, {} conns, {} B payload, {} keys {}, {} shards: {} events/s stored",
-        run.connections,
-        run.payload_bytes,
-        report::format_count(u64::from(run.keys)),
-        run.key_dist,
-        run.server.shards.unwrap_or(0),
-        report::format_rate(report.events_per_s)
-    );
+    let subtitle = match run.target {
+        "nats" => format!(
+            "{}: {mode}, {} conns, {} B payload, one subject: {} events/s",
+            run.server.name,
+            run.connections,
+            run.payload_bytes,
+            report::format_rate(report.events_per_s)
+        ),
+        _ => format!(
+            "{mode}, {} conns, {} B payload, {} keys {}, {} shards: {} events/s stored",
+            run.connections,
+            run.payload_bytes,
+            report::format_count(u64::from(run.keys)),
+            run.key_dist,
+            run.server.shards.unwrap_or(0),
+            report::format_rate(report.events_per_s)
+        ),
+    };
     if let Some(outcome) = &measured.subscriber
         && !outcome.latency_ns.is_empty()
     {
         let path = plot::latency_plot(dir, &outcome.latency_ns, &subtitle)?;
         println!("  plot                   {}", path.display());
     }
-    let path = plot::shard_plot(dir, &measured.samples, report.seconds, &subtitle)?;
-    println!("  plot                   {}", path.display());
+    if !report.per_shard.is_empty() {
+        let path = plot::shard_plot(dir, &measured.samples, report.seconds, &subtitle)?;
+        println!("  plot                   {}", path.display());
+    }
     Ok(())
 }

@@ -7,6 +7,10 @@
 //! * `shards.svg`: each shard's stored events/s over time, from the 200 ms
 //!   `/stats` samples, so load moving between shards (a shifting hot set, a
 //!   partition migration) is visible.
+//! * `latency-vs-rate.svg` (`--sweep`) and `latency-vs-rate-compare.svg`
+//!   (`--compare`): p50, p99 and p99.9 against offered rate, log on both
+//!   axes, with the goals (p99 1 ms, p99.9 5 ms) drawn in; below, the
+//!   server's CPU per event against the same rate (goal: 1 µs).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +20,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::bench::BenchError;
 use crate::bench::stats::Sample;
+use crate::bench::sweep::{PointFigures, SweepSummary};
 
 /// Pixels of each plot.
 const PLOT_SIZE: (u32, u32) = (1000, 600);
@@ -192,6 +197,200 @@ fn draw_shards(path: &Path, samples: &[Sample], subtitle: &str) -> Result<(), Be
     root.present().map_err(|e| error(e.to_string()))
 }
 
+/// The latency goals drawn on the sweep plot (DESIGN.md section 6 and the
+/// latency issue): p99 and p99.9 in µs.
+const GOAL_P99_US: f64 = 1_000.0;
+const GOAL_P999_US: f64 = 5_000.0;
+/// The server CPU goal at moderate rates, µs per event.
+const GOAL_CPU_US_PER_EVENT: f64 = 1.0;
+/// Labels on a sweep plot's rate axis (plotters picks round values).
+const SWEEP_AXIS_LABELS: usize = 8;
+/// Labels on the CPU axis (fewer: the panel is short).
+const SWEEP_CPU_AXIS_LABELS: usize = 6;
+/// Light grid lines between two labelled ones.
+const SWEEP_LIGHT_LINES: usize = 1;
+/// Share of the sweep plot's height the latency panel takes.
+const LATENCY_PANEL_SHARE: f64 = 0.62;
+
+/// The percentiles a sweep plot draws: name, pick, stroke width, dashed.
+type Percentile = (&'static str, fn(&crate::bench::report::LatencyUs) -> f64, u32, bool);
+const SWEEP_PERCENTILES: [Percentile; 3] = [
+    ("p50", |latency| latency.p50, 1, false),
+    ("p99", |latency| latency.p99, 3, false),
+    ("p99.9", |latency| latency.p999, 2, true),
+];
+
+/// Log-axis range that holds `values` (positive ones), padded.
+fn log_range(values: impl Iterator<Item = f64>, floor: f64) -> std::ops::Range<f64> {
+    let (low, high) = values
+        .filter(|value| value.is_finite() && *value > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(low, high), value| (low.min(value), high.max(value)));
+    if !low.is_finite() {
+        return floor..floor * 10.0;
+    }
+    let low = (low / 1.5).max(floor);
+    low..(high * 1.5).max(low * 10.0)
+}
+
+/// The colour of a line: by percentile when one sweep is drawn, by sweep
+/// when several are.
+fn sweep_colour(sweep_count: usize, sweep_index: usize, percentile_index: usize) -> RGBAColor {
+    let index = if sweep_count == 1 { percentile_index } else { sweep_index };
+    Palette99::pick(index).to_rgba()
+}
+
+/// Writes a sweep plot named `file_name`; returns its path.
+pub fn sweep_plot(dir: &Path, file_name: &str, sweeps: &[SweepSummary], subtitle: &str) -> Result<PathBuf, BenchError> {
+    std::fs::create_dir_all(dir).map_err(|source| BenchError::WriteReport { path: dir.to_path_buf(), source })?;
+    let path = dir.join(file_name);
+    draw_sweep(&path, sweeps, subtitle).map_err(plot_error(&path))?;
+    Ok(path)
+}
+
+fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<(), String> {
+    let points = || sweeps.iter().flat_map(|sweep| sweep.points.iter());
+    let x_range = log_range(points().map(|point| point.rate_offered_per_s), 1.0);
+    let latencies = points().filter_map(|point| point.latency_us).flat_map(|latency| [latency.p50, latency.p999]);
+    let y_range = log_range(latencies.chain([GOAL_P99_US, GOAL_P999_US]), 1.0);
+    let root = SVGBackend::new(path, (PLOT_SIZE.0, PLOT_SIZE.1 * 3 / 2)).into_drawing_area();
+    let body = titled(&root, "end-to-end latency and server CPU against offered rate (open loop)", subtitle)?;
+    let split_at = (f64::from(body.dim_in_pixel().1) * LATENCY_PANEL_SHARE) as u32;
+    let (top, bottom) = body.split_vertically(split_at);
+    let mut chart = ChartBuilder::on(&top)
+        .margin(20)
+        .margin_right(40)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_range.clone().log_scale(), y_range.clone().log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .y_desc("latency (log scale)")
+        .x_labels(SWEEP_AXIS_LABELS)
+        .max_light_lines(SWEEP_LIGHT_LINES)
+        .x_label_formatter(&|rate| format_axis_rate(*rate))
+        .y_label_formatter(&|us| format_axis_latency(*us))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (goal_us, name) in [(GOAL_P99_US, "p99 goal 1 ms"), (GOAL_P999_US, "p99.9 goal 5 ms")] {
+        let line = [(x_range.start, goal_us), (x_range.end, goal_us)];
+        chart
+            .draw_series(DashedLineSeries::new(line, 4, 6, BLACK.mix(0.4).stroke_width(1)))
+            .map_err(|e| e.to_string())?;
+        let label = Text::new(
+            name,
+            (x_range.start * 1.05, goal_us * 1.08),
+            ("sans-serif", 13).into_font().color(&BLACK.mix(0.6)),
+        );
+        chart.draw_series(std::iter::once(label)).map_err(|e| e.to_string())?;
+    }
+    for (sweep_index, sweep) in sweeps.iter().enumerate() {
+        for (percentile_index, &(name, pick, width, dashed)) in SWEEP_PERCENTILES.iter().enumerate() {
+            let colour = sweep_colour(sweeps.len(), sweep_index, percentile_index);
+            let style = colour.stroke_width(width);
+            let line: Vec<(f64, f64)> = sweep
+                .points
+                .iter()
+                .filter_map(|point| point.latency_us.map(|latency| (point.rate_offered_per_s, pick(&latency))))
+                .filter(|(_, us)| *us > 0.0)
+                .collect();
+            let label = format!("{} {name}", sweep.label);
+            let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], style);
+            if dashed {
+                chart.draw_series(DashedLineSeries::new(line.clone(), 6, 4, style)).map_err(|e| e.to_string())?;
+            } else {
+                chart.draw_series(LineSeries::new(line.clone(), style)).map_err(|e| e.to_string())?;
+            }
+            chart
+                .draw_series(line.into_iter().map(|point| Circle::new(point, 3, colour.filled())))
+                .map_err(|e| e.to_string())?
+                .label(label)
+                .legend(legend);
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    draw_sweep_cpu(&bottom, sweeps, x_range)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The lower panel: server CPU µs per event against offered rate.
+fn draw_sweep_cpu(area: &Area<'_>, sweeps: &[SweepSummary], x_range: std::ops::Range<f64>) -> Result<(), String> {
+    let cpu = |point: &PointFigures| point.server_cpu_us_per_event;
+    let values = sweeps.iter().flat_map(|sweep| sweep.points.iter()).filter_map(cpu);
+    let y_range = log_range(values.chain([GOAL_CPU_US_PER_EVENT]), 0.001);
+    let mut chart = ChartBuilder::on(area)
+        .margin(20)
+        .margin_right(40)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_range.clone().log_scale(), y_range.log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("offered rate (events/s, log scale)")
+        .y_desc("server CPU (µs/event, log)")
+        .y_labels(SWEEP_CPU_AXIS_LABELS)
+        .x_labels(SWEEP_AXIS_LABELS)
+        .max_light_lines(SWEEP_LIGHT_LINES)
+        .x_label_formatter(&|rate| format_axis_rate(*rate))
+        .y_label_formatter(&|us| format!("{us}"))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let goal = [(x_range.start, GOAL_CPU_US_PER_EVENT), (x_range.end, GOAL_CPU_US_PER_EVENT)];
+    chart.draw_series(DashedLineSeries::new(goal, 4, 6, BLACK.mix(0.4).stroke_width(1))).map_err(|e| e.to_string())?;
+    for (sweep_index, sweep) in sweeps.iter().enumerate() {
+        let colour = if sweeps.len() == 1 { BLACK.to_rgba() } else { sweep_colour(sweeps.len(), sweep_index, 0) };
+        let line: Vec<(f64, f64)> = sweep
+            .points
+            .iter()
+            .filter_map(|point| cpu(point).map(|us| (point.rate_offered_per_s, us)))
+            .filter(|(_, us)| *us > 0.0)
+            .collect();
+        chart.draw_series(LineSeries::new(line.clone(), colour.stroke_width(2))).map_err(|e| e.to_string())?;
+        chart
+            .draw_series(line.into_iter().map(|point| Circle::new(point, 3, colour.filled())))
+            .map_err(|e| e.to_string())?
+            .label(format!("{} server CPU", sweep.label))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Microseconds as `500 µs`, `2 ms`, `1.5 s`.
+fn format_axis_latency(us: f64) -> String {
+    match us {
+        us if us >= 1e6 => format!("{} s", us / 1e6),
+        us if us >= 1e3 => format!("{} ms", us / 1e3),
+        us => format!("{us} µs"),
+    }
+}
+
+/// `250000` as `250k`, `2000000` as `2M`.
+fn format_axis_rate(rate: f64) -> String {
+    match rate {
+        rate if rate >= 1e6 => format!("{}M", rate / 1e6),
+        rate if rate >= 1e3 => format!("{}k", rate / 1e3),
+        rate => format!("{rate}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +418,19 @@ mod tests {
         assert!(points.windows(2).all(|pair| pair[1].1 >= pair[0].1));
         let p99 = points.iter().find(|point| (point.0 - 2.0).abs() < 1e-9).unwrap().1;
         assert!((p99 - 990.0).abs() < 2.0, "{p99}");
+    }
+
+    /// Log ranges hold every positive value with room, and survive no data.
+    #[test]
+    fn log_ranges() {
+        let range = log_range([300.0, 0.0, 3000.0, f64::NAN].into_iter(), 1.0);
+        assert!(range.start < 300.0 && range.end > 3000.0, "{range:?}");
+        assert_eq!(log_range(std::iter::empty(), 2.0), 2.0..20.0);
+        assert_eq!(format_axis_rate(250_000.0), "250k");
+        assert_eq!(format_axis_rate(2_000_000.0), "2M");
+        assert_eq!(format_axis_latency(500.0), "500 µs");
+        assert_eq!(format_axis_latency(20_000.0), "20 ms");
+        assert_eq!(format_axis_latency(1_500_000.0), "1.5 s");
     }
 
     /// Shard rates are deltas over the sample spacing.

@@ -1,7 +1,9 @@
 //! Producer connections: each builds lines into a reusable buffer and writes
 //! them in big chunks, closed loop (as fast as TCP takes them, a thread per
 //! connection) or open loop (on a schedule, connections paced together by
-//! [`run_group`]), then sends `#SYNC` and waits for the `OK`.
+//! [`run_group`]), then sends `#SYNC` and waits for the `OK`. Against NATS
+//! (`--target nats`) the lines are `PUB` frames and the sync is `PING`/`PONG`
+//! (see [`crate::bench::nats`]); everything else is the same code.
 //!
 //! The hot path allocates nothing and reads no clock per event. Every line of a
 //! run has the same length (`KEY SP STAMP PADDING LF`, keys of one width), so
@@ -31,7 +33,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use crate::bench::BenchError;
+use crate::bench::args::Target;
 use crate::bench::keys::{HEAD_PADDING, KEY_WIDTH_MAX, KeySampler, draw_ring_len, resolve_head};
+use crate::bench::nats;
 use crate::bench::stamp::{BenchClock, RUN_TAG_WIDTH, RunTag, STAMP_WIDTH, encode_stamp};
 
 /// How long a connection waits for its `OK ... SYNC` once everything is sent.
@@ -42,9 +46,11 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Byte that pads a payload after its stamp.
 const PADDING: u8 = HEAD_PADDING;
 
-/// The shape of every line of a run.
+/// The shape of every line of a run: spate's `KEY SP PAYLOAD LF`, or NATS's
+/// `PUB bench.events <n> CRLF PAYLOAD CRLF` (no key: one subject).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LineLayout {
+    pub target: Target,
     pub key_width: usize,
     pub payload_bytes: usize,
     /// The payload starts with a send-time stamp and the run's tag
@@ -54,8 +60,8 @@ pub struct LineLayout {
 }
 
 impl LineLayout {
-    pub fn new(key_width: usize, payload_bytes: usize, tag: RunTag) -> LineLayout {
-        LineLayout { key_width, payload_bytes, stamped: payload_bytes >= STAMP_WIDTH, tag }
+    pub fn new(target: Target, key_width: usize, payload_bytes: usize, tag: RunTag) -> LineLayout {
+        LineLayout { target, key_width, payload_bytes, stamped: payload_bytes >= STAMP_WIDTH, tag }
     }
 
     /// Bytes of the tag that fit after the stamp.
@@ -63,13 +69,37 @@ impl LineLayout {
         if self.stamped { (self.payload_bytes - STAMP_WIDTH).min(RUN_TAG_WIDTH) } else { 0 }
     }
 
-    /// Bytes of one line on the wire, LF included.
+    /// Bytes of one line on the wire, LF (or the frame's CRLFs) included.
     pub fn line_bytes(&self) -> usize {
-        self.key_width + 1 + self.payload_bytes + 1
+        self.head_bytes() + self.payload_bytes + self.tail().len()
+    }
+
+    /// Length of [`Self::head`], without building it.
+    fn head_bytes(&self) -> usize {
+        match self.target {
+            Target::Spate => self.key_width + 1,
+            Target::Nats => nats::pub_head_bytes(self.payload_bytes),
+        }
+    }
+
+    /// Bytes before the payload: the key and a space (spate's key bytes are
+    /// patched per line), or the `PUB` line.
+    fn head(&self) -> Vec<u8> {
+        match self.target {
+            Target::Spate => [vec![b'k'; self.key_width], vec![b' ']].concat(),
+            Target::Nats => nats::pub_head(self.payload_bytes).into_bytes(),
+        }
+    }
+
+    fn tail(&self) -> &'static [u8] {
+        match self.target {
+            Target::Spate => b"\n",
+            Target::Nats => b"\r\n",
+        }
     }
 
     fn stamp_offset(&self) -> usize {
-        self.key_width + 1
+        self.head_bytes()
     }
 }
 
@@ -95,15 +125,15 @@ impl WriteBuffer {
     pub fn new(layout: LineLayout, write_bytes: usize) -> WriteBuffer {
         let line_bytes = layout.line_bytes();
         let line_capacity = (write_bytes / line_bytes).max(1);
-        let mut line = vec![PADDING; line_bytes];
-        line[..layout.key_width].fill(b'k');
-        line[layout.key_width] = b' ';
+        let mut line = layout.head();
+        line.resize(line_bytes - layout.tail().len(), PADDING);
+        line.extend_from_slice(layout.tail());
         if layout.stamped {
             let tag_offset = layout.stamp_offset() + STAMP_WIDTH;
             let tag_bytes = layout.tag_bytes();
             line[tag_offset..tag_offset + tag_bytes].copy_from_slice(&layout.tag.bytes()[..tag_bytes]);
         }
-        line[line_bytes - 1] = b'\n';
+        debug_assert_eq!(line.len(), line_bytes);
         let bytes = line.repeat(line_capacity);
         WriteBuffer { bytes, layout, line_capacity }
     }
@@ -153,17 +183,20 @@ impl WriteBuffer {
         let (key_width, stamp_offset, line_bytes) = (layout.key_width, layout.stamp_offset(), layout.line_bytes());
         // A line head is 8 bytes: key, space, padding. It may be stored whole
         // when the line's LF lies beyond it; the stamp, written after it,
-        // overwrites whatever padding it covered.
+        // overwrites whatever padding it covered. NATS frames have no key.
+        let keyed = layout.target == Target::Spate;
         let whole_head = line_bytes > KEY_WIDTH_MAX;
         let mask = draws.len() - 1;
         let used = line_count * line_bytes;
         for (line_index, line) in self.bytes[..used].chunks_exact_mut(line_bytes).enumerate() {
-            let head = resolve_head(draws[*draw_index & mask], hot_heads).to_le_bytes();
-            *draw_index = draw_index.wrapping_add(1);
-            if whole_head {
-                line[..KEY_WIDTH_MAX].copy_from_slice(&head);
-            } else {
-                line[..key_width].copy_from_slice(&head[..key_width]);
+            if keyed {
+                let head = resolve_head(draws[*draw_index & mask], hot_heads).to_le_bytes();
+                *draw_index = draw_index.wrapping_add(1);
+                if whole_head {
+                    line[..KEY_WIDTH_MAX].copy_from_slice(&head);
+                } else {
+                    line[..key_width].copy_from_slice(&head[..key_width]);
+                }
             }
             if layout.stamped {
                 line[stamp_offset..stamp_offset + STAMP_WIDTH].copy_from_slice(&stamp_of(line_index));
@@ -203,7 +236,13 @@ impl Schedule {
 /// abort and live counters for the progress line.
 pub struct Shared {
     pub clock: BenchClock,
-    /// Producers and the main thread meet here; then everyone reads `start_ns`.
+    /// Producers meet the main thread here once connected and with their
+    /// keys drawn; only then does the main thread read the clock for
+    /// `start_ns`, so the schedule does not start in the past (drawing the
+    /// key rings takes tens of ms, and a schedule that started before it
+    /// would begin with a burst of events stamped as if sent on time).
+    pub ready_barrier: Barrier,
+    /// Then here, after `start_ns` is set; then everyone reads it.
     pub start_barrier: Barrier,
     pub start_ns: AtomicU64,
     /// Set by anyone that failed, so the others stop early.
@@ -247,9 +286,9 @@ pub struct ProducerOutcome {
 /// Runs `tasks` on the calling thread: one connection in closed loop, or any
 /// number paced together in open loop (one wake-up per tick serves them all;
 /// on a VM a wake-up costs about as much as the write itself). Connects and
-/// draws keys, meets the other threads at the start barrier, sends, and
-/// syncs. The barrier is always reached, even on failure, so one bad
-/// connection cannot hang the rest.
+/// draws keys, meets the other threads at the ready and start barriers,
+/// sends, and syncs. The barriers are always reached, even on failure, so
+/// one bad connection cannot hang the rest.
 pub fn run_group(
     tasks: Vec<ProducerTask>,
     shared: Arc<Shared>,
@@ -264,6 +303,7 @@ pub fn run_group(
     if prepared.is_err() {
         shared.abort.store(true, Ordering::SeqCst);
     }
+    shared.ready_barrier.wait();
     shared.start_barrier.wait();
     let mut connections = prepared?;
     if shared.abort.load(Ordering::SeqCst) {
@@ -331,11 +371,16 @@ struct Connection {
 
 impl Connection {
     fn prepare(task: ProducerTask) -> Result<Connection, BenchError> {
-        let stream = TcpStream::connect(&task.ingest).map_err(|source| BenchError::Connect {
-            what: "ingest",
-            addr: task.ingest.clone(),
-            source,
-        })?;
+        let stream = match task.layout.target {
+            Target::Spate => TcpStream::connect(&task.ingest).map_err(|source| BenchError::Connect {
+                what: "ingest",
+                addr: task.ingest.clone(),
+                source,
+            })?,
+            // CONNECT, PING, PONG: the server has accepted the connection
+            // before the run starts, as spate's has once it is connected.
+            Target::Nats => nats::connect(&task.ingest, "NATS publisher", b"")?.0,
+        };
         // Open-loop writes can be small; they must not wait for Nagle.
         stream.set_nodelay(true).map_err(|source| BenchError::Io { what: "set TCP_NODELAY", source })?;
         stream
@@ -448,12 +493,27 @@ impl Connection {
     }
 
     fn send_sync(&mut self) -> Result<(), BenchError> {
-        let line = format!("#SYNC {}\n", self.token());
+        let line = match self.task.layout.target {
+            Target::Spate => format!("#SYNC {}\n", self.token()),
+            Target::Nats => "PING\r\n".to_string(),
+        };
         self.stream.write_all(line.as_bytes()).map_err(|source| BenchError::Io { what: "#SYNC on ingest", source })
     }
 
-    /// Reads replies until the `OK` to this connection's `#SYNC`.
+    /// Reads replies until the `OK` to this connection's `#SYNC` (NATS: the
+    /// `PONG` to its `PING`, which NATS sends once every `PUB` before it
+    /// was processed).
     fn await_sync(&mut self) -> Result<(), BenchError> {
+        if self.task.layout.target == Target::Nats {
+            let error_count = nats::read_control_until_pong(&mut self.stream, SYNC_TIMEOUT, |line| {
+                if line.starts_with("-ERR") {
+                    self.outcome.first_error_line.get_or_insert_with(|| line.to_owned());
+                }
+            })?;
+            self.outcome.error_line_count += error_count as u64;
+            self.outcome.sync_ok_ns = self.task.shared.clock.now_ns();
+            return Ok(());
+        }
         let sync_error = |source| BenchError::Io { what: "#SYNC on ingest", source };
         let ok_suffix = format!(" SYNC {}", self.token());
         self.stream.set_read_timeout(Some(SYNC_TIMEOUT)).map_err(sync_error)?;
@@ -511,7 +571,7 @@ mod tests {
     #[test]
     fn built_lines_parse_back() {
         let sampler = uniform(1000);
-        let layout = LineLayout::new(sampler.key_width(), 40, TAG);
+        let layout = LineLayout::new(Target::Spate, sampler.key_width(), 40, TAG);
         let mut buffer = WriteBuffer::new(layout, 4096);
         assert_eq!(buffer.line_capacity(), 4096 / layout.line_bytes());
         let expected_keys = [5u32, 999, 0, 42, 5, 999];
@@ -541,7 +601,7 @@ mod tests {
         for key_count in [1, 10, 100, 10_000, 10_000_000] {
             let sampler = uniform(key_count);
             for payload_bytes in [0, 1, 5, 15, 16, 17, 64] {
-                let layout = LineLayout::new(sampler.key_width(), payload_bytes, TAG);
+                let layout = LineLayout::new(Target::Spate, sampler.key_width(), payload_bytes, TAG);
                 let mut buffer = WriteBuffer::new(layout, 4096);
                 let draws = [sampler.line_head(key_count - 1), sampler.line_head(0)];
                 let bytes = buffer.fill(3, &draws, &mut 0, &[], Stamps::One(u64::MAX)).to_vec();
@@ -567,6 +627,27 @@ mod tests {
         }
     }
 
+    /// NATS frames are `PUB` lines with the stamped payload, and no key.
+    #[test]
+    fn nats_frames_carry_the_stamped_payload() {
+        let sampler = uniform(100);
+        let layout = LineLayout::new(Target::Nats, sampler.key_width(), 32, TAG);
+        let mut buffer = WriteBuffer::new(layout, 4096);
+        let draws = [sampler.line_head(1), sampler.line_head(2)];
+        let mut draw_index = 0;
+        let bytes = buffer.fill(2, &draws, &mut draw_index, &[], scheduled(500)).to_vec();
+        assert_eq!(draw_index, 0, "no key is drawn");
+        assert_eq!(layout.line_bytes(), "PUB bench.events 32\r\n".len() + 32 + 2);
+        for (line_index, frame) in bytes.chunks(layout.line_bytes()).enumerate() {
+            let (head, rest) = frame.split_at("PUB bench.events 32\r\n".len());
+            assert_eq!(head, b"PUB bench.events 32\r\n");
+            let (payload, tail) = rest.split_at(32);
+            assert_eq!(tail, b"\r\n");
+            assert_eq!(decode_stamp(payload), Some(500 + line_index as u64));
+            assert_eq!(&payload[STAMP_WIDTH..STAMP_WIDTH + RUN_TAG_WIDTH], TAG.bytes());
+        }
+    }
+
     /// Hot draws land in the hot set that is current when the chunk is built.
     #[test]
     fn hot_draws_follow_the_hot_set() {
@@ -575,7 +656,7 @@ mod tests {
         let draws = sampler.draws(8, 1);
         let mut hot_heads = Vec::new();
         sampler.hot_heads(sampler.hot_base(3_000_000), &mut hot_heads);
-        let mut buffer = WriteBuffer::new(LineLayout::new(sampler.key_width(), 16, TAG), 4096);
+        let mut buffer = WriteBuffer::new(LineLayout::new(Target::Spate, sampler.key_width(), 16, TAG), 4096);
         let bytes = buffer.fill(8, &draws, &mut 0, &hot_heads, Stamps::One(0)).to_vec();
         for line in bytes.split(|&byte| byte == b'\n').take(8) {
             let index: u32 = std::str::from_utf8(&line[1..3]).unwrap().parse().unwrap();

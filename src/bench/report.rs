@@ -46,10 +46,16 @@ impl Machine {
 /// The server a run drove.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ServerInfo {
+    /// `spate 0.1.0`, `nats-server 2.9.10`.
+    pub name: String,
     /// Started by this bench (`--start-server`) or already running.
     pub started: bool,
     pub command_line: Option<String>,
+    /// Where the producers connect (spate's ingest port, or nats-server).
     pub ingest: String,
+    /// Whose `/proc/<pid>/stat` gave the server's CPU, and how it was found.
+    pub pid: Option<u32>,
+    pub pid_source: Option<String>,
     pub shards: Option<u64>,
     pub partitions: Option<u64>,
 }
@@ -58,12 +64,17 @@ pub struct ServerInfo {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RunInfo {
     pub command_line: String,
+    /// `spate` or `nats`.
+    pub target: &'static str,
     /// `closed-loop` or `open-loop`.
     pub mode: &'static str,
     pub rate_per_s: Option<f64>,
     pub connections: usize,
     pub events_requested: Option<u64>,
+    /// The whole run, warm-up included.
     pub duration_s_requested: Option<f64>,
+    /// Sent and received but not timed, and not in the CPU per event.
+    pub warmup_s: f64,
     pub payload_bytes: usize,
     pub line_bytes: usize,
     pub keys: u32,
@@ -79,7 +90,7 @@ pub struct RunInfo {
 }
 
 /// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct LatencyUs {
     pub p50: f64,
     pub p90: f64,
@@ -135,13 +146,69 @@ pub struct ShardDelta {
     pub credit_stall_seconds: f64,
 }
 
-/// CPU seconds used during the run.
+/// CPU used over the measured window: from the end of the warm-up (the
+/// start without one) until every producer's sync was answered.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct CpuUse {
+    pub window_s: f64,
+    /// Events sent in the window (the per-event figures divide by this).
+    pub events: u64,
     pub bench_cpu_s: f64,
     pub server_cpu_s: Option<f64>,
     pub bench_ns_per_event: f64,
     pub server_ns_per_event: Option<f64>,
+    /// CPU seconds per second of the window: 1.0 is one core kept busy.
+    pub bench_cores: f64,
+    pub server_cores: Option<f64>,
+}
+
+impl CpuUse {
+    pub fn new(window_s: f64, events: u64, bench_cpu_s: f64, server_cpu_s: Option<f64>) -> CpuUse {
+        let per_event = |cpu_s: f64| if events > 0 { cpu_s * 1e9 / events as f64 } else { 0.0 };
+        let cores = |cpu_s: f64| if window_s > 0.0 { cpu_s / window_s } else { 0.0 };
+        CpuUse {
+            window_s,
+            events,
+            bench_cpu_s,
+            server_cpu_s,
+            bench_ns_per_event: per_event(bench_cpu_s),
+            server_ns_per_event: server_cpu_s.map(per_event),
+            bench_cores: cores(bench_cpu_s),
+            server_cores: server_cpu_s.map(cores),
+        }
+    }
+}
+
+/// Latency of the events intended to be sent in one second of the run
+/// (counted from the end of the warm-up).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct SecondLatency {
+    pub second: u32,
+    pub events: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl SecondLatency {
+    pub fn series(by_second_ns: &[Histogram<u32>]) -> Vec<SecondLatency> {
+        let us = |ns: u64| ns as f64 / 1e3;
+        (0u32..)
+            .zip(by_second_ns)
+            .map(|(second, histogram)| SecondLatency {
+                second,
+                events: histogram.len(),
+                p50_us: us(histogram.value_at_quantile(0.5)),
+                p99_us: us(histogram.value_at_quantile(0.99)),
+                max_us: us(histogram.max()),
+            })
+            .collect()
+    }
+
+    /// The second with the highest p99.
+    pub fn worst(series: &[SecondLatency]) -> Option<SecondLatency> {
+        series.iter().copied().filter(|second| second.events > 0).max_by(|a, b| a.p99_us.total_cmp(&b.p99_us))
+    }
 }
 
 /// Everything a run measured.
@@ -151,8 +218,8 @@ pub struct Report {
     /// Events acknowledged by the producers' `#SYNC`s (stored and visible).
     pub events: u64,
     /// `totals.events_stored` after minus before: confirms `events` (more if
-    /// another producer used the server meanwhile).
-    pub events_stored_delta: u64,
+    /// another producer used the server meanwhile). `None` for NATS.
+    pub events_stored_delta: Option<u64>,
     /// From the first byte sent to the last `OK` to `#SYNC`.
     pub seconds: f64,
     pub events_per_s: f64,
@@ -160,14 +227,19 @@ pub struct Report {
     pub mb_per_s: f64,
     /// Line MB/s: every byte on the wire (key, separators, LF).
     pub line_mb_per_s: f64,
+    /// Latency of the events after the warm-up.
     pub latency_us: Option<LatencyUs>,
     pub latency_note: Option<&'static str>,
+    /// The same, second by second of intended send time.
+    pub latency_by_second: Vec<SecondLatency>,
     pub subscriber: Option<SubscriberCounts>,
     pub per_shard: Vec<ShardDelta>,
     /// Most-loaded shard's stored events over the mean (1.0 is perfect balance).
     pub imbalance: Option<f64>,
     pub credit_stalls: u64,
     pub credit_stall_seconds: f64,
+    /// Partition migrations completed during the run (spate's `/stats`).
+    pub migrations_completed: Option<u64>,
     /// `ERR` lines the server sent the producers (0 expected).
     pub error_lines: u64,
     /// Producer `write` calls, and line bytes per call.
@@ -243,25 +315,41 @@ pub fn render_run_info(run: &RunInfo) -> String {
         ),
         None => "closed loop (max rate)".into(),
     };
-    let _ = writeln!(out, "  load:     {mode}, {} connections, {stop}, {} B writes", run.connections, run.write_bytes);
+    let warmup = if run.warmup_s > 0.0 { format!(" (the first {} s not timed)", run.warmup_s) } else { String::new() };
     let _ = writeln!(
         out,
-        "  events:   {}-byte payloads ({}-byte lines), {} keys, {}",
-        run.payload_bytes,
-        run.line_bytes,
-        format_count(u64::from(run.keys)),
-        run.key_dist
+        "  load:     {mode}, {} connections, {stop}{warmup}, {} B writes",
+        run.connections, run.write_bytes
     );
+    let keys = if run.target == "nats" {
+        format!("PUB to one subject ({})", crate::bench::nats::SUBJECT)
+    } else {
+        format!("{} keys, {}", format_count(u64::from(run.keys)), run.key_dist)
+    };
+    let _ = writeln!(out, "  events:   {}-byte payloads ({}-byte lines), {keys}", run.payload_bytes, run.line_bytes);
     let subscriber = run.subscriber.map_or("none (pure ingest)".into(), |from| format!("one, SUB * {from}"));
     let _ = writeln!(out, "  latency:  subscriber {subscriber}");
     let server = &run.server;
     let shards = server.shards.map_or("?".into(), |shards| shards.to_string());
     let partitions = server.partitions.map_or("?".into(), |partitions| partitions.to_string());
     let origin = if server.started { "started by the bench" } else { "already running" };
-    let _ = writeln!(out, "  server:   {} ({origin}), {shards} shards, {partitions} partitions", server.ingest);
+    if run.target == "nats" {
+        let _ = writeln!(out, "  server:   {} at {} ({origin})", server.name, server.ingest);
+    } else {
+        let _ = writeln!(
+            out,
+            "  server:   {} at {} ({origin}), {shards} shards, {partitions} partitions",
+            server.name, server.ingest
+        );
+    }
     if let Some(command_line) = &server.command_line {
         let _ = writeln!(out, "            {command_line}");
     }
+    let pid = match (server.pid, &server.pid_source) {
+        (Some(pid), Some(source)) => format!("pid {pid} ({source})"),
+        _ => "not measured (no pid: give --server-pid)".into(),
+    };
+    let _ = writeln!(out, "  cpu:      server {pid}; bench: this process");
     let machine = &run.machine;
     let _ = writeln!(out, "  machine:  nproc {}, kernel {}, {}", machine.nproc, machine.kernel, machine.cpu_model);
     let _ = writeln!(out, "  note:     {}", machine.note);
@@ -275,16 +363,14 @@ pub fn render_report(report: &Report) -> String {
         let _ = writeln!(out, "  {name:<22} {value}");
     };
     out.push_str("result\n");
-    let confirm = if report.events_stored_delta == report.events { "matches".into() } else { "DIFFERS".to_string() };
-    row(
-        &mut out,
-        "events",
-        format!(
-            "{} (stored per /stats: {}, {confirm})",
-            format_count(report.events),
-            format_count(report.events_stored_delta)
-        ),
-    );
+    let events = match report.events_stored_delta {
+        Some(stored) => {
+            let confirm = if stored == report.events { "matches" } else { "DIFFERS" };
+            format!("{} (stored per /stats: {}, {confirm})", format_count(report.events), format_count(stored))
+        }
+        None => format!("{} (answered PING with PONG; NATS stores nothing)", format_count(report.events)),
+    };
+    row(&mut out, "events", events);
     row(&mut out, "seconds", format!("{:.3} (first byte to last SYNC OK)", report.seconds));
     row(&mut out, "events/s", format_count(report.events_per_s.round() as u64));
     row(&mut out, "MB/s", format!("{:.1} payload, {:.1} line", report.mb_per_s, report.line_mb_per_s));
@@ -310,6 +396,19 @@ pub fn render_report(report: &Report) -> String {
     if let Some(note) = report.latency_note {
         row(&mut out, "", format!("({note})"));
     }
+    if let Some(worst) = SecondLatency::worst(&report.latency_by_second) {
+        row(
+            &mut out,
+            "worst second",
+            format!(
+                "p99 {:.0} µs, max {:.0} µs in second {} of {} (by intended send time after the warm-up)",
+                worst.p99_us,
+                worst.max_us,
+                worst.second,
+                report.latency_by_second.len()
+            ),
+        );
+    }
     if let Some(subscriber) = &report.subscriber {
         row(
             &mut out,
@@ -326,6 +425,45 @@ pub fn render_report(report: &Report) -> String {
             ),
         );
     }
+    render_shards(&mut out, report);
+    row(&mut out, "writes", format!("{} ({:.0} bytes each)", format_count(report.writes), report.bytes_per_write));
+    if let Some(migrations) = report.migrations_completed {
+        row(&mut out, "migrations", format!("{migrations} partitions moved during the run"));
+    }
+    if report.error_lines > 0 {
+        row(&mut out, "ERR lines", report.error_lines.to_string());
+    }
+    let cpu = &report.cpu;
+    let server_cpu = match (cpu.server_cpu_s, cpu.server_ns_per_event, cpu.server_cores) {
+        (Some(seconds), Some(per_event), Some(cores)) => {
+            format!("server {seconds:.2} s ({per_event:.0} ns/event, {cores:.2} cores)")
+        }
+        _ => "server not measured".into(),
+    };
+    row(
+        &mut out,
+        "cpu",
+        format!(
+            "{server_cpu}, bench {:.2} s ({:.0} ns/event, {:.2} cores), over {:.3} s and {} events{}",
+            cpu.bench_cpu_s,
+            cpu.bench_ns_per_event,
+            cpu.bench_cores,
+            cpu.window_s,
+            format_count(cpu.events),
+            if report.run.warmup_s > 0.0 { " after the warm-up" } else { "" }
+        ),
+    );
+    out
+}
+
+/// Per-shard rows (spate only: NATS has no `/stats`).
+fn render_shards(out: &mut String, report: &Report) {
+    if report.per_shard.is_empty() {
+        return;
+    }
+    let row = |out: &mut String, name: &str, value: String| {
+        let _ = writeln!(out, "  {name:<22} {value}");
+    };
     let _ = writeln!(
         out,
         "  {:<6} {:>14} {:>14} {:>7} {:>9} {:>9}",
@@ -346,23 +484,8 @@ pub fn render_report(report: &Report) -> String {
         );
     }
     let balance = report.imbalance.map_or("-".into(), |imbalance| format!("{imbalance:.3} (max/mean, 1 is even)"));
-    row(&mut out, "balance", balance);
-    row(&mut out, "credit stalls", format!("{} ({:.3} s stalled)", report.credit_stalls, report.credit_stall_seconds));
-    row(&mut out, "writes", format!("{} ({:.0} bytes each)", format_count(report.writes), report.bytes_per_write));
-    if report.error_lines > 0 {
-        row(&mut out, "ERR lines", report.error_lines.to_string());
-    }
-    let cpu = &report.cpu;
-    let server_cpu = match (cpu.server_cpu_s, cpu.server_ns_per_event) {
-        (Some(seconds), Some(per_event)) => format!(", server {seconds:.2} s ({per_event:.0} ns/event)"),
-        _ => String::new(),
-    };
-    row(
-        &mut out,
-        "cpu",
-        format!("bench {:.2} s ({:.0} ns/event){server_cpu}", cpu.bench_cpu_s, cpu.bench_ns_per_event),
-    );
-    out
+    row(out, "balance", balance);
+    row(out, "credit stalls", format!("{} ({:.3} s stalled)", report.credit_stalls, report.credit_stall_seconds));
 }
 
 #[cfg(test)]
@@ -396,11 +519,13 @@ mod tests {
         Report {
             run: RunInfo {
                 command_line: "spate bench --events 1000".into(),
+                target: "spate",
                 mode: "closed-loop",
                 rate_per_s: None,
                 connections: 4,
                 events_requested: Some(1000),
                 duration_s_requested: None,
+                warmup_s: 0.0,
                 payload_bytes: 64,
                 line_bytes: 72,
                 keys: 100,
@@ -410,22 +535,26 @@ mod tests {
                 tick_us: None,
                 pacer_threads: None,
                 server: ServerInfo {
+                    name: "spate 0.1.0".into(),
                     started: true,
                     command_line: None,
                     ingest: "127.0.0.1:1".into(),
+                    pid: Some(42),
+                    pid_source: Some("started by the bench".into()),
                     shards: Some(2),
                     partitions: Some(256),
                 },
                 machine: Machine { nproc: 2, kernel: "6.1".into(), cpu_model: "cpu".into(), note: SHARED_CPU_NOTE },
             },
             events: 1000,
-            events_stored_delta: 1000,
+            events_stored_delta: Some(1000),
             seconds: 1.0,
             events_per_s: 1000.0,
             mb_per_s: 0.064,
             line_mb_per_s: 0.072,
             latency_us: LatencyUs::from_histogram(&latency_ns),
             latency_note: Some(CLOSED_LOOP_LATENCY_NOTE),
+            latency_by_second: Vec::new(),
             subscriber: Some(SubscriberCounts {
                 events_received: 1000,
                 seconds: 1.0,
@@ -439,15 +568,11 @@ mod tests {
             per_shard,
             credit_stalls: 1,
             credit_stall_seconds: 0.1,
+            migrations_completed: Some(0),
             error_lines: 0,
             writes: 10,
             bytes_per_write: 7200.0,
-            cpu: CpuUse {
-                bench_cpu_s: 0.5,
-                server_cpu_s: Some(1.0),
-                bench_ns_per_event: 500.0,
-                server_ns_per_event: Some(1000.0),
-            },
+            cpu: CpuUse::new(1.0, 1000, 0.5, Some(1.0)),
         }
     }
 

@@ -107,21 +107,6 @@ impl ServerProcess {
         text[start..].to_owned()
     }
 
-    /// CPU seconds (user + system) the server has used so far, from
-    /// `/proc/<pid>/stat`.
-    pub fn cpu_seconds(&self) -> Option<f64> {
-        let pid = self.pid()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the parenthesised command name; utime and stime are
-        // fields 14 and 15 of the whole line, 12 and 13 after the name.
-        let after_name = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        (ticks_per_s > 0).then(|| ticks as f64 / ticks_per_s as f64)
-    }
-
     /// SIGTERM, then wait for the clean exit (kill after [`STOP_TIMEOUT`]).
     pub fn stop(mut self) -> Result<ExitStatus, BenchError> {
         let Some(mut child) = self.child.take() else {

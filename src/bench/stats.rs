@@ -42,6 +42,8 @@ pub struct StatsSnapshot {
     pub events_stored: u64,
     pub shard_count: Option<u64>,
     pub partition_count: Option<u64>,
+    /// `totals.migrations_completed` (absent in older servers).
+    pub migrations_completed: Option<u64>,
 }
 
 impl StatsSnapshot {
@@ -91,6 +93,7 @@ pub fn parse_stats(text: &str) -> Result<StatsSnapshot, BenchError> {
         events_stored: field(totals, "events_stored")?,
         shard_count: config.and_then(|config| config.get("shards")).and_then(Value::as_u64),
         partition_count: config.and_then(|config| config.get("partitions")).and_then(Value::as_u64),
+        migrations_completed: totals.get("migrations_completed").and_then(Value::as_u64),
     })
 }
 
@@ -125,11 +128,14 @@ pub struct Sample {
 
 /// What the sampler reads besides `/stats`.
 pub struct SamplerInputs {
-    pub admin: AdminClient,
+    /// `None` for a server without `/stats` (NATS): progress lines only.
+    pub admin: Option<AdminClient>,
     pub before: StatsSnapshot,
     pub producers: Arc<Shared>,
     pub subscriber: Option<Arc<SubscriberShared>>,
     pub start_ns: u64,
+    /// Seconds from the start that are not timed (the p99 shown is 0 until then).
+    pub warmup_s: f64,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -150,7 +156,7 @@ pub fn run_sampler(inputs: SamplerInputs) -> Vec<Sample> {
             std::thread::sleep(Duration::from_nanos(next_ns - now_ns));
         }
         // A failed poll leaves a gap in the plot; the run goes on.
-        if let Ok(snapshot) = inputs.admin.stats() {
+        if let Some(Ok(snapshot)) = inputs.admin.as_ref().map(AdminClient::stats) {
             latest = snapshot;
         }
         let elapsed_s = clock.now_ns().saturating_sub(inputs.start_ns) as f64 / 1e9;
@@ -183,19 +189,24 @@ impl ProgressLine {
         let seconds = (at_s - self.at_s).max(1e-9);
         let per_s = |now: u64, then: u64| now.saturating_sub(then) as f64 / seconds;
         let mut text = format!(
-            "[{at_s:6.1} s] sent {}/s (total {}, {:.0} MB/s)  stored {}/s",
+            "[{at_s:6.1} s] sent {}/s (total {}, {:.0} MB/s)",
             format_rate(per_s(sent, self.sent)),
             format_count(sent),
             per_s(line_bytes, self.line_bytes) / 1e6,
-            format_rate(per_s(latest.events_stored, self.stored)),
         );
+        if inputs.admin.is_some() {
+            text += &format!("  stored {}/s", format_rate(per_s(latest.events_stored, self.stored)));
+        }
         if let Some(subscriber) = &inputs.subscriber {
             let p99_us = subscriber.latency_p99_ns.load(Ordering::Relaxed) as f64 / 1e3;
-            text += &format!("  received {}/s  p99 {p99_us:.0} µs", format_rate(per_s(received, self.received)));
+            let p99 = if at_s <= inputs.warmup_s { "(warm-up)".to_string() } else { format!("{p99_us:.0} µs") };
+            text += &format!("  received {}/s  p99 {p99}", format_rate(per_s(received, self.received)));
         }
-        let stalls = latest.credit_stalls().saturating_sub(inputs.before.credit_stalls());
-        let stall_seconds = latest.credit_stall_seconds() - inputs.before.credit_stall_seconds();
-        text += &format!("  credit stalls {stalls} ({stall_seconds:.2} s)");
+        if inputs.admin.is_some() {
+            let stalls = latest.credit_stalls().saturating_sub(inputs.before.credit_stalls());
+            let stall_seconds = latest.credit_stall_seconds() - inputs.before.credit_stall_seconds();
+            text += &format!("  credit stalls {stalls} ({stall_seconds:.2} s)");
+        }
         eprintln!("{text}");
         ProgressLine { at_s, sent, line_bytes, stored: latest.events_stored, received }
     }
@@ -215,7 +226,7 @@ mod tests {
                 {"shard": 1, "events_total": 20, "events_ingested": 18, "credit_stalls": 0,
                  "credit_stall_seconds": 0.0, "subscribers_open": 0}
             ],
-            "totals": {"events_stored": 30},
+            "totals": {"events_stored": 30, "migrations_completed": 3},
             "config": {"shards": 2, "partitions": 256}
         }"#;
         let snapshot = parse_stats(text).unwrap();
@@ -227,6 +238,7 @@ mod tests {
         assert_eq!(snapshot.subscribers_open(), 1);
         assert_eq!(snapshot.shard_count, Some(2));
         assert_eq!(snapshot.partition_count, Some(256));
+        assert_eq!(snapshot.migrations_completed, Some(3));
     }
 
     /// A document without a needed field is an error that names it.
