@@ -64,6 +64,14 @@ pub struct BenchArgs {
     /// Shards of the server --start-server starts.
     #[arg(long, default_value_t = 2)]
     pub server_shards: usize,
+    /// Storage of the server --start-server starts: `memory` (the default
+    /// here, so runs measure the engine, not the disk) or `disk`, in a fresh
+    /// temporary --data-dir removed afterwards.
+    #[arg(long, value_enum, default_value_t = crate::config::Storage::Memory)]
+    pub storage: crate::config::Storage,
+    /// --fsync of the started server (with --storage disk).
+    #[arg(long, value_enum, default_value_t = crate::config::FsyncPolicy::Interval)]
+    pub fsync: crate::config::FsyncPolicy,
     /// One more argument for the started server, repeated per token:
     /// `--server-arg=--partitions --server-arg=64`.
     #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
@@ -166,6 +174,26 @@ pub enum KeyDist {
 pub enum Target {
     Spate,
     Nats,
+}
+
+impl BenchArgs {
+    /// The arguments of the server --start-server starts, after --shards and
+    /// the addresses: its storage (unless a --server-arg names it), then
+    /// every --server-arg.
+    pub fn server_command_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for (flag, value) in [("--storage", value_name(&self.storage)), ("--fsync", value_name(&self.fsync))] {
+            if !self.server_args.iter().any(|arg| arg == flag) {
+                args.extend([flag.to_string(), value]);
+            }
+        }
+        args.extend(self.server_args.iter().cloned());
+        args
+    }
+}
+
+fn value_name(value: &impl clap::ValueEnum) -> String {
+    value.to_possible_value().map(|value| value.get_name().to_string()).unwrap_or_default()
 }
 
 impl Target {

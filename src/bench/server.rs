@@ -31,6 +31,8 @@ pub struct Targets {
 /// A running `spate serve` child.
 pub struct ServerProcess {
     child: Option<Child>,
+    /// A temporary data directory this process made (removed on drop).
+    data_dir: Option<PathBuf>,
     pub targets: Targets,
     pub log_path: PathBuf,
     /// The exact command line, for the report.
@@ -59,6 +61,9 @@ impl ServerProcess {
             args.extend([flag.to_string(), addr.clone()]);
         }
         args.extend(extra_args.iter().cloned());
+        let data_dir = std::env::temp_dir().join(format!("spate-bench-data-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
         let log_path = std::env::temp_dir().join(format!("spate-bench-server-{}.log", std::process::id()));
         let log =
             std::fs::File::create(&log_path).map_err(|source| BenchError::Io { what: "create server log", source })?;
@@ -70,7 +75,7 @@ impl ServerProcess {
             .spawn()
             .map_err(|source| BenchError::Io { what: "spawn spate serve", source })?;
         let command_line = std::iter::once(program.display().to_string()).chain(args).collect::<Vec<_>>().join(" ");
-        let mut server = ServerProcess { child: Some(child), targets, log_path, command_line };
+        let mut server = ServerProcess { child: Some(child), data_dir: Some(data_dir), targets, log_path, command_line };
         server.wait_ready()?;
         Ok(server)
     }
@@ -145,6 +150,9 @@ impl Drop for ServerProcess {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if let Some(data_dir) = self.data_dir.take() {
+            let _ = std::fs::remove_dir_all(data_dir);
         }
     }
 }

@@ -31,7 +31,7 @@ impl Session {
     /// Starts or finds the server `args` name.
     pub fn open(args: &BenchArgs) -> Result<Session, BenchError> {
         let server = match (args.target, args.start_server) {
-            (Target::Spate, true) => Some(ServerProcess::start(args.server_shards, &args.server_args)?),
+            (Target::Spate, true) => Some(ServerProcess::start(args.server_shards, &args.server_command_args())?),
             _ => None,
         };
         let targets = match (&server, args.target) {
