@@ -1,8 +1,12 @@
 //! Wire formats, pure and allocation-free on the hot path: the ingest line
 //! format ([`line`]), the stable key hash ([`hash`]), binary batch and log
-//! records ([`record`]) and the subscribe request ([`subscribe`]).
+//! records ([`record`]), the subscribe request ([`subscribe`]), and the
+//! formats of the other listeners: JSON lines ([`json`]) and the InfluxDB
+//! line protocol ([`ilp`]).
 
 pub mod hash;
+pub mod ilp;
+pub mod json;
 pub mod line;
 pub mod record;
 pub mod subscribe;
