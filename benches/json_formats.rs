@@ -384,7 +384,28 @@ fn validation_notes() {
     }
 }
 
+/// `JSON_BENCH_ONLY=<candidate> JSON_BENCH_PASSES=<n>`: run one candidate
+/// `n` times over the corpus for both specs and nothing else, so
+/// `valgrind --tool=callgrind` can count its instructions (the difference
+/// between two pass counts, divided by the extra lines, is instructions per
+/// line: repeatable on a shared machine, unlike time).
+fn only_one(name: &str, passes: usize) {
+    let lines = corpus();
+    for spec in ["user_id", "/user/id"] {
+        let mut candidate = candidates(spec).into_iter().find(|candidate| candidate.name() == name).expect("candidate");
+        let mut total = 0;
+        for _ in 0..passes {
+            total += run_all(candidate.as_mut(), &lines);
+        }
+        println!("{name} {spec}: {passes} passes, key bytes {total}");
+    }
+}
+
 fn main() {
+    if let Ok(name) = std::env::var("JSON_BENCH_ONLY") {
+        let passes = std::env::var("JSON_BENCH_PASSES").ok().and_then(|text| text.parse().ok()).unwrap_or(10);
+        return only_one(&name, passes);
+    }
     let mut criterion = Criterion::default().configure_from_args();
     bench(&mut criterion);
     criterion.final_summary();

@@ -18,6 +18,8 @@
 //! * [`subscribe`]: pull-based subscriptions (replay, then live tail).
 //! * [`admin`]: `/metrics`, `/stats`, `/partitions` over HTTP.
 //! * [`config`]: every limit, with its memory cost.
+//! * [`pub_client`]: `spate pub`, a producer that maps rejected lines back to
+//!   its input files.
 //!
 //! ```
 //! use spate::protocol::{Line, parse_line, partition_of};
@@ -35,6 +37,7 @@ pub mod config;
 pub mod ingest;
 pub mod partition;
 pub mod protocol;
+pub mod pub_client;
 pub mod server;
 pub mod shard;
 pub mod subscribe;

@@ -506,7 +506,8 @@ fn scan_field(line: &[u8], start: usize) -> Result<(Escaped<'_>, FieldValue<'_>,
         None | Some(b',' | b' ') => return Err(IlpError::at(IlpErrorKind::FieldValueEmpty, value_start)),
         Some(b'"') => scan_string(line, value_start)?,
         Some(_) => {
-            let end = memchr::memchr2(b',', b' ', &line[value_start..]).map_or(line.len(), |offset| value_start + offset);
+            let end =
+                memchr::memchr2(b',', b' ', &line[value_start..]).map_or(line.len(), |offset| value_start + offset);
             (classify_value(&line[value_start..end], value_start)?, end)
         }
     };
@@ -560,7 +561,9 @@ fn parse_unsigned(digits: &[u8]) -> Result<u64, IlpErrorKind> {
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return Err(IlpErrorKind::BadFieldValue);
     }
-    digits.iter().try_fold(0u64, |value, &digit| value.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
+    digits
+        .iter()
+        .try_fold(0u64, |value, &digit| value.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
         .ok_or(IlpErrorKind::NumberOutOfRange)
 }
 
@@ -603,7 +606,8 @@ fn parse_float(text: &[u8]) -> Result<f64, IlpErrorKind> {
         return Err(IlpErrorKind::BadFieldValue);
     }
     // The grammar above is a subset of what `f64::from_str` accepts.
-    let value: f64 = std::str::from_utf8(text).ok().and_then(|text| text.parse().ok()).ok_or(IlpErrorKind::BadFieldValue)?;
+    let value: f64 =
+        std::str::from_utf8(text).ok().and_then(|text| text.parse().ok()).ok_or(IlpErrorKind::BadFieldValue)?;
     if value.is_finite() { Ok(value) } else { Err(IlpErrorKind::NumberOutOfRange) }
 }
 
@@ -700,7 +704,10 @@ pub fn timestamp_ns(line: &[u8]) -> Option<i64> {
 mod tests {
     use super::*;
 
-    fn point(line: &str) -> Result<(Vec<u8>, Vec<(Vec<u8>, String)>, Option<i64>), IlpError> {
+    /// A parsed point, owned: series key, `(raw field key, value as Debug)`, timestamp.
+    type Parsed = (Vec<u8>, Vec<(Vec<u8>, String)>, Option<i64>);
+
+    fn point(line: &str) -> Result<Parsed, IlpError> {
         let mut scratch = IlpScratch::default();
         let point = parse_point(line.as_bytes(), &mut scratch)?;
         let fields = point.fields().map(|(key, value)| (key.raw().to_vec(), format!("{value:?}"))).collect();

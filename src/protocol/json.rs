@@ -313,6 +313,7 @@ pub fn extract_key<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Vec<
 }
 
 /// JSON whitespace (RFC 8259): space, tab, LF, CR.
+#[inline]
 fn is_whitespace(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -328,10 +329,14 @@ struct Target {
 #[derive(Debug, Clone, Copy)]
 enum Found {
     /// A string, quotes included.
-    String { escaped: bool },
+    String {
+        escaped: bool,
+    },
     /// A number, `true` or `false`: the key is the text.
     Scalar,
-    NotScalar { found: &'static str },
+    NotScalar {
+        found: &'static str,
+    },
 }
 
 /// The validating scanner: an explicit state machine (no recursion), one
@@ -373,10 +378,12 @@ impl<'a, 't> Scanner<'a, 't> {
         JsonError::Invalid { what, byte_position: self.position }
     }
 
+    #[inline]
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.position).copied()
     }
 
+    #[inline]
     fn skip_whitespace(&mut self) {
         while self.peek().is_some_and(is_whitespace) {
             self.position += 1;
@@ -384,6 +391,7 @@ impl<'a, 't> Scanner<'a, 't> {
     }
 
     /// Scans the whole line; returns the pointer's target if it is there.
+    #[inline]
     fn run(mut self) -> Result<Option<Target>, JsonError> {
         self.skip_whitespace();
         loop {
@@ -425,6 +433,7 @@ impl<'a, 't> Scanner<'a, 't> {
 
     /// Scans one value. A container is only opened: returns true when its
     /// first member's value comes next (scanned by `run`'s loop).
+    #[inline]
     fn value(&mut self) -> Result<bool, JsonError> {
         let start = self.position;
         let on_path = std::mem::replace(&mut self.next_on_path, false);
@@ -453,6 +462,7 @@ impl<'a, 't> Scanner<'a, 't> {
         Ok(false)
     }
 
+    #[inline]
     fn record(&mut self, start: usize, end: usize, kind: Found) {
         self.found = Some(Target { start, end, kind });
     }
@@ -460,6 +470,7 @@ impl<'a, 't> Scanner<'a, 't> {
     /// Opens an object or array (the opening byte is at `position`) and
     /// scans up to its first member's value (returns true), or closes it at
     /// once when it is empty (returns false).
+    #[inline]
     fn open(&mut self, is_object: bool, on_path: bool) -> Result<bool, JsonError> {
         if self.depth == JSON_DEPTH_MAX {
             return Err(JsonError::TooDeep { byte_position: self.position, depth_max: JSON_DEPTH_MAX });
@@ -494,6 +505,7 @@ impl<'a, 't> Scanner<'a, 't> {
         }
     }
 
+    #[inline]
     fn close(&mut self) {
         debug_assert!(self.depth > 0);
         if self.matched == self.depth {
@@ -506,10 +518,12 @@ impl<'a, 't> Scanner<'a, 't> {
     }
 
     /// Whether element `index` of the innermost container is on the path.
+    #[inline]
     fn on_path_index(&self, index: usize) -> bool {
         self.matched == self.depth && self.tokens[self.depth - 1].index == Some(index)
     }
 
+    #[inline]
     fn array_element(&mut self) {
         if self.matched == self.depth && self.element_index != usize::MAX {
             self.element_index += 1;
@@ -518,6 +532,7 @@ impl<'a, 't> Scanner<'a, 't> {
     }
 
     /// Scans `"key" :` and decides whether the member's value is on the path.
+    #[inline(always)]
     fn object_key(&mut self) -> Result<(), JsonError> {
         if self.peek() != Some(b'"') {
             return Err(self.error(JsonSyntax::ExpectedKey));
@@ -545,27 +560,40 @@ impl<'a, 't> Scanner<'a, 't> {
 
     /// Scans a string (`position` at its opening quote) and returns whether
     /// it holds escapes.
+    #[inline(always)]
     fn string(&mut self) -> Result<bool, JsonError> {
-        self.position += 1;
+        let bytes = self.bytes;
+        let mut position = self.position + 1;
         let mut escaped = false;
         loop {
-            // Skip plain bytes in one tight loop.
-            while self.position < self.bytes.len() && STRING_PLAIN[usize::from(self.bytes[self.position])] {
-                self.position += 1;
+            // Jump over plain bytes eight at a time, straight to the first
+            // byte that needs a look; the line's last few bytes go one by one.
+            while let Some(word) = bytes.get(position..position + 8) {
+                let special = string_special_mask(u64::from_le_bytes(word.try_into().expect("eight bytes")));
+                if special != 0 {
+                    position += (special.trailing_zeros() / 8) as usize;
+                    break;
+                }
+                position += 8;
             }
-            match self.peek() {
+            while position < bytes.len() && STRING_PLAIN[usize::from(bytes[position])] {
+                position += 1;
+            }
+            self.position = position;
+            match bytes.get(position) {
                 None => return Err(self.error(JsonSyntax::UnterminatedString)),
                 Some(b'"') => {
-                    self.position += 1;
+                    self.position = position + 1;
                     return Ok(escaped);
                 }
                 Some(b'\\') => {
                     escaped = true;
                     self.escape()?;
                 }
-                Some(byte) if byte < 0x20 => return Err(self.error(JsonSyntax::ControlCharacterInString)),
+                Some(byte) if *byte < 0x20 => return Err(self.error(JsonSyntax::ControlCharacterInString)),
                 Some(_) => self.utf8_sequence()?,
             }
+            position = self.position;
         }
     }
 
@@ -607,6 +635,7 @@ impl<'a, 't> Scanner<'a, 't> {
     }
 
     /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+    #[inline]
     fn number(&mut self) -> Result<(), JsonError> {
         let start = self.position;
         if self.peek() == Some(b'-') {
@@ -631,12 +660,14 @@ impl<'a, 't> Scanner<'a, 't> {
         Ok(())
     }
 
+    #[inline]
     fn digits(&mut self) {
         while self.peek().is_some_and(|byte| byte.is_ascii_digit()) {
             self.position += 1;
         }
     }
 
+    #[inline]
     fn required_digits(&mut self, start: usize) -> Result<(), JsonError> {
         let before = self.position;
         self.digits();
@@ -646,6 +677,7 @@ impl<'a, 't> Scanner<'a, 't> {
         Ok(())
     }
 
+    #[inline]
     fn literal(&mut self, text: &[u8], kind: Found) -> Result<Found, JsonError> {
         if !self.bytes[self.position..].starts_with(text) {
             return Err(self.error(JsonSyntax::BadLiteral));
@@ -653,6 +685,22 @@ impl<'a, 't> Scanner<'a, 't> {
         self.position += text.len();
         Ok(kind)
     }
+}
+
+/// A mask with the high bit set in each of the eight bytes of `word` that
+/// needs a closer look in a string: `"`, `\\`, a control character
+/// (< 0x20) or a non-ASCII byte (>= 0x80). These are the classic SWAR byte
+/// tests: a borrow can only flag bytes above a flagged one, so the lowest
+/// flagged byte is always exact.
+#[inline]
+fn string_special_mask(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |value: u64| value.wrapping_sub(ONES) & !value & HIGHS;
+    let quote = has_zero(word ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero(word ^ (ONES * u64::from(b'\\')));
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    quote | backslash | control | (word & HIGHS)
 }
 
 /// Bytes a string holds without a closer look: not `"`, `\`, a control
