@@ -134,7 +134,27 @@ fn summary() {
     }
 }
 
+/// `ILP_BENCH_ONLY=<bench> ILP_BENCH_PASSES=<n>`: run one bench `n` times
+/// over each corpus and nothing else, for `valgrind --tool=callgrind`
+/// (instructions per line are repeatable on a shared machine; time is not).
+fn only_one(name: &str, passes: usize) {
+    let (_, run) = runs().into_iter().find(|(bench, _)| *bench == name).expect("bench name");
+    for kind in ["sorted", "unsorted", "escaped"] {
+        let lines = corpus(kind);
+        let mut scratch = IlpScratch::default();
+        let mut total = 0.0;
+        for _ in 0..passes {
+            total += run(&lines, &mut scratch);
+        }
+        println!("{name} {kind}: {passes} passes, {total}");
+    }
+}
+
 fn main() {
+    if let Ok(name) = std::env::var("ILP_BENCH_ONLY") {
+        let passes = std::env::var("ILP_BENCH_PASSES").ok().and_then(|text| text.parse().ok()).unwrap_or(10);
+        return only_one(&name, passes);
+    }
     let mut criterion = Criterion::default().configure_from_args();
     bench(&mut criterion);
     criterion.final_summary();

@@ -70,8 +70,6 @@ use std::fmt;
 const MEASUREMENT_SPECIALS: &[u8] = b", \\";
 /// Bytes a backslash escapes in tag keys and field keys.
 const KEY_SPECIALS: &[u8] = b",= \\";
-/// Bytes written escaped in a canonical tag value (parsing accepts `\=` too).
-const TAG_VALUE_CANONICAL_SPECIALS: &[u8] = b", \\";
 /// Bytes a backslash escapes in a string field value.
 const STRING_SPECIALS: &[u8] = b"\"\\";
 
@@ -342,14 +340,14 @@ struct Series {
 /// Scans `measurement[,k=v...]` up to its unescaped space, recording tags.
 fn scan_series(line: &[u8], tags: &mut Vec<TagSpan>) -> Result<Series, IlpError> {
     let mut has_escapes = false;
-    let measurement_end = scan_name(line, 0, b", ", &mut has_escapes)?;
+    let measurement_end = scan_name(line, 0, &STOPS_COMMA_SPACE, &mut has_escapes)?;
     if measurement_end == 0 {
         return Err(IlpError::at(IlpErrorKind::MeasurementEmpty, 0));
     }
     let mut position = measurement_end;
     while line.get(position) == Some(&b',') {
         let key_start = position + 1;
-        let key_end = scan_name(line, key_start, b",= ", &mut has_escapes)?;
+        let key_end = scan_name(line, key_start, &STOPS_COMMA_EQUALS_SPACE, &mut has_escapes)?;
         if key_end == key_start {
             return Err(IlpError::at(IlpErrorKind::TagKeyEmpty, key_start));
         }
@@ -357,7 +355,7 @@ fn scan_series(line: &[u8], tags: &mut Vec<TagSpan>) -> Result<Series, IlpError>
             return Err(IlpError::at(IlpErrorKind::TagMissingEquals, key_end));
         }
         let value_start = key_end + 1;
-        let value_end = scan_name(line, value_start, b", ", &mut has_escapes)?;
+        let value_end = scan_name(line, value_start, &STOPS_COMMA_SPACE, &mut has_escapes)?;
         if value_end == value_start {
             return Err(IlpError::at(IlpErrorKind::TagValueEmpty, value_start));
         }
@@ -367,21 +365,46 @@ fn scan_series(line: &[u8], tags: &mut Vec<TagSpan>) -> Result<Series, IlpError>
     Ok(Series { measurement_end, end: position, has_escapes })
 }
 
-/// Scans a name from `start` to the first unescaped byte of `stops` (or
-/// the line's end). A backslash escapes the byte after it.
-fn scan_name(line: &[u8], start: usize, stops: &[u8], has_escapes: &mut bool) -> Result<usize, IlpError> {
+/// A byte class table for [`scan_name`]: `STOP` ends the name, `ESCAPE` is
+/// the backslash, anything else (0) is part of the name.
+type StopTable = [u8; 256];
+const STOP: u8 = 1;
+const ESCAPE: u8 = 2;
+
+const fn stop_table(stops: &[u8]) -> StopTable {
+    let mut table = [0u8; 256];
+    let mut index = 0;
+    while index < stops.len() {
+        table[stops[index] as usize] = STOP;
+        index += 1;
+    }
+    table[b'\\' as usize] = ESCAPE;
+    table
+}
+
+/// Measurement and tag values end at `,` or space.
+static STOPS_COMMA_SPACE: StopTable = stop_table(b", ");
+/// Tag keys and field keys end at `,`, `=` or space.
+static STOPS_COMMA_EQUALS_SPACE: StopTable = stop_table(b",= ");
+/// The whole series section ends at a space.
+static STOPS_SPACE: StopTable = stop_table(b" ");
+
+/// Scans a name from `start` to the first unescaped stop byte (or the
+/// line's end). A backslash escapes the byte after it.
+#[inline]
+fn scan_name(line: &[u8], start: usize, stops: &StopTable, has_escapes: &mut bool) -> Result<usize, IlpError> {
     let mut position = start;
     while let Some(&byte) = line.get(position) {
-        if byte == b'\\' {
-            if position + 1 == line.len() {
-                return Err(IlpError::at(IlpErrorKind::BadEscape, position));
+        match stops[usize::from(byte)] {
+            0 => position += 1,
+            STOP => break,
+            _ => {
+                if position + 1 == line.len() {
+                    return Err(IlpError::at(IlpErrorKind::BadEscape, position));
+                }
+                *has_escapes = true;
+                position += 2;
             }
-            *has_escapes = true;
-            position += 2;
-        } else if stops.contains(&byte) {
-            break;
-        } else {
-            position += 1;
         }
     }
     Ok(position)
@@ -415,12 +438,12 @@ fn canonical_key<'a>(line: &'a [u8], series: &Series, scratch: &'a mut IlpScratc
         return Err(IlpError::at(IlpErrorKind::DuplicateTag, position));
     }
     key.clear();
-    escape_into(&source[..measurement_end], MEASUREMENT_SPECIALS, key);
+    escape_into(&source[..measurement_end], &STOPS_COMMA_SPACE, key);
     for tag in tags.iter() {
         key.push(b',');
-        escape_into(&source[tag.key_start..tag.key_end], KEY_SPECIALS, key);
+        escape_into(&source[tag.key_start..tag.key_end], &STOPS_COMMA_EQUALS_SPACE, key);
         key.push(b'=');
-        escape_into(&source[tag.value_start..tag.value_end], TAG_VALUE_CANONICAL_SPECIALS, key);
+        escape_into(&source[tag.value_start..tag.value_end], &STOPS_COMMA_SPACE, key);
     }
     Ok(&key[..])
 }
@@ -467,14 +490,18 @@ fn unescape_into(raw: &[u8], specials: &[u8], out: &mut Vec<u8>) {
     for_each_unescaped(raw, specials, |chunk| out.extend_from_slice(chunk));
 }
 
-/// Appends `bytes` with a backslash before each byte in `specials`.
-fn escape_into(bytes: &[u8], specials: &[u8], out: &mut Vec<u8>) {
-    for &byte in bytes {
-        if specials.contains(&byte) {
+/// Appends `bytes` with a backslash before each byte that `escapes` marks
+/// (its stop bytes and the backslash).
+fn escape_into(bytes: &[u8], escapes: &StopTable, out: &mut Vec<u8>) {
+    let mut run_start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
+        if escapes[usize::from(byte)] != 0 {
+            out.extend_from_slice(&bytes[run_start..index]);
             out.push(b'\\');
+            run_start = index;
         }
-        out.push(byte);
     }
+    out.extend_from_slice(&bytes[run_start..]);
 }
 
 /// Validates the field set starting at `start`; returns where it ends.
@@ -493,7 +520,7 @@ fn validate_fields(line: &[u8], start: usize) -> Result<usize, IlpError> {
 /// (at `,`, a space or the line's end).
 fn scan_field(line: &[u8], start: usize) -> Result<(Escaped<'_>, FieldValue<'_>, usize), IlpError> {
     let mut has_escapes = false;
-    let key_end = scan_name(line, start, b",= ", &mut has_escapes)?;
+    let key_end = scan_name(line, start, &STOPS_COMMA_EQUALS_SPACE, &mut has_escapes)?;
     if key_end == start {
         return Err(IlpError::at(IlpErrorKind::FieldKeyEmpty, start));
     }
@@ -558,13 +585,24 @@ fn classify_value(text: &[u8], position: usize) -> Result<FieldValue<'_>, IlpErr
 
 /// `[0-9]+` as a u64.
 fn parse_unsigned(digits: &[u8]) -> Result<u64, IlpErrorKind> {
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() {
         return Err(IlpErrorKind::BadFieldValue);
     }
-    digits
-        .iter()
-        .try_fold(0u64, |value, &digit| value.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
-        .ok_or(IlpErrorKind::NumberOutOfRange)
+    let mut value = 0u64;
+    let mut overflow = false;
+    for &byte in digits {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(IlpErrorKind::BadFieldValue);
+        }
+        // Up to 19 digits cannot overflow (10^19 - 1 < 2^64): only longer
+        // numbers pay for the checks.
+        match value.checked_mul(10).and_then(|value| value.checked_add(u64::from(digit))) {
+            Some(next) => value = next,
+            None => overflow = true,
+        }
+    }
+    if overflow { Err(IlpErrorKind::NumberOutOfRange) } else { Ok(value) }
 }
 
 /// `-?[0-9]+` as an i64 (the full range, `i64::MIN` included).
@@ -583,6 +621,9 @@ fn parse_signed(text: &[u8]) -> Result<i64, IlpErrorKind> {
 
 /// `[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?`, finite.
 fn parse_float(text: &[u8]) -> Result<f64, IlpErrorKind> {
+    if let Some(value) = simple_decimal(text) {
+        return Ok(value);
+    }
     let mut position = usize::from(matches!(text.first(), Some(b'+' | b'-')));
     let integer_digits = count_digits(text, position);
     position += integer_digits;
@@ -609,6 +650,41 @@ fn parse_float(text: &[u8]) -> Result<f64, IlpErrorKind> {
     let value: f64 =
         std::str::from_utf8(text).ok().and_then(|text| text.parse().ok()).ok_or(IlpErrorKind::BadFieldValue)?;
     if value.is_finite() { Ok(value) } else { Err(IlpErrorKind::NumberOutOfRange) }
+}
+
+/// Exact powers of ten an f64 holds (10^22 is the largest).
+const POWERS_OF_TEN: [f64; 16] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15];
+
+/// The common case without `f64::from_str`: `-?digits[.digits]`, no
+/// exponent, at most 15 digits in all. The mantissa and the power of ten are
+/// then both exact f64s, and one IEEE division rounds correctly (Clinger's
+/// fast path), so the result is the same as `from_str`'s.
+fn simple_decimal(text: &[u8]) -> Option<f64> {
+    let (negative, body) = match text.split_first() {
+        Some((b'-', body)) => (true, body),
+        Some((b'+', body)) => (false, body),
+        _ => (false, text),
+    };
+    if body.len() > 16 {
+        return None;
+    }
+    let (mut mantissa, mut digit_count, mut fraction_digits, mut seen_point) = (0u64, 0usize, 0usize, false);
+    for &byte in body {
+        match byte {
+            b'0'..=b'9' => {
+                mantissa = mantissa * 10 + u64::from(byte - b'0');
+                digit_count += 1;
+                fraction_digits += usize::from(seen_point);
+            }
+            b'.' if !seen_point => seen_point = true,
+            _ => return None,
+        }
+    }
+    if digit_count == 0 || digit_count > 15 {
+        return None;
+    }
+    let value = mantissa as f64 / POWERS_OF_TEN[fraction_digits];
+    Some(if negative { -value } else { value })
 }
 
 fn count_digits(text: &[u8], start: usize) -> usize {
@@ -672,7 +748,7 @@ impl<'a> Iterator for Fields<'a> {
 /// The field section and the timestamp text of a (validated) line.
 fn locate_sections(line: &[u8]) -> (&[u8], &[u8]) {
     let mut has_escapes = false;
-    let series_end = scan_name(line, 0, b" ", &mut has_escapes).unwrap_or(line.len());
+    let series_end = scan_name(line, 0, &STOPS_SPACE, &mut has_escapes).unwrap_or(line.len());
     let fields_start = skip_spaces(line, series_end);
     let mut position = fields_start;
     loop {
@@ -829,6 +905,29 @@ mod tests {
         assert_eq!(error("m x\\"), (IlpErrorKind::BadEscape, 3));
     }
 
+    /// The float fast path gives exactly what `f64::from_str` gives.
+    #[test]
+    fn simple_decimals_match_from_str() {
+        for text in [
+            "0",
+            "-0",
+            "1.5",
+            "12.50",
+            ".5",
+            "5.",
+            "+3.25",
+            "123456789012345",
+            "0.1",
+            "-9.87654321",
+            "1.000000000000001",
+        ] {
+            let expected: f64 = text.parse().unwrap();
+            assert_eq!(parse_float(text.as_bytes()).unwrap().to_bits(), expected.to_bits(), "{text}");
+        }
+        assert_eq!(simple_decimal(b"1e3"), None);
+        assert_eq!(simple_decimal(b"1234567890123456"), None);
+    }
+
     /// The ERR detail: reason first, then what and where.
     #[test]
     fn errors_display_reason_and_position() {
@@ -873,12 +972,12 @@ mod tests {
         /// A line with the given tags, escaped as a client would.
         fn render(measurement: &str, tags: &[(String, String)]) -> Vec<u8> {
             let mut line = Vec::new();
-            escape_into(measurement.as_bytes(), MEASUREMENT_SPECIALS, &mut line);
+            escape_into(measurement.as_bytes(), &STOPS_COMMA_SPACE, &mut line);
             for (key, value) in tags {
                 line.push(b',');
-                escape_into(key.as_bytes(), KEY_SPECIALS, &mut line);
+                escape_into(key.as_bytes(), &STOPS_COMMA_EQUALS_SPACE, &mut line);
                 line.push(b'=');
-                escape_into(value.as_bytes(), KEY_SPECIALS, &mut line);
+                escape_into(value.as_bytes(), &STOPS_COMMA_EQUALS_SPACE, &mut line);
             }
             line.extend_from_slice(br#" v=1i,s="x" 1"#);
             line
@@ -903,12 +1002,12 @@ mod tests {
                 let mut scratch = IlpScratch::default();
                 let expected = {
                     let mut key = Vec::new();
-                    escape_into(measurement.as_bytes(), MEASUREMENT_SPECIALS, &mut key);
+                    escape_into(measurement.as_bytes(), &STOPS_COMMA_SPACE, &mut key);
                     for (tag_key, value) in &sorted {
                         key.push(b',');
-                        escape_into(tag_key.as_bytes(), KEY_SPECIALS, &mut key);
+                        escape_into(tag_key.as_bytes(), &STOPS_COMMA_EQUALS_SPACE, &mut key);
                         key.push(b'=');
-                        escape_into(value.as_bytes(), TAG_VALUE_CANONICAL_SPECIALS, &mut key);
+                        escape_into(value.as_bytes(), &STOPS_COMMA_SPACE, &mut key);
                     }
                     key
                 };
