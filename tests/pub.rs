@@ -44,12 +44,16 @@ fn wait_for_stored(server: &Server, expected: u64) -> u64 {
     }
 }
 
-/// A million lines piped through `spate pub` are all stored, and it exits 0.
+/// A million lines piped into `spate pub`'s stdin are all stored, and it exits 0.
 #[test]
 fn pub_stores_a_million_lines_and_exits_zero() {
     let server = Server::start(&[]);
     let path = write_events("million", 1_000_000, None);
-    let output = spate_pub(&server, &[&path]);
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["pub", "--server", &server.ingest.to_string()])
+        .stdin(std::fs::File::open(&path).unwrap())
+        .output()
+        .expect("run spate pub");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "spate pub failed: {stderr}");
     assert!(stderr.contains("0 rejected"), "{stderr}");
