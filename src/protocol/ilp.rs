@@ -33,9 +33,8 @@
 //! * **Control lines**: a line starting with `#` is a control line (`#SYNC`,
 //!   `#PING`, `#STREAM name`), as in the line format. InfluxDB reads `#`
 //!   lines as comments; here a comment gets an `unknown_control` reply and is
-//!   otherwise harmless. No valid point starts with `#`... unless its
-//!   measurement does: such a measurement must be sent as `\#name`, which is
-//!   not an escape, so its series key keeps the backslash.
+//!   otherwise harmless. So a measurement cannot start with `#` on this
+//!   listener (InfluxDB would read such a line as a comment too).
 //!
 //! # The series key
 //!
