@@ -13,16 +13,43 @@
 //! key), `parse_and_sum_fields` (plus iterating the fields and summing the
 //! floats, what an aggregate would do), and `baseline_parse_line`. A summary
 //! after criterion's report times each again (fastest of 20 windows of 50 ms)
-//! and prints ns/line, lines/s and the ratio to the baseline. Run:
+//! and prints ns/line, lines/s, the ratio to the baseline and heap
+//! allocations per line (counting allocator). Run:
 //! `nice -n 10 cargo bench --bench ilp`. `ILP_BENCH_ONLY` (see `only_one`)
 //! runs one bench alone for `valgrind --tool=callgrind`, whose instruction
 //! counts per line are repeatable on a shared machine.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use spate::protocol::ilp::{FieldValue, IlpLine, IlpScratch, parse_ilp_line};
+
+/// Counts allocations, so the summary can show that parsing allocates
+/// nothing per line once the scratch buffers have grown.
+struct CountingAllocator;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(pointer, layout) }
+    }
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(pointer, layout, size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// Lines per iteration.
 const LINE_COUNT: usize = 1000;
@@ -111,14 +138,18 @@ fn bench(criterion: &mut Criterion) {
 
 fn summary() {
     println!("\n## ILP parsing, {LINE_COUNT} lines per corpus");
-    println!("\n| corpus | bench | bytes/line | ns/line | lines/s | x baseline |");
-    println!("|---|---|---|---|---|---|");
+    println!("\n| corpus | bench | bytes/line | ns/line | lines/s | x baseline | allocs/line |");
+    println!("|---|---|---|---|---|---|---|");
     for kind in ["sorted", "unsorted", "escaped"] {
         let lines = corpus(kind);
         let bytes_per_line = lines.iter().map(Vec::len).sum::<usize>() / LINE_COUNT;
         let mut scratch = IlpScratch::default();
         let mut baseline_ns = 0.0;
         for (name, run) in runs() {
+            run(&lines, &mut scratch);
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            run(&lines, &mut scratch);
+            let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / LINE_COUNT as f64;
             // The fastest of 20 windows of 50 ms: on a shared machine the
             // minimum is the least disturbed measurement.
             let mut ns_per_line = f64::MAX;
@@ -135,7 +166,7 @@ fn summary() {
                 baseline_ns = ns_per_line;
             }
             println!(
-                "| {kind} | {name} | {bytes_per_line} | {ns_per_line:.0} | {:.2} M | {:.1} |",
+                "| {kind} | {name} | {bytes_per_line} | {ns_per_line:.0} | {:.2} M | {:.1} | {allocations:.1} |",
                 1e3 / ns_per_line,
                 ns_per_line / baseline_ns
             );
