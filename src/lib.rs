@@ -41,6 +41,7 @@ pub mod config;
 mod ingest;
 pub mod partition;
 pub mod protocol;
+pub mod pub_client;
 mod serve;
 mod shard;
 pub mod storage;

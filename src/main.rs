@@ -17,6 +17,10 @@ enum Command {
     Serve(spate::Config),
     /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
     Sub(spate::SubArgs),
+    /// Publish files (or stdin) to a listener, end with #SYNC, and report
+    /// each rejected line as FILE:LINE on stderr.
+    #[command(after_help = spate::pub_client::EXIT_STATUS_HELP)]
+    Pub(spate::pub_client::PubArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
@@ -30,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
         Command::Sub(args) => spate::run_sub(&args).map_err(|error| error.to_string()),
+        Command::Pub(args) => std::process::exit(spate::pub_client::run_pub(&args)),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())

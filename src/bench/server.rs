@@ -75,7 +75,8 @@ impl ServerProcess {
             .spawn()
             .map_err(|source| BenchError::Io { what: "spawn spate serve", source })?;
         let command_line = std::iter::once(program.display().to_string()).chain(args).collect::<Vec<_>>().join(" ");
-        let mut server = ServerProcess { child: Some(child), data_dir: Some(data_dir), targets, log_path, command_line };
+        let mut server =
+            ServerProcess { child: Some(child), data_dir: Some(data_dir), targets, log_path, command_line };
         server.wait_ready()?;
         Ok(server)
     }

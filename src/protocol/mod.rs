@@ -7,9 +7,13 @@
 //! * [`subscribe`]: the `SUB` request and every line a subscriber reads;
 //! * [`record`]: binary event records (mesh batches and partition logs);
 //! * [`hash`]: the stable key hash that places a key in a partition.
+//! * [`json`]: JSON lines (the JSON listener), key from a field;
+//! * [`ilp`]: the InfluxDB line protocol (the ILP listener), key = series.
 
 pub mod control;
 pub mod hash;
+pub mod ilp;
+pub mod json;
 pub mod line;
 pub mod record;
 pub mod subscribe;

@@ -1,0 +1,16 @@
+//! Fuzzes `parse_subscribe`: no panic, and an accepted request names a
+//! partition inside the partition count.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use spate::protocol::{PartitionSelector, parse_subscribe};
+
+const PARTITION_COUNT: u32 = 256;
+
+fuzz_target!(|line: &[u8]| {
+    if let Ok(request) = parse_subscribe(line, PARTITION_COUNT) {
+        if let PartitionSelector::One(partition) = request.partitions {
+            assert!(partition < PARTITION_COUNT);
+        }
+    }
+});
