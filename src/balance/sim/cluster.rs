@@ -6,9 +6,9 @@
 //! What the engine does and where the simulator copies it:
 //!
 //! - sources route each tracer event by their own placement copy into an open batch per owner,
-//!   and send every open batch at the end of the tick (`Router::take_batch`); a marker joins
-//!   the open batch of its old owner and leaves at once, behind every event batched there
-//!   (`Source::send_marker`);
+//!   and send every open batch at the end of each millisecond (`Router::take_batch`, which the
+//!   engine's flusher calls within microseconds); a marker joins the open batch of its old owner
+//!   and leaves at once, behind every event batched there (`Source::send_marker`);
 //! - owners queue data batches on arrival and apply them in arrival order once the frames of
 //!   the same millisecond are handled, so control frames overtake data waiting to be applied, as
 //!   with the engine's apply queue; applying follows `partition::apply::apply_batch`: events of
@@ -247,6 +247,9 @@ pub struct Cluster {
     cooldown_ms: u64,
     fault: Fault,
     now_ms: u64,
+    /// Whether a migration started, or a partition was handed over or installed, since the last
+    /// [`Cluster::check`].
+    changed: bool,
     shards: Vec<SimShard>,
     mesh: Mesh<Frame>,
     /// Open batches by (source, owner): a map, so they leave in the same order every run.
@@ -329,6 +332,7 @@ impl Cluster {
             cooldown_ms: settings.cooldown_ms,
             fault: settings.fault,
             now_ms: 0,
+            changed: true,
             shards,
             mesh: Mesh::new(shard_count, settings.mesh_delay_ms, settings.mesh_seed),
             open: BTreeMap::new(),
@@ -654,6 +658,7 @@ impl Cluster {
     /// Step 1 on the owner, checked: the partition is installed there and not cooling down,
     /// and the new epoch is the newest so far plus one.
     fn start_migration(&mut self, owner: u16, thief: u16, partition: u32) {
+        self.changed = true;
         let now_ms = self.now_ms;
         let index = partition as usize;
         if let Some(moved_ms) = self.last_moved_ms[index]
@@ -706,6 +711,7 @@ impl Cluster {
 
     /// Step 4 on the old owner, as `Shard::send_handoff`: the partition leaves with its state.
     fn send_handoff(&mut self, me: u16, thief: u16, partition: u32, epoch: u32) {
+        self.changed = true;
         let Some(mut state) = self.shards[usize::from(me)].installed.remove(&partition) else {
             fail!(self, "shard {me} hands over partition {partition}, which it does not have");
         };
@@ -728,6 +734,7 @@ impl Cluster {
     /// Step 5 on the thief, as `Shard::on_handoff`: install, append what waited, then release
     /// the held grants.
     fn on_handoff(&mut self, me: u16, partition: u32, epoch: u32, state: SimPartition) {
+        self.changed = true;
         if epoch != self.newest_epoch[partition as usize] {
             let newest_epoch = self.newest_epoch[partition as usize];
             fail!(self, "handoff of partition {partition} at epoch {epoch}, the newest is {newest_epoch}");
@@ -817,7 +824,12 @@ impl Cluster {
     /// misrouted events and tracer sequences on every append, grant order on every grant, epochs
     /// and table entries on every start, placement update and install, cooldowns on every start.
     pub fn check(&mut self) {
-        self.locate();
+        // Homes and epochs change only on a start, a handoff or an install: a step without any
+        // has nothing new for `locate` to see.
+        if self.changed {
+            self.locate();
+            self.changed = false;
+        }
         self.check_balancer_records();
         self.check_flights();
     }
@@ -971,5 +983,6 @@ impl Cluster {
     pub fn install_duplicate(&mut self, shard: u16, partition: u32) {
         let copy = SimPartition::new(1000);
         self.shards[usize::from(shard)].installed.insert(partition, copy);
+        self.changed = true;
     }
 }

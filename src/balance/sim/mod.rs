@@ -13,27 +13,33 @@
 //!   which travels in the handoff, as in the engine;
 //! - gossip delayed by one interval: reports published at `t` reach the views at `t + interval`;
 //! - steal requests and their answers within the tick (the rule's side of the mesh);
-//! - the mesh the migration runs on ([`mesh`]): FIFO channels per pair of shards, each frame
+//! - the mesh the migration runs on (`mesh.rs`): a FIFO channel per pair of shards, each frame
 //!   delayed by a seeded random `0..=mesh_delay_ms`; a migration takes as long as its messages;
-//! - tracer events ([`cluster`]): each tick `tracer_events_per_tick` events from random sources,
-//!   half of them to partitions in flight, routed by each source's own placement copy, batched,
-//!   applied by their owner as the engine applies records, and checked on every append.
+//! - tracer events (`cluster.rs`): `tracer_events_per_tick` events a tick, spread over its
+//!   milliseconds, from random sources, half of them to partitions with a migration in flight,
+//!   routed by each source's own placement copy, batched, and applied by their owner as the
+//!   engine applies records. The run without balancing moves nothing and emits none.
 //!
 //! Load is attributed to the shard that has the partition installed; while its handoff is on the
 //! mesh, to the thief it travels to.
 //!
-//! Invariants, checked against the simulator's own records and failing with the seed:
+//! Invariants, checked against the simulator's own records, each failing with the seed:
 //! - every partition is installed on exactly one shard or carried by exactly one handoff in
-//!   flight, and has the newest epoch of its moves; a move starts at that epoch plus one; no
-//!   shard's table entry goes back (every tick, every start, every placement update);
+//!   flight, at the newest epoch of its moves (one less on the owner handing it over): after
+//!   every step with a start, a handoff or an install;
+//! - a move starts at the newest epoch plus one, from the shard that has the partition at the
+//!   newest epoch in its own table; no shard's table entry goes back; a shard that has a
+//!   partition is its owner in its own table: on every start, placement update and install;
 //! - no tracer event is misrouted, and per (partition, source) the appended sequences are
-//!   exactly 0, 1, 2, ... across any number of moves (every append);
-//! - grants reach each source in the order of its batches (every grant);
-//! - a shard records at most one migration, and the one it records is in flight in its machine;
-//!   no migration stays in flight past [`cluster::DRAIN_MS_MAX`] (every tick);
-//! - no partition moves within its cooldown (every start);
-//! - at the end, emitting and stealing stop, the mesh must drain within
-//!   [`cluster::DRAIN_MS_MAX`], and every emitted event must have been appended exactly once.
+//!   exactly 0, 1, 2, ... across any number of moves: on every append;
+//! - grants reach each source in the order of its batches: on every grant;
+//! - a shard's balancer records at most one migration, the one it records is in flight in its
+//!   machine, every owner handing a partition over records it, and no migration stays in flight
+//!   past `DRAIN_MS_MAX` (10 s): after every step;
+//! - no partition moves within its cooldown: on every start;
+//! - at the end emitting and stealing stop, the mesh must drain within `DRAIN_MS_MAX`, and then
+//!   every emitted tracer event must have been appended exactly once and every batch's grant
+//!   must be back.
 //!
 //! A panic of the engine's own code during a run is re-raised with the seed. Each run is done
 //! twice with the same seed, balancing on and off, and the [`SimReport`] compares them.
@@ -75,8 +81,8 @@ pub const SIM_KEYS_MAX: u32 = 10_000_000;
 /// Longest simulated run: an hour is 360_000 ticks and 36_000 samples per run.
 pub const SIM_SECONDS_MAX: u64 = 3600;
 /// Longest delay of a simulated mesh frame. Real ones take microseconds; a second is far past
-/// any sensible model, and keeps a migration (three hops) well within [`DRAIN_MS_MAX`]. The mesh
-/// keeps one bucket (32 bytes) per millisecond of it.
+/// any sensible model, and keeps a migration (three hops) well within `DRAIN_MS_MAX` (10 s).
+/// The mesh keeps one bucket (32 bytes) per millisecond of it.
 pub const SIM_MESH_DELAY_MS_MAX: u64 = 1000;
 /// Most tracer events per tick. Each is 12 bytes in a batch, and a tick's events are in flight
 /// for up to the mesh delay: 4096 per tick for a second is 400 K events, 5 MiB.
