@@ -1,22 +1,48 @@
-//! A deterministic simulator of the balancer: hundreds of shards, simulated time, one seed.
+//! A deterministic simulator of the balancer and the migration protocol: hundreds of shards,
+//! simulated time, one seed.
 //!
-//! It drives the very functions the engine uses ([`Census::steal_for`], which is
-//! [`crate::balance::want_to_steal`] for all shards at once, and [`pick_partition`]) and models
-//! what lies around them:
+//! It drives the very code the engine runs: the rule ([`Census::steal_for`], which is
+//! [`crate::balance::want_to_steal`] for all shards at once, and [`pick_partition`]) and, on
+//! every simulated shard, the migration state machine
+//! ([`crate::partition::migration::Migrations`]) with its own placement table. Around them it
+//! models:
 //!
 //! - a simulated clock advancing in ticks (`tick_ms`, 10 ms), nothing read from the real one;
-//! - each partition's true rate, set by the workload; each report interval the owner measures
-//!   it with relative noise (`noise_ratio`) into the partition's [`Ewma`], which moves with the
-//!   partition on migration, as in the engine;
+//! - each partition's true rate, set by the workload; each report interval the shard that has it
+//!   installed measures it with relative noise (`noise_ratio`) into the partition's [`Ewma`],
+//!   which travels in the handoff, as in the engine;
 //! - gossip delayed by one interval: reports published at `t` reach the views at `t + interval`;
-//! - steal requests and answers are delivered within the tick (mesh latency is microseconds);
-//! - a migration takes `migration_ms`, during which the partition's load stays on its source
-//!   and both shards count as migrating.
+//! - steal requests and their answers within the tick (the rule's side of the mesh);
+//! - the mesh the migration runs on (`mesh.rs`): a FIFO channel per pair of shards, each frame
+//!   delayed by a seeded random `0..=mesh_delay_ms`; a migration takes as long as its messages;
+//! - tracer events (`cluster.rs`): `tracer_events_per_tick` events a tick, spread over its
+//!   milliseconds, from random sources, half of them to partitions with a migration in flight,
+//!   routed by each source's own placement copy, batched, and applied by their owner as the
+//!   engine applies records. The run without balancing moves nothing and emits none.
 //!
-//! Every tick checks the invariants (every partition has exactly one owner, no shard is in two
-//! migrations, no partition moves within its cooldown) against the simulator's own records,
-//! not the rule's, and panics with the seed if one fails. Each run is done twice with the same
-//! seed, balancing on and off, and the [`SimReport`] compares them.
+//! Load is attributed to the shard that has the partition installed; while its handoff is on the
+//! mesh, to the thief it travels to.
+//!
+//! Invariants, checked against the simulator's own records, each failing with the seed:
+//! - every partition is installed on exactly one shard or carried by exactly one handoff in
+//!   flight, at the newest epoch of its moves (one less on the owner handing it over): after
+//!   every step with a start, a handoff or an install;
+//! - a move starts at the newest epoch plus one, from the shard that has the partition at the
+//!   newest epoch in its own table; no shard's table entry goes back; a shard that has a
+//!   partition is its owner in its own table: on every start, placement update and install;
+//! - no tracer event is misrouted, and per (partition, source) the appended sequences are
+//!   exactly 0, 1, 2, ... across any number of moves: on every append;
+//! - grants reach each source in the order of its batches: on every grant;
+//! - a shard's balancer records at most one migration, the one it records is in flight in its
+//!   machine, every owner handing a partition over records it, and no migration stays in flight
+//!   past `DRAIN_MS_MAX` (10 s): after every step;
+//! - no partition moves within its cooldown: on every start;
+//! - at the end emitting and stealing stop, the mesh must drain within `DRAIN_MS_MAX`, and then
+//!   every emitted tracer event must have been appended exactly once and every batch's grant
+//!   must be back.
+//!
+//! A panic of the engine's own code during a run is re-raised with the seed. Each run is done
+//! twice with the same seed, balancing on and off, and the [`SimReport`] compares them.
 //!
 //! Metrics, all computed from true rates:
 //! - *imbalance*: max shard load / mean shard load;
@@ -28,6 +54,9 @@
 //!   bound whatever else shares its shard; the level still sees that load, and two hot
 //!   partitions sharing a shard, and an uneven rest.
 
+mod cluster;
+mod mesh;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -36,11 +65,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::balance::report::{Ewma, LoadReport, PartitionLoad, SHARDS_MAX, View, hottest_partitions};
-use crate::balance::rule::{
-    BalanceConfig, BalanceConfigError, Census, Cooldowns, Direction, Migration, ShardState, pick_partition,
-    water_level_events_per_s,
-};
+use crate::balance::report::{LoadReport, PartitionLoad, SHARDS_MAX, View, hottest_partitions};
+use crate::balance::rule::{BalanceConfig, BalanceConfigError, Census, water_level_events_per_s};
+pub use cluster::Coverage;
+use cluster::{Cluster, ClusterSettings, DRAIN_MS_MAX, Fault};
+
+#[cfg(doc)]
+use crate::balance::{Ewma, pick_partition};
 
 /// Most partitions a simulation may have. Each costs about 100 bytes of simulator state (owner,
 /// rate, average, counters, placement entry), so the limit is about 100 MiB.
@@ -49,9 +80,17 @@ pub const SIM_PARTITIONS_MAX: u32 = 1 << 20;
 pub const SIM_KEYS_MAX: u32 = 10_000_000;
 /// Longest simulated run: an hour is 360_000 ticks and 36_000 samples per run.
 pub const SIM_SECONDS_MAX: u64 = 3600;
-/// Longest a simulated migration may take. Real ones move in-memory state and take
-/// milliseconds; a minute is far past any sensible model.
-pub const SIM_MIGRATION_MS_MAX: u64 = 60_000;
+/// Longest delay of a simulated mesh frame. Real ones take microseconds; a second is far past
+/// any sensible model, and keeps a migration (three hops) well within `DRAIN_MS_MAX` (10 s).
+/// The mesh keeps one bucket (32 bytes) per millisecond of it.
+pub const SIM_MESH_DELAY_MS_MAX: u64 = 1000;
+/// Most tracer events per tick. Each is 12 bytes in a batch, and a tick's events are in flight
+/// for up to the mesh delay: 4096 per tick for a second is 400 K events, 5 MiB.
+pub const SIM_TRACER_EVENTS_PER_TICK_MAX: u32 = 4096;
+/// Most placement entries in all: every simulated shard keeps a full table, 8 bytes per
+/// partition, so shards x partitions entries. 256 MiB at the limit; 1024 shards with 16
+/// partitions each take half of it.
+pub const SIM_PLACEMENT_ENTRIES_MAX: u64 = 1 << 25;
 /// Partitions per shard when `--partitions` is absent. Sixteen gives the rule enough pieces to
 /// level loads to within a few percent without making partitions tiny.
 pub const PARTITIONS_PER_SHARD_DEFAULT: u32 = 16;
@@ -133,7 +172,7 @@ impl fmt::Display for Workload {
 /// The simulator's command-line flags (`spate sim --help`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
-    /// Number of simulated shards (2 to 4096).
+    /// Number of simulated shards (2 to 4096; shards x partitions at most 2^25).
     #[arg(long, default_value_t = 256)]
     pub shards: u16,
     /// Number of partitions [default: 16 per shard].
@@ -169,9 +208,14 @@ pub struct SimArgs {
     /// Simulated clock tick; must divide the report interval.
     #[arg(long, default_value_t = 10)]
     pub tick_ms: u64,
-    /// Time from a steal being accepted to the partition being installed on the thief.
-    #[arg(long, default_value_t = 50)]
-    pub migration_ms: u64,
+    /// Longest delay of a frame between simulated shards; each frame's is random in 0..=this, and
+    /// a migration takes as long as its messages do.
+    #[arg(long, default_value_t = 10)]
+    pub mesh_delay_ms: u64,
+    /// Tracer events emitted per tick over all shards, each checked to be appended exactly once
+    /// and in order.
+    #[arg(long, default_value_t = 64)]
+    pub tracer_events_per_tick: u32,
     /// Relative noise of each rate measurement (0.1 is +-10%).
     #[arg(long, default_value_t = 0.1)]
     pub noise: f64,
@@ -210,7 +254,9 @@ pub enum SimArgsError {
     KeysOutOfRange { keys: u32, keys_max: u32 },
     SecondsOutOfRange { seconds: u64, seconds_max: u64 },
     TickDoesNotDivideInterval { tick_ms: u64, report_interval_ms: u64 },
-    MigrationOutOfRange { migration_ms: u64, migration_ms_min: u64, migration_ms_max: u64 },
+    MeshDelayOutOfRange { mesh_delay_ms: u64, mesh_delay_ms_max: u64 },
+    TracerEventsOutOfRange { tracer_events_per_tick: u32, tracer_events_per_tick_max: u32 },
+    PlacementTooLarge { shards: u16, partitions: u32, placement_entries_max: u64 },
     HotSetOutOfRange { hot_partitions: u32, partitions: u32 },
     ValueOutOfRange { name: &'static str, value: f64 },
     ShiftZero,
@@ -235,7 +281,8 @@ pub struct SimSettings {
     pub seconds: u64,
     pub events_per_s: f64,
     pub tick_ms: u64,
-    pub migration_ms: u64,
+    pub mesh_delay_ms: u64,
+    pub tracer_events_per_tick: u32,
     pub noise_ratio: f64,
     pub converged_tolerance: f64,
     pub table_every_s: u64,
@@ -266,15 +313,7 @@ impl SimArgs {
             let report_interval_ms = balance.report_interval_ms;
             return Err(SimArgsError::TickDoesNotDivideInterval { tick_ms: self.tick_ms, report_interval_ms });
         }
-        // A migration lasts at least a tick, so it is seen in flight; and ends within a minute.
-        let (migration_ms_min, migration_ms_max) = (self.tick_ms, SIM_MIGRATION_MS_MAX);
-        if !(migration_ms_min..=migration_ms_max).contains(&self.migration_ms) {
-            return Err(SimArgsError::MigrationOutOfRange {
-                migration_ms: self.migration_ms,
-                migration_ms_min,
-                migration_ms_max,
-            });
-        }
+        self.check_mesh(partitions)?;
         self.check_values()?;
         Ok(SimSettings {
             seed: self.seed.unwrap_or(seed),
@@ -284,7 +323,8 @@ impl SimArgs {
             seconds: self.seconds,
             events_per_s: self.events_per_s,
             tick_ms: self.tick_ms,
-            migration_ms: self.migration_ms,
+            mesh_delay_ms: self.mesh_delay_ms,
+            tracer_events_per_tick: self.tracer_events_per_tick,
             noise_ratio: self.noise,
             converged_tolerance: self.converged_tolerance,
             table_every_s: self.table_every_s.max(1),
@@ -302,6 +342,23 @@ impl SimArgs {
         };
         balance.validate().map_err(SimArgsError::Config)?;
         Ok(balance)
+    }
+
+    fn check_mesh(&self, partitions: u32) -> Result<(), SimArgsError> {
+        if self.mesh_delay_ms > SIM_MESH_DELAY_MS_MAX {
+            let (mesh_delay_ms, mesh_delay_ms_max) = (self.mesh_delay_ms, SIM_MESH_DELAY_MS_MAX);
+            return Err(SimArgsError::MeshDelayOutOfRange { mesh_delay_ms, mesh_delay_ms_max });
+        }
+        if self.tracer_events_per_tick > SIM_TRACER_EVENTS_PER_TICK_MAX {
+            let tracer_events_per_tick = self.tracer_events_per_tick;
+            let tracer_events_per_tick_max = SIM_TRACER_EVENTS_PER_TICK_MAX;
+            return Err(SimArgsError::TracerEventsOutOfRange { tracer_events_per_tick, tracer_events_per_tick_max });
+        }
+        if u64::from(self.shards) * u64::from(partitions) > SIM_PLACEMENT_ENTRIES_MAX {
+            let placement_entries_max = SIM_PLACEMENT_ENTRIES_MAX;
+            return Err(SimArgsError::PlacementTooLarge { shards: self.shards, partitions, placement_entries_max });
+        }
+        Ok(())
     }
 
     fn check_values(&self) -> Result<(), SimArgsError> {
@@ -377,6 +434,8 @@ pub struct RunSummary {
     pub moves_per_partition_max: u32,
     /// Refusals by [`crate::balance::Refusal::name`].
     pub refusals: BTreeMap<&'static str, u64>,
+    /// What the run exercised of the migration protocol.
+    pub coverage: Coverage,
 }
 
 impl RunSummary {
@@ -441,19 +500,19 @@ fn mix64(value: u64) -> u64 {
 const STREAM_NOISE: u64 = 1;
 const STREAM_HOTSPOT: u64 = 2;
 const STREAM_KEYS: u64 = 3;
+const STREAM_MESH: u64 = 4;
+const STREAM_TRACER: u64 = 5;
 
 fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
     mix64(mix64(seed ^ mix64(stream)) ^ index)
 }
 
-/// A migration in flight, as the simulator records it.
-#[derive(Clone, Debug)]
-struct Flight {
-    partition: u32,
-    source: u16,
-    thief: u16,
-    started_ms: u64,
-    done_ms: u64,
+/// Fails the run: panics with the seed, the time and a way to rerun.
+fn fail_with(seed: u64, now_ms: u64, rebalance: bool, what: fmt::Arguments<'_>) -> ! {
+    panic!(
+        "balance sim invariant violated (seed {seed}, t = {now_ms} ms, rebalance {rebalance}): {what}; rerun with \
+         --seed {seed}"
+    )
 }
 
 /// The state of one simulated process.
@@ -463,24 +522,14 @@ struct Run<'a> {
     now_ms: u64,
     phase_index: Option<u64>,
     key_weights: Vec<f64>,
-    /// Partition to owner. A partition in flight stays with its source until the handoff.
-    owners: Vec<u16>,
-    /// Shard to the partitions it owns.
-    owned: Vec<Vec<u32>>,
+    /// The shards, each running the migration protocol, and the mesh between them.
+    cluster: Cluster,
     /// True events/s of each partition, set by the workload.
     rates: Vec<f64>,
-    /// Measured events/s of each partition: what the owner's rule sees.
-    measured: Vec<Ewma>,
-    states: Vec<ShardState>,
-    flights: Vec<Flight>,
-    cooldowns: Cooldowns,
     view: View,
     outbox: Vec<LoadReport>,
     report_sequence: u64,
     noise_rng: StdRng,
-    /// The simulator's own record of each partition's last move, to check cooldowns
-    /// independently of the rule's [`Cooldowns`].
-    last_move_end_ms: Vec<Option<u64>>,
     moves: Vec<u32>,
     migrations_count: u64,
     refusals: BTreeMap<&'static str, u64>,
@@ -489,39 +538,42 @@ struct Run<'a> {
     samples: Vec<Sample>,
     phase_starts: Vec<(u64, f64)>,
     scratch_loads: Vec<PartitionLoad>,
-    scratch_counts: Vec<u32>,
     scratch_shard_loads: Vec<f64>,
 }
 
 impl<'a> Run<'a> {
     fn new(settings: &'a SimSettings, rebalance: bool) -> Run<'a> {
+        Run::with_fault(settings, rebalance, Fault::None)
+    }
+
+    /// A run whose shards carry out the protocol's effects with `fault`.
+    fn with_fault(settings: &'a SimSettings, rebalance: bool, fault: Fault) -> Run<'a> {
         let shard_count = usize::from(settings.shards);
         let partition_count = settings.partitions as usize;
-        let half_life_ms = settings.balance.ewma_half_life_ms;
-        let mut owned = vec![Vec::new(); shard_count];
-        let owners: Vec<u16> =
-            (0..settings.partitions).map(|partition| (partition % u32::from(settings.shards)) as u16).collect();
-        for (partition, &owner) in owners.iter().enumerate() {
-            owned[usize::from(owner)].push(partition as u32);
-        }
+        let cluster = Cluster::new(&ClusterSettings {
+            seed: settings.seed,
+            rebalance,
+            shard_count: settings.shards,
+            partition_count: settings.partitions,
+            half_life_ms: settings.balance.ewma_half_life_ms,
+            cooldown_ms: settings.balance.cooldown_ms,
+            mesh_delay_ms: settings.mesh_delay_ms,
+            mesh_seed: stream_seed(settings.seed, STREAM_MESH, 0),
+            tracer_seed: stream_seed(settings.seed, STREAM_TRACER, 0),
+            fault,
+        });
         let mut run = Run {
             settings,
             rebalance,
             now_ms: 0,
             phase_index: None,
             key_weights: settings.workload.key_weights(),
-            owners,
-            owned,
+            cluster,
             rates: vec![0.0; partition_count],
-            measured: vec![Ewma::new(half_life_ms); partition_count],
-            states: vec![ShardState::new(); shard_count],
-            flights: Vec::new(),
-            cooldowns: Cooldowns::new(),
             view: View::new(settings.shards),
             outbox: Vec::with_capacity(shard_count),
             report_sequence: 0,
             noise_rng: StdRng::seed_from_u64(stream_seed(settings.seed, STREAM_NOISE, 0)),
-            last_move_end_ms: vec![None; partition_count],
             moves: vec![0; partition_count],
             migrations_count: 0,
             refusals: BTreeMap::new(),
@@ -530,27 +582,47 @@ impl<'a> Run<'a> {
             samples: Vec::new(),
             phase_starts: Vec::new(),
             scratch_loads: Vec::new(),
-            scratch_counts: vec![0; partition_count],
             scratch_shard_loads: vec![0.0; 2 * shard_count],
         };
         run.apply_phase();
         run
     }
 
+    /// Runs every tick, then drains. A panic in the engine's code is re-raised with the seed.
     fn run(mut self) -> RunSummary {
-        let tick_count = self.settings.seconds * 1000 / self.settings.tick_ms;
-        // The end itself is not simulated: a shift landing on it would open an empty phase.
-        for tick in 0..tick_count {
-            self.step(tick * self.settings.tick_ms);
+        let tick_ms = self.settings.tick_ms;
+        let tick_count = self.settings.seconds * 1000 / tick_ms;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // The end itself is not simulated: a shift landing on it would open an empty phase.
+            for tick in 0..tick_count {
+                self.step(tick * tick_ms);
+            }
+            self.drain(tick_count * tick_ms);
+        }));
+        if let Err(payload) = outcome {
+            self.reraise(payload);
         }
         self.summary()
+    }
+
+    fn reraise(&self, payload: Box<dyn std::any::Any + Send>) -> ! {
+        let message = match (payload.downcast_ref::<String>(), payload.downcast_ref::<&str>()) {
+            (Some(message), _) => message.clone(),
+            (None, Some(message)) => message.to_string(),
+            (None, None) => "a panic without a message".to_string(),
+        };
+        if message.contains("rerun with --seed") {
+            std::panic::resume_unwind(payload);
+        }
+        let settings = self.settings;
+        fail_with(settings.seed, self.cluster.now_ms(), self.rebalance, format_args!("the engine panicked: {message}"))
     }
 
     fn step(&mut self, now_ms: u64) {
         assert!(now_ms >= self.now_ms, "the simulated clock went back");
         self.now_ms = now_ms;
+        self.cluster.set_clock(now_ms);
         self.apply_phase();
-        self.complete_migrations();
         if now_ms.is_multiple_of(self.settings.balance.report_interval_ms) {
             if self.rebalance {
                 self.measure();
@@ -560,7 +632,28 @@ impl<'a> Run<'a> {
             }
             self.sample();
         }
-        self.check_invariants();
+        // The run without balancing moves nothing, so there is nothing for tracer events to catch.
+        let tracer_events = if self.rebalance { self.settings.tracer_events_per_tick } else { 0 };
+        self.cluster.run_until(now_ms + self.settings.tick_ms - 1, tracer_events);
+        self.cluster.check();
+    }
+
+    /// Stops emitting and stealing and runs the shards until nothing is in flight, then checks
+    /// that every tracer event was appended exactly once.
+    fn drain(&mut self, start_ms: u64) {
+        let tick_ms = self.settings.tick_ms;
+        let mut now_ms = start_ms;
+        while !self.cluster.is_quiet() {
+            if now_ms >= start_ms + DRAIN_MS_MAX {
+                self.fail(format_args!("the mesh has not drained {DRAIN_MS_MAX} ms after the run"));
+            }
+            self.now_ms = now_ms;
+            self.cluster.set_clock(now_ms);
+            self.cluster.run_until(now_ms + tick_ms - 1, 0);
+            self.cluster.check();
+            now_ms += tick_ms;
+        }
+        self.cluster.check_drained();
     }
 
     /// Sets the true rates when the workload enters a new phase (at the start and each shift).
@@ -583,11 +676,7 @@ impl<'a> Run<'a> {
     }
 
     fn measure(&mut self) {
-        let noise_ratio = self.settings.noise_ratio;
-        for (rate, average) in self.rates.iter().zip(self.measured.iter_mut()) {
-            let noise = if noise_ratio > 0.0 { self.noise_rng.random_range(-noise_ratio..=noise_ratio) } else { 0.0 };
-            average.update(rate * (1.0 + noise), self.now_ms);
-        }
+        self.cluster.measure(&self.rates, self.settings.noise_ratio, &mut self.noise_rng);
     }
 
     fn deliver(&mut self) {
@@ -602,101 +691,41 @@ impl<'a> Run<'a> {
         self.outbox = outbox;
     }
 
-    /// One round of the rule: every shard evaluates the thief side on its (shared, one interval
-    /// stale) view, and each request is answered by the owner at once.
+    /// One round of the rule: every shard that may ask evaluates the thief side on its (shared,
+    /// one interval stale) view, and each request is answered by the owner at once.
     fn balance(&mut self) {
-        let cfg = &self.settings.balance;
+        let settings = self.settings;
+        let cfg = &settings.balance;
         let census = Census::of(&self.view, cfg, self.now_ms);
-        self.cooldowns.prune(self.now_ms, cfg.cooldown_ms);
+        self.cluster.prune_cooldowns(cfg.cooldown_ms);
         // Rotate who goes first, so no shard id is favoured when two requests collide.
-        let shard_count = u64::from(self.settings.shards);
+        let shard_count = u64::from(settings.shards);
         let first = (self.now_ms / cfg.report_interval_ms) % shard_count;
         for offset in 0..shard_count {
             let thief = ((first + offset) % shard_count) as u16;
-            let state = &self.states[usize::from(thief)];
-            if let Some(request) = census.steal_for(thief, cfg, state, self.now_ms) {
+            let state = self.cluster.thief_state(thief);
+            let request = state.and_then(|state| census.steal_for(thief, cfg, state, self.now_ms));
+            if let Some(request) = request {
+                self.cluster.note_request(thief, request.victim);
                 self.serve(thief, request.victim, request.thief_events_per_s);
             }
         }
     }
 
     fn serve(&mut self, thief: u16, owner: u16, thief_events_per_s: f64) {
-        let owner_events_per_s = self.gather_loads(owner);
-        let cfg = &self.settings.balance;
-        let answer = pick_partition(
-            &self.scratch_loads,
-            owner_events_per_s,
-            thief_events_per_s,
-            cfg,
-            &self.cooldowns,
-            &self.states[usize::from(owner)],
-            self.now_ms,
-        );
-        match answer {
-            Ok(partition) => self.start_migration(partition, owner, thief),
+        let settings = self.settings;
+        let owner_events_per_s = self.cluster.gather_loads(owner, &mut self.scratch_loads);
+        let events_per_s = (owner_events_per_s, thief_events_per_s);
+        match self.cluster.answer_steal(owner, thief, &self.scratch_loads, events_per_s, &settings.balance) {
+            Ok(partition) => {
+                self.migrations_count += 1;
+                self.moves[partition as usize] += 1;
+            }
             Err(refusal) => {
                 *self.refusals.entry(refusal.name()).or_insert(0) += 1;
-                self.states[usize::from(thief)].note_refusal(owner, &refusal, self.now_ms, cfg);
+                self.cluster.on_refused(thief, owner, &refusal, &settings.balance);
             }
         }
-    }
-
-    fn start_migration(&mut self, partition: u32, source: u16, thief: u16) {
-        let now_ms = self.now_ms;
-        let index = partition as usize;
-        if self.owners[index] != source {
-            self.fail(format_args!("partition {partition} given away by non-owner {source}"));
-        }
-        if let Some(end_ms) = self.last_move_end_ms[index]
-            && now_ms < end_ms + self.settings.balance.cooldown_ms
-        {
-            self.fail(format_args!("partition {partition} moves again {} ms after its last move", now_ms - end_ms));
-        }
-        let out = Migration { partition, peer: thief, direction: Direction::Out, started_ms: now_ms };
-        let inbound = Migration { partition, peer: source, direction: Direction::In, started_ms: now_ms };
-        self.states[usize::from(source)].begin(out);
-        self.states[usize::from(thief)].begin(inbound);
-        let done_ms = now_ms + self.settings.migration_ms;
-        self.flights.push(Flight { partition, source, thief, started_ms: now_ms, done_ms });
-        self.migrations_count += 1;
-        self.moves[index] += 1;
-    }
-
-    fn complete_migrations(&mut self) {
-        let now_ms = self.now_ms;
-        let mut index = 0;
-        while index < self.flights.len() {
-            if self.flights[index].done_ms > now_ms {
-                index += 1;
-                continue;
-            }
-            let flight = self.flights.swap_remove(index);
-            let partition = flight.partition;
-            let source_owned = &mut self.owned[usize::from(flight.source)];
-            let Some(position) = source_owned.iter().position(|&p| p == partition) else {
-                self.fail(format_args!("partition {partition} in flight left its source"));
-            };
-            source_owned.swap_remove(position);
-            self.owned[usize::from(flight.thief)].push(partition);
-            self.owners[partition as usize] = flight.thief;
-            self.states[usize::from(flight.source)].finish(partition, now_ms);
-            self.states[usize::from(flight.thief)].finish(partition, now_ms);
-            self.cooldowns.record(partition, now_ms);
-            self.last_move_end_ms[partition as usize] = Some(now_ms);
-        }
-    }
-
-    /// Fills `scratch_loads` with the measured loads of `shard`'s partitions, as the shard
-    /// itself would see them, and returns their sum.
-    fn gather_loads(&mut self, shard: u16) -> f64 {
-        self.scratch_loads.clear();
-        for &partition in &self.owned[usize::from(shard)] {
-            let events_per_s = self.measured[partition as usize].value();
-            let bytes_per_s = events_per_s * EVENT_SIZE_BYTES;
-            let load = PartitionLoad { partition, events_per_s, bytes_per_s };
-            self.scratch_loads.push(load);
-        }
-        self.scratch_loads.iter().map(|load| load.events_per_s).sum()
     }
 
     /// Every shard publishes its report; peers see it one interval later.
@@ -704,7 +733,7 @@ impl<'a> Run<'a> {
         self.report_sequence += 1;
         let capacity_events_per_s = SHARD_CAPACITY_RATIO * self.settings.events_per_s / f64::from(self.settings.shards);
         for shard in 0..self.settings.shards {
-            let events_per_s = self.gather_loads(shard);
+            let events_per_s = self.cluster.gather_loads(shard, &mut self.scratch_loads);
             self.outbox.push(LoadReport {
                 shard,
                 sequence: self.report_sequence,
@@ -714,7 +743,7 @@ impl<'a> Run<'a> {
                 busy_ratio: (events_per_s / capacity_events_per_s).min(1.0),
                 credit_stalls: 0,
                 partitions_owned: self.scratch_loads.len() as u32,
-                migrating: self.states[usize::from(shard)].is_migrating(),
+                migrating: self.cluster.is_migrating(shard),
                 hottest: hottest_partitions(&self.scratch_loads),
             });
         }
@@ -726,9 +755,9 @@ impl<'a> Run<'a> {
         let shard_loads = &mut self.scratch_shard_loads[..2 * shard_count];
         shard_loads.fill(0.0);
         let (loads, clipped_loads) = shard_loads.split_at_mut(shard_count);
-        for (&rate, &owner) in self.rates.iter().zip(&self.owners) {
-            loads[usize::from(owner)] += rate;
-            clipped_loads[usize::from(owner)] += rate.min(level_events_per_s);
+        for (&rate, &shard) in self.rates.iter().zip(self.cluster.locate()) {
+            loads[usize::from(shard)] += rate;
+            clipped_loads[usize::from(shard)] += rate.min(level_events_per_s);
         }
         let mean = loads.iter().sum::<f64>() / shard_count as f64;
         let max = loads.iter().copied().fold(0.0, f64::max);
@@ -742,80 +771,8 @@ impl<'a> Run<'a> {
         });
     }
 
-    fn check_invariants(&mut self) {
-        self.check_ownership();
-        self.check_flights();
-    }
-
-    /// Every partition has exactly one owner, and the placement and per-shard lists agree.
-    fn check_ownership(&mut self) {
-        let partition_count = self.settings.partitions as usize;
-        let counts = &mut self.scratch_counts[..partition_count];
-        counts.fill(0);
-        let mut disagreement = None;
-        for (shard, partitions) in self.owned.iter().enumerate() {
-            for &partition in partitions {
-                counts[partition as usize] += 1;
-                if usize::from(self.owners[partition as usize]) != shard {
-                    disagreement = Some((partition, shard));
-                }
-            }
-        }
-        if let Some((partition, shard)) = disagreement {
-            self.fail(format_args!("partition {partition} listed on shard {shard}, placed elsewhere"));
-        }
-        if let Some(partition) = self.scratch_counts[..partition_count].iter().position(|&c| c != 1) {
-            let count = self.scratch_counts[partition];
-            self.fail(format_args!("partition {partition} has {count} owners"));
-        }
-    }
-
-    /// No shard is in more than one migration; shard states match the flights; no flight
-    /// started within its partition's cooldown.
-    fn check_flights(&self) {
-        let cooldown_ms = self.settings.balance.cooldown_ms;
-        let mut migrating_count = 0;
-        for flight in &self.flights {
-            for (shard, direction, peer) in
-                [(flight.source, Direction::Out, flight.thief), (flight.thief, Direction::In, flight.source)]
-            {
-                let expected =
-                    Migration { partition: flight.partition, peer, direction, started_ms: flight.started_ms };
-                if self.states[usize::from(shard)].migration() != Some(&expected) {
-                    self.fail(format_args!("shard {shard} does not record {expected:?}"));
-                }
-            }
-            migrating_count += 2;
-            if self.owners[flight.partition as usize] != flight.source {
-                self.fail(format_args!("partition {} in flight left its source", flight.partition));
-            }
-            if flight.done_ms <= self.now_ms {
-                self.fail(format_args!("flight of partition {} overdue", flight.partition));
-            }
-        }
-        let recorded = self.states.iter().filter(|state| state.is_migrating()).count();
-        if recorded != migrating_count {
-            self.fail(format_args!(
-                "{recorded} shards migrating for {} flights: one shard is in two",
-                self.flights.len()
-            ));
-        }
-        for flight in &self.flights {
-            let previous_end_ms = self.last_move_end_ms[flight.partition as usize];
-            if previous_end_ms
-                .is_some_and(|end_ms| end_ms <= flight.started_ms && flight.started_ms < end_ms + cooldown_ms)
-            {
-                self.fail(format_args!("partition {} moved within its cooldown", flight.partition));
-            }
-        }
-    }
-
     fn fail(&self, what: fmt::Arguments<'_>) -> ! {
-        panic!(
-            "balance sim invariant violated (seed {}, t = {} ms, rebalance {}): {what}; \
-             rerun with --seed {}",
-            self.settings.seed, self.now_ms, self.rebalance, self.settings.seed
-        )
+        fail_with(self.settings.seed, self.now_ms, self.rebalance, what)
     }
 
     fn summary(self) -> RunSummary {
@@ -827,6 +784,7 @@ impl<'a> Run<'a> {
             partitions_moved_count: self.moves.iter().filter(|&&moves| moves > 0).count() as u32,
             moves_per_partition_max: self.moves.iter().copied().max().unwrap_or(0),
             refusals: self.refusals,
+            coverage: self.cluster.coverage(),
             samples: self.samples,
         }
     }
@@ -906,13 +864,15 @@ impl SimReport {
         writeln!(f, "balance sim, seed {} (rerun with --seed {})", s.seed, s.seed)?;
         writeln!(
             f,
-            "  {} shards, {} partitions, {} s, {} events/s, tick {} ms, migration {} ms, noise {:.0}%",
+            "  {} shards, {} partitions, {} s, {} events/s, tick {} ms, mesh delay 0-{} ms, {} tracer events \
+             per tick, noise {:.0}%",
             s.shards,
             s.partitions,
             s.seconds,
             s.events_per_s,
             s.tick_ms,
-            s.migration_ms,
+            s.mesh_delay_ms,
+            s.tracer_events_per_tick,
             s.noise_ratio * 100.0
         )?;
         writeln!(f, "  workload: {}", s.workload)?;
@@ -977,6 +937,17 @@ impl SimReport {
             "migrations on: {} ({} partitions moved, at most {} moves per partition)",
             on.migrations_count, on.partitions_moved_count, on.moves_per_partition_max
         )?;
+        let coverage = &on.coverage;
+        writeln!(
+            f,
+            "protocol on: {} migrations completed (at most {} at once) over {} mesh frames; {} tracer events \
+             ({} waited for their partition at a thief) each appended once, in order",
+            coverage.migrations_completed,
+            coverage.migrations_in_flight_max,
+            coverage.frames_sent,
+            coverage.tracer_events_appended,
+            coverage.tracer_events_buffered
+        )?;
         let refusals: Vec<String> = on.refusals.iter().map(|(name, count)| format!("{name} {count}")).collect();
         writeln!(f, "refusals on: {}", if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") })?;
         writeln!(
@@ -1010,9 +981,12 @@ mod tests {
     use super::*;
 
     /// The slowest a phase may take to converge after a shift: the hot shards must shed about
-    /// fifteen partitions one at a time, one per report interval or two, after the rate averages
-    /// have seen the shift.
-    const CONVERGENCE_MS_MAX: u64 = 8000;
+    /// fifteen partitions one at a time after the rate averages have seen the shift. That takes
+    /// 5 to 9 s, not the 2 to 5 s of one partition per interval: a thief that has just received
+    /// reports no migration (its placement update was still on the mesh when it reported), so it
+    /// keeps its rank among the thieves while it settles, paired with one of the most loaded
+    /// victims, which then waits.
+    const CONVERGENCE_MS_MAX: u64 = 10_000;
 
     fn args(shards: u16, workload: WorkloadKind, seed: u64) -> SimArgs {
         SimArgs { shards, workload, seed: Some(seed), ..SimArgs::default() }
@@ -1077,10 +1051,14 @@ mod tests {
 
     #[test]
     fn zipf_at_1024_shards_converges() {
-        // Proves the rule scales: 1024 shards and 16384 partitions level within the bounds.
+        // Proves the rule scales: 1024 shards and 16384 partitions level within the bounds. One
+        // phase (the shifts are tested at 64 and 256 shards): its 3000 migrations each send three
+        // frames per shard through the simulated mesh, which is most of this test's time.
         let mut large = args(1024, WorkloadKind::ZipfShift, 1);
-        large.seconds = 30;
-        assert_balanced(&run(&large));
+        large.seconds = 12;
+        let report = run(&large);
+        assert_eq!(report.on.phases.len(), 1);
+        assert_balanced(&report);
     }
 
     #[test]
@@ -1121,12 +1099,91 @@ mod tests {
     #[test]
     #[should_panic(expected = "seed 7")]
     fn a_violated_invariant_panics_with_the_seed() {
-        // Proves the checker can fail: a partition listed on two shards is caught.
+        // Proves the checker can fail: a partition installed on two shards is caught.
         let settings = args(64, WorkloadKind::Uniform, 7).resolve(0).expect("valid arguments");
         let mut sim = Run::new(&settings, true);
         sim.step(0);
-        sim.owned[1].push(0);
+        sim.cluster.install_duplicate(1, 0);
         sim.step(settings.tick_ms);
+    }
+
+    /// Short runs where many migrations overlap: a short cooldown, a hotspot that moves every
+    /// second, a small mesh delay and many tracer events.
+    fn churn(shards: u16, seed: u64) -> SimSettings {
+        let churn = SimArgs {
+            seconds: 3,
+            shift_s: 1,
+            cooldown_ms: Some(300),
+            mesh_delay_ms: 3,
+            tracer_events_per_tick: 128,
+            ..args(shards, WorkloadKind::ShiftingHotspot, seed)
+        };
+        churn.resolve(0).expect("valid arguments")
+    }
+
+    fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+        match (payload.downcast_ref::<String>(), payload.downcast_ref::<&str>()) {
+            (Some(message), _) => message.clone(),
+            (None, Some(message)) => message.to_string(),
+            (None, None) => String::new(),
+        }
+    }
+
+    #[test]
+    fn protocol_keeps_its_invariants_over_many_seeds() {
+        // Proves the engine's migration state machine, driven over a mesh with random delays,
+        // loses, duplicates, reorders and misroutes no event and keeps every invariant, for 50
+        // seeds at 8 to 64 shards with migrations overlapping; and that the runs exercised it.
+        let mut total = Coverage::default();
+        for seed in 0..50 {
+            let settings = churn([8, 16, 32, 64][seed as usize % 4], seed);
+            let coverage = Run::new(&settings, true).run().coverage;
+            total.migrations_completed += coverage.migrations_completed;
+            total.migrations_in_flight_max = total.migrations_in_flight_max.max(coverage.migrations_in_flight_max);
+            total.frames_sent += coverage.frames_sent;
+            total.tracer_events_emitted += coverage.tracer_events_emitted;
+            total.tracer_events_appended += coverage.tracer_events_appended;
+            total.tracer_events_buffered += coverage.tracer_events_buffered;
+            total.grants_held += coverage.grants_held;
+        }
+        println!("50 seeds covered: {total:?}");
+        assert!(total.migrations_completed >= 2000, "{total:?}");
+        assert!(total.migrations_in_flight_max >= 4, "{total:?}");
+        assert!(total.tracer_events_buffered >= 1000 && total.grants_held >= 1000, "{total:?}");
+        assert_eq!(total.tracer_events_appended, total.tracer_events_emitted);
+    }
+
+    #[test]
+    fn a_dropped_marker_is_caught() {
+        // Proves the checks can fail: an executor that drops one marker leaves a migration that
+        // never completes, and the run fails naming the seed.
+        let settings = churn(16, 3);
+        let outcome = std::panic::catch_unwind(|| Run::with_fault(&settings, true, Fault::DropMarker).run());
+        let message = panic_message(outcome.expect_err("a lost marker must fail the run"));
+        assert!(message.contains("seed 3"), "{message}");
+        assert!(message.contains("in flight since") || message.contains("not drained"), "{message}");
+    }
+
+    #[test]
+    fn a_panic_of_the_engine_names_the_seed() {
+        // Proves a failure inside the engine's own code (here `Migrations::on_handoff` given a
+        // partition twice) is reported with the seed, like the simulator's own checks.
+        let settings = churn(16, 5);
+        let outcome = std::panic::catch_unwind(|| Run::with_fault(&settings, true, Fault::DuplicateHandoff).run());
+        let message = panic_message(outcome.expect_err("a second handoff must fail the run"));
+        assert!(message.contains("seed 5") && message.contains("the engine panicked"), "{message}");
+        assert!(message.contains("not incoming"), "{message}");
+    }
+
+    #[test]
+    fn data_frames_out_of_fifo_order_are_caught() {
+        // Proves the checks can fail: two data batches of one channel delivered swapped are
+        // caught (their grants, if not their events, come back out of order).
+        let settings = churn(16, 4);
+        let outcome = std::panic::catch_unwind(|| Run::with_fault(&settings, true, Fault::SwapData).run());
+        let message = panic_message(outcome.expect_err("a reordered channel must fail the run"));
+        assert!(message.contains("seed 4"), "{message}");
+        assert!(message.contains("out of order") || message.contains("reordered"), "{message}");
     }
 
     #[test]
@@ -1140,6 +1197,12 @@ mod tests {
         let few_partitions = SimArgs { partitions: Some(10), ..args(64, WorkloadKind::Uniform, 1) };
         let error = try_run(&few_partitions).err();
         assert!(matches!(error, Some(SimArgsError::PartitionsOutOfRange { partitions: 10, .. })));
+        let slow_mesh = SimArgs { mesh_delay_ms: 5000, ..args(64, WorkloadKind::Uniform, 1) };
+        let error = try_run(&slow_mesh).err();
+        assert!(matches!(error, Some(SimArgsError::MeshDelayOutOfRange { mesh_delay_ms: 5000, .. })));
+        let huge = SimArgs { shards: 4096, ..args(64, WorkloadKind::Uniform, 1) };
+        let error = try_run(&huge).err();
+        assert!(matches!(error, Some(SimArgsError::PlacementTooLarge { shards: 4096, partitions: 65536, .. })));
     }
 
     #[test]
