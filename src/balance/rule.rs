@@ -230,7 +230,9 @@ impl ShardState {
         }
     }
 
-    fn settling(&self, now_ms: u64, cfg: &BalanceConfig) -> bool {
+    /// A thief that just received a partition waits `settle_ms` before it
+    /// asks again, so its peers see its new load first.
+    pub fn settling(&self, now_ms: u64, cfg: &BalanceConfig) -> bool {
         self.last_migration_end_ms.is_some_and(|end_ms| now_ms < end_ms + cfg.settle_ms)
     }
 

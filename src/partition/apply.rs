@@ -65,14 +65,18 @@ pub fn apply_batch<B: Batch>(
     effects: &mut Vec<Effect<B::Grant>>,
 ) -> Applied {
     let mut applied = Applied::default();
-    let mut held_for = None;
+    // Incoming partitions this batch carried records for (almost always
+    // none; a Vec that stays empty does not allocate).
+    let mut held_for: Vec<u32> = Vec::new();
     for (partition_id, record) in BatchIter::new(batch.records()) {
         if let Some(bytes) = partitions.append(partition_id, &record) {
             applied.stored += 1;
             applied.stored_bytes += bytes;
         } else if let Some(pending) = migrations.pending_mut(partition_id) {
             pending.push(record.log_record);
-            held_for = Some(partition_id);
+            if !held_for.contains(&partition_id) {
+                held_for.push(partition_id);
+            }
         } else {
             // Routing follows the placement table and migrations put markers
             // behind every event routed to an old owner, so this is a bug,

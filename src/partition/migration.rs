@@ -74,6 +74,7 @@ struct Outgoing {
     epoch: u32,
     thief: u16,
     markers_seen: Vec<bool>,
+    markers_missing: u16,
 }
 
 /// The thief's side of one migration: records that arrived early.
@@ -83,13 +84,13 @@ struct Incoming<P> {
     pending: P,
 }
 
-/// A credit grant held back, and the incoming partition it waits for (None:
-/// it waits only for earlier held grants of the same source).
+/// A credit grant held back, and the incoming partitions it waits for
+/// (none: it waits only for earlier held grants of the same source).
 #[derive(Debug)]
 struct HeldGrant<G> {
     source: u16,
     grant: G,
-    waits_for: Option<u32>,
+    waits_for: Vec<u32>,
 }
 
 /// One shard's migrations in flight. `G` is a credit grant, `P` the buffer of
@@ -149,17 +150,25 @@ impl<G, P: Default> Migrations<G, P> {
     }
 
     /// Step 1, on the owner: move `partition` to `thief`.
-    pub fn start(&mut self, placement: &mut PlacementTable, partition: u32, thief: u16, effects: &mut Vec<Effect<G>>) {
+    pub fn start(
+        &mut self,
+        placement: &mut PlacementTable,
+        partition: u32,
+        thief: u16,
+        now_ms: u64,
+        effects: &mut Vec<Effect<G>>,
+    ) {
         let current = placement.get(partition);
         assert_eq!(current.owner, self.me, "only the owner moves a partition");
         assert_ne!(thief, self.me, "a partition moves to another shard");
         assert!(self.outgoing.is_none(), "one outgoing migration at a time");
         let epoch = current.epoch + 1;
         let markers_seen = vec![false; usize::from(self.shard_count)];
-        self.outgoing = Some(Outgoing { partition, epoch, thief, markers_seen });
+        let markers_missing = self.shard_count;
+        self.outgoing = Some(Outgoing { partition, epoch, thief, markers_seen, markers_missing });
         // Switch locally (this shard's own marker goes behind its batches to
         // itself), then tell only the thief.
-        self.on_placement(placement, partition, thief, epoch, 0, effects);
+        self.on_placement(placement, partition, thief, epoch, now_ms, effects);
         effects.push(Effect::SendPlacement { to: thief, partition, owner: thief, epoch });
     }
 
@@ -197,12 +206,14 @@ impl<G, P: Default> Migrations<G, P> {
     }
 
     /// After a batch from `source` is applied: its grant goes back now, or is
-    /// held when the batch carried records for an incoming partition
-    /// (`held_for`) or an earlier grant of the same source is held.
-    pub fn settle_grant(&mut self, source: u16, grant: G, held_for: Option<u32>, effects: &mut Vec<Effect<G>>) {
-        debug_assert!(held_for.is_none_or(|partition| self.incoming.contains_key(&partition)));
+    /// held while the batch carried records for incoming partitions
+    /// (`held_for`: every one of them, so the records waiting at this shard
+    /// stay within the sources' credit windows) or an earlier grant of the
+    /// same source is held.
+    pub fn settle_grant(&mut self, source: u16, grant: G, held_for: Vec<u32>, effects: &mut Vec<Effect<G>>) {
+        debug_assert!(held_for.iter().all(|partition| self.incoming.contains_key(partition)));
         let queued_behind = self.held_grants.iter().any(|held| held.source == source);
-        if held_for.is_some() || queued_behind {
+        if !held_for.is_empty() || queued_behind {
             self.held_grants.push_back(HeldGrant { source, grant, waits_for: held_for });
         } else {
             effects.push(Effect::Grant { source, grant });
@@ -212,12 +223,22 @@ impl<G, P: Default> Migrations<G, P> {
     /// Step 4, on the old owner: a marker from `source` arrived (after every
     /// event `source` routed here before it). Hands over once all are in.
     pub fn on_marker(&mut self, source: u16, marker: Marker, now_ms: u64, effects: &mut Vec<Effect<G>>) {
-        let Some(outgoing) = self.outgoing.as_mut() else { return };
+        // Every shard sends one marker per (partition, epoch), to the owner
+        // that is moving it: anything else is a bug, which would otherwise
+        // show only as a migration that never ends.
+        let Some(outgoing) = self.outgoing.as_mut() else {
+            debug_assert!(false, "marker {marker:?} from {source} with no migration out of shard {}", self.me);
+            return;
+        };
         if (outgoing.partition, outgoing.epoch) != (marker.partition, marker.epoch) {
+            debug_assert!(false, "marker {marker:?} from {source} for another migration than {:?}", outgoing.partition);
             return;
         }
-        outgoing.markers_seen[usize::from(source)] = true;
-        if !outgoing.markers_seen.iter().all(|&seen| seen) {
+        let seen = &mut outgoing.markers_seen[usize::from(source)];
+        assert!(!*seen, "two markers from shard {source} for {marker:?}");
+        *seen = true;
+        outgoing.markers_missing -= 1;
+        if outgoing.markers_missing > 0 {
             return;
         }
         let Outgoing { partition, epoch, thief, .. } = self.outgoing.take().expect("checked above");
@@ -243,7 +264,7 @@ impl<G, P: Default> Migrations<G, P> {
     fn release_grants(&mut self, effects: &mut Vec<Effect<G>>) {
         let mut blocked_sources: Vec<u16> = Vec::new();
         for held in std::mem::take(&mut self.held_grants) {
-            let waiting = held.waits_for.is_some_and(|partition| self.incoming.contains_key(&partition));
+            let waiting = held.waits_for.iter().any(|partition| self.incoming.contains_key(partition));
             if waiting || blocked_sources.contains(&held.source) {
                 blocked_sources.push(held.source);
                 self.held_grants.push_back(held);
@@ -277,7 +298,7 @@ mod tests {
         let mut owner_table = PlacementTable::spread(8, 3);
         let mut owner: Machine = Migrations::new(0, 3);
         let mut effects = Vec::new();
-        owner.start(&mut owner_table, 3, 1, &mut effects);
+        owner.start(&mut owner_table, 3, 1, 0, &mut effects);
         assert_eq!(owner_table.get(3), Placement { owner: 1, epoch: 1 });
         assert_eq!(
             effects,
@@ -306,11 +327,10 @@ mod tests {
         let mut table = PlacementTable::spread(8, 3);
         let mut owner: Machine = Migrations::new(0, 3);
         let mut effects = Vec::new();
-        owner.start(&mut table, 3, 2, &mut effects);
+        owner.start(&mut table, 3, 2, 0, &mut effects);
         effects.clear();
         let marker = Marker { partition: 3, epoch: 1 };
         owner.on_marker(0, marker, 10, &mut effects);
-        owner.on_marker(1, Marker { partition: 3, epoch: 7 }, 10, &mut effects);
         owner.on_marker(2, marker, 10, &mut effects);
         assert!(effects.is_empty() && owner.is_busy(), "shard 1's marker is missing");
         owner.on_marker(1, marker, 11, &mut effects);
@@ -332,10 +352,10 @@ mod tests {
         thief.on_placement(&mut table, 3, 1, 1, 0, &mut effects);
         effects.clear();
         thief.pending_mut(3).expect("incoming").push(100);
-        thief.settle_grant(0, 1, Some(3), &mut effects);
-        thief.settle_grant(0, 2, None, &mut effects);
-        thief.settle_grant(2, 1, None, &mut effects);
-        thief.settle_grant(0, 3, None, &mut effects);
+        thief.settle_grant(0, 1, vec![3], &mut effects);
+        thief.settle_grant(0, 2, vec![], &mut effects);
+        thief.settle_grant(2, 1, vec![], &mut effects);
+        thief.settle_grant(0, 3, vec![], &mut effects);
         assert_eq!(grants(&effects), [(2, 1)], "source 2 holds nothing back");
         assert_eq!(thief.held_grant_count(), 3);
         effects.clear();
@@ -356,8 +376,8 @@ mod tests {
         thief.on_placement(&mut table, 2, 1, 1, 0, &mut effects);
         thief.on_placement(&mut table, 4, 1, 1, 0, &mut effects);
         effects.clear();
-        thief.settle_grant(0, 1, Some(4), &mut effects);
-        thief.settle_grant(0, 2, Some(2), &mut effects);
+        thief.settle_grant(0, 1, vec![4], &mut effects);
+        thief.settle_grant(0, 2, vec![2], &mut effects);
         thief.on_handoff(2, 1, 1, &mut effects);
         assert!(grants(&effects).is_empty(), "grant 1 waits for partition 4, grant 2 queues behind it");
         thief.on_handoff(4, 1, 2, &mut effects);

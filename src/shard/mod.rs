@@ -446,7 +446,7 @@ impl Shard {
             Ok(partition) => {
                 let mut effects = Vec::new();
                 let mut placement = self.placement.borrow_mut();
-                self.migrations.borrow_mut().start(&mut placement, partition, thief, &mut effects);
+                self.migrations.borrow_mut().start(&mut placement, partition, thief, now_ms, &mut effects);
                 drop(placement);
                 self.carry_out(effects);
             }

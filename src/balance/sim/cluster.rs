@@ -473,14 +473,16 @@ impl Cluster {
             Batch::Boxed(batch) => (&batch.events, &batch.markers),
             Batch::Marker { marker, .. } => (&[], std::slice::from_ref(marker)),
         };
-        let mut held_for = None;
+        let mut held_for: Vec<u32> = Vec::new();
         for &event in events {
             let shard = &mut self.shards[usize::from(owner)];
             if shard.installed.contains_key(&event.partition) {
                 self.append(owner, event);
             } else if let Some(pending) = shard.migrations.pending_mut(event.partition) {
                 pending.events.push(event);
-                held_for = Some(event.partition);
+                if !held_for.contains(&event.partition) {
+                    held_for.push(event.partition);
+                }
             } else {
                 fail!(
                     self,
@@ -638,7 +640,8 @@ impl Cluster {
     ) -> Result<u32, Refusal> {
         let (owner_events_per_s, thief_events_per_s) = events_per_s;
         let shard = &self.shards[usize::from(owner)];
-        if shard.migrations.is_busy() {
+        // As `Balancer::answer_steal`: busy, or waiting for its own answer.
+        if shard.migrations.is_busy() || shard.balancer.pending_request.is_some() {
             return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
         }
         let balancer = &shard.balancer;
@@ -677,7 +680,7 @@ impl Cluster {
         let migration = Migration { partition, peer: thief, direction: Direction::Out, started_ms: now_ms };
         shard.balancer.state.begin(migration);
         let mut effects = std::mem::take(&mut self.effects);
-        shard.migrations.start(&mut shard.placement, partition, thief, &mut effects);
+        shard.migrations.start(&mut shard.placement, partition, thief, self.now_ms, &mut effects);
         let started = shard.placement.get(partition);
         if started != (Placement { owner: thief, epoch: newest_epoch + 1 }) {
             fail!(self, "partition {partition} started as {started:?} after epoch {newest_epoch}");
@@ -715,6 +718,8 @@ impl Cluster {
         let Some(mut state) = self.shards[usize::from(me)].installed.remove(&partition) else {
             fail!(self, "shard {me} hands over partition {partition}, which it does not have");
         };
+        // As the engine does once the handoff leaves (at once in memory).
+        self.shards[usize::from(me)].migrations.handoff_sent(partition);
         state.moved_ms = Some(self.now_ms);
         self.last_moved_ms[partition as usize] = Some(self.now_ms);
         let flight = self.flights.iter_mut().find(|flight| flight.partition == partition && !flight.handed_over);
@@ -790,6 +795,13 @@ impl Cluster {
     pub fn is_migrating(&self, shard: u16) -> bool {
         let shard = &self.shards[usize::from(shard)];
         shard.balancer.state.is_migrating() || shard.migrations.is_busy()
+    }
+
+    /// What `shard` reports as `migrating`, as `Balancer::tick` does: in a
+    /// migration, waiting for the answer to its steal request, or settling.
+    pub fn reports_migrating(&self, shard: u16, now_ms: u64, cfg: &BalanceConfig) -> bool {
+        let balancer = &self.shards[usize::from(shard)].balancer;
+        self.is_migrating(shard) || balancer.pending_request.is_some() || balancer.state.settling(now_ms, cfg)
     }
 
     /// The state the thief side of the rule sees, if `thief` may ask at all: not while it is

@@ -743,7 +743,7 @@ impl<'a> Run<'a> {
                 busy_ratio: (events_per_s / capacity_events_per_s).min(1.0),
                 credit_stalls: 0,
                 partitions_owned: self.scratch_loads.len() as u32,
-                migrating: self.cluster.is_migrating(shard),
+                migrating: self.cluster.reports_migrating(shard, self.now_ms, &self.settings.balance),
                 hottest: hottest_partitions(&self.scratch_loads),
             });
         }
