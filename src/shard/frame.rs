@@ -19,8 +19,9 @@ pub enum Frame {
     Credit(CreditGrant),
     /// A subscriber on the sending shard asks for events.
     Fetch(FetchRequest),
-    /// Events for a subscriber on the receiving shard.
-    FetchReply(FetchReply),
+    /// Events for a subscriber on the receiving shard (boxed: one per fetch,
+    /// and it is the largest frame).
+    FetchReply(Box<FetchReply>),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },
     /// A subscriber on the sending shard has cursors for the receiver that

@@ -107,7 +107,7 @@ impl Shard {
             Frame::Data(batch) => self.apply_queue.push(source, batch),
             Frame::Credit(grant) => self.source.on_grant(source, grant),
             Frame::Fetch(request) => self.handle_fetch(source, request),
-            Frame::FetchReply(reply) => self.subscriptions.deliver(reply),
+            Frame::FetchReply(reply) => self.subscriptions.deliver(*reply),
             Frame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             Frame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             Frame::Load(report) => {
@@ -255,7 +255,7 @@ impl Shard {
         if origin == self.id {
             self.subscriptions.deliver(reply);
         } else {
-            self.outbox.send(origin, Frame::FetchReply(reply), &self.metrics);
+            self.outbox.send(origin, Frame::FetchReply(Box::new(reply)), &self.metrics);
         }
     }
 

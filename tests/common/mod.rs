@@ -21,26 +21,98 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The three addresses of a server.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub ingest: SocketAddr,
+    pub subscribe: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Addresses {
+    /// Three free loopback ports.
+    pub fn free() -> Addresses {
+        let address = || format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Addresses { ingest: address(), subscribe: address(), admin: address() }
+    }
+}
+
 impl Server {
     /// Starts `spate serve` with `args` and waits until /stats answers.
     pub fn start(args: &[&str]) -> Server {
-        let ingest: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let subscribe: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Server::start_on(Addresses::free(), args)
+    }
+
+    /// Starts `spate serve` on `addresses` and waits until /stats answers.
+    pub fn start_on(addresses: Addresses, args: &[&str]) -> Server {
+        let Addresses { ingest, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_spate"))
-            .arg("serve")
-            .args(["--ingest", &ingest.to_string(), "--subscribe", &subscribe.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn spate");
+        let child = Server::command(addresses, args).stdout(Stdio::null()).stderr(log).spawn().expect("spawn spate");
         let mut server = Server { child: Some(child), ingest, subscribe, admin, log_path };
         server.wait_ready();
         server
+    }
+
+    /// The `spate serve` command for `addresses` and `args`, not started.
+    pub fn command(addresses: Addresses, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        command
+            .arg("serve")
+            .args(["--ingest", &addresses.ingest.to_string(), "--subscribe", &addresses.subscribe.to_string()])
+            .args(["--admin", &addresses.admin.to_string()])
+            .args(args);
+        command
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        Addresses { ingest: self.ingest, subscribe: self.subscribe, admin: self.admin }
+    }
+
+    /// Lowers the running server's `RLIMIT_NOFILE` (soft and hard) to `limit`.
+    pub fn set_fd_limit(&self, limit: u64) {
+        let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        // SAFETY: prlimit on our own child's pid, reading `rlimit` only.
+        let status = unsafe { libc::prlimit(self.pid() as i32, libc::RLIMIT_NOFILE, &rlimit, std::ptr::null_mut()) };
+        assert_eq!(status, 0, "prlimit: {}", std::io::Error::last_os_error());
+    }
+
+    /// Kills the server with SIGKILL and reaps it.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Sends SIGTERM; returns the exit status and how long it took, or
+    /// `None` (after a SIGKILL) if it did not stop within `limit`.
+    pub fn terminate_within(mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().unwrap();
+        let started = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while started.elapsed() < limit {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some((status, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Polls `/stats` until `total(name)` satisfies `ready` or `limit` passes;
+    /// returns the last value.
+    pub fn wait_for_total(&self, name: &str, limit: Duration, ready: impl Fn(u64) -> bool) -> u64 {
+        let started = Instant::now();
+        loop {
+            let value = self.total(name);
+            if ready(value) || started.elapsed() > limit {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&mut self) {
@@ -208,7 +280,8 @@ impl Subscriber {
         }
     }
 
-    /// The next event; notices (`TRUNCATED`, `ERR`) are collected on the side.
+    /// The next event; notices (`TRUNCATED`, `ERR`, `CLOSING`) are collected
+    /// on the side (`ERR` and `CLOSING` end the stream: `None`).
     pub fn next_event(&mut self) -> Option<Delivered> {
         loop {
             let line = self.next_line()?;
@@ -217,7 +290,11 @@ impl Subscriber {
                     return Some(Delivered { partition, offset, key: key.to_vec(), payload: payload.to_vec() });
                 }
                 Ok(SubscriberLine::Truncated { .. }) => self.notices.push(String::from_utf8_lossy(&line).into_owned()),
-                Ok(SubscriberLine::Error { .. }) => {
+                Ok(
+                    SubscriberLine::Error { .. }
+                    | SubscriberLine::OffsetOutOfRange { .. }
+                    | SubscriberLine::Closing { .. },
+                ) => {
                     self.notices.push(String::from_utf8_lossy(&line).into_owned());
                     return None;
                 }
