@@ -120,7 +120,7 @@ impl<'a> Acceptor<'a> {
     fn end_episode_if_quiet(&mut self, now: Instant) {
         let quiet =
             self.episode.as_ref().is_some_and(|episode| now.duration_since(episode.last_failure) >= EPISODE_QUIET);
-        if let (true, Some(episode)) = (quiet, self.episode.take()) {
+        if quiet && let Some(episode) = self.episode.take() {
             eprintln!(
                 "spate: shard {}: {} accept works again: {} accepts failed over {:.1}s, {} connections shed",
                 self.shard_id,
