@@ -283,9 +283,12 @@ fn sub_past_the_end_is_refused() {
     assert_eq!(server.wait_for_total("subscribers_open", Duration::from_secs(2), |open| open == 1), 1);
 }
 
+/// Offsets received per partition.
+type Received = HashMap<u32, Vec<u64>>;
+
 /// Reads a subscriber to the end: its events per partition and its
 /// `CLOSING` positions.
-fn read_to_close(subscriber: &mut Subscriber) -> (HashMap<u32, Vec<u64>>, Option<Vec<(u32, StartOffset)>>) {
+fn read_to_close(subscriber: &mut Subscriber) -> (Received, Option<Vec<(u32, StartOffset)>>) {
     let mut offsets: HashMap<u32, Vec<u64>> = HashMap::new();
     while let Some(line) = subscriber.next_line() {
         match parse_subscriber_line(&line).unwrap() {
