@@ -51,7 +51,8 @@ impl std::fmt::Display for SubError {
 impl std::error::Error for SubError {}
 
 /// Connects, subscribes and copies event lines to stdout. `ERR` from the
-/// server becomes an error; `TRUNCATED` notices go to stderr.
+/// server becomes an error; `TRUNCATED` notices and the shutdown's `CLOSING`
+/// notice (where each partition stands) go to stderr.
 pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
     let mut stream =
         TcpStream::connect(&args.server).map_err(|error| SubError::Connect { server: args.server.clone(), error })?;
@@ -63,7 +64,15 @@ pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
     for line in reader.split(b'\n') {
         let line = line.map_err(SubError::Read)?;
         match parse_subscriber_line(&line) {
-            Ok(SubscriberLine::Error { text }) => return Err(SubError::Server(String::from_utf8_lossy(text).into())),
+            Ok(SubscriberLine::Error { .. } | SubscriberLine::OffsetOutOfRange { .. }) => {
+                let text = line.strip_prefix(b"ERR ").unwrap_or(&line);
+                return Err(SubError::Server(String::from_utf8_lossy(text).into()));
+            }
+            Ok(SubscriberLine::Closing { .. }) => {
+                // The server is stopping: say where to resume, and stop.
+                eprintln!("spate sub: {}", String::from_utf8_lossy(&line));
+                break;
+            }
             Ok(SubscriberLine::Truncated { .. }) | Err(_) => {
                 eprintln!("spate sub: {}", String::from_utf8_lossy(&line));
                 continue;

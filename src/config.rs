@@ -69,10 +69,105 @@ pub const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * KIB;
 /// state and allocator slack (an allowance, not a measured bound).
 pub const SHARD_FIXED_ALLOWANCE_BYTES: usize = 64 * MIB;
 
+/// Longest `#SYNC`/`#PING` token, in bytes: the token is echoed in the `OK`
+/// reply, so it bounds a reply line. A longer one gets `ERR token_too_long`.
+pub const CONTROL_TOKEN_SIZE_MAX: usize = 256;
+/// Longest reply line the server writes to a producer (an `OK` with the
+/// longest token, or an `ERR` with its detail), in bytes. The reply buffer is
+/// written out before a line could push it past [`REPLY_BUFFER_BYTES_MAX`].
+pub const REPLY_LINE_SIZE_MAX: usize = 128 + CONTROL_TOKEN_SIZE_MAX;
+/// Reply buffer a connection allocates on its first reply and keeps between
+/// writes; a buffer that grew past it in a burst is given back once written.
+pub const REPLY_BUFFER_RETAINED_BYTES: usize = 4 * KIB;
+/// Task state of one connection besides its buffers (its future, registry
+/// entry and per-owner flags), in bytes: an allowance per connection in the
+/// memory formula, as is [`SUBSCRIBER_STATE_BYTES`] for a subscriber.
+pub const CONNECTION_STATE_BYTES: usize = 2 * KIB;
+/// A subscriber's fixed state besides its fetch replies and cursors: request
+/// line buffer, inbox, per-owner flags and the closing notice chunk.
+pub const SUBSCRIBER_STATE_BYTES: usize = 4 * KIB + CLOSING_NOTICE_CHUNK_BYTES;
+/// A subscriber's cursor state per partition it reads: its cursor, the
+/// entry in a fetch request and in a fetch reply (compile-time checked in
+/// `subscribe::session`).
+pub const SUBSCRIBER_BYTES_PER_PARTITION: usize = 64;
+/// The shutdown notice (`CLOSING ...`, one entry per partition) is written in
+/// chunks of about this size, so `SUB *` over 64 Ki partitions does not build
+/// a 1 MiB line per subscriber at once.
+pub const CLOSING_NOTICE_CHUNK_BYTES: usize = 16 * KIB;
+
+/// Connections refused at a limit that are being told why at once, per
+/// shard; past this, a refused connection is closed without the `ERR` line.
+/// Each holds a file descriptor for at most [`GOODBYE_WRITE_TIMEOUT_MS`].
+pub const REFUSALS_IN_FLIGHT_MAX: usize = 64;
+/// How long a last line to a connection being closed (a refusal, a timeout,
+/// shedding) may wait for the peer's window before the socket is closed.
+pub const GOODBYE_WRITE_TIMEOUT_MS: u64 = 200;
+/// How often each shard's connection sweeper checks the idle and line
+/// timeouts, idle buffers and the shutdown deadline: they fire up to this late.
+pub const CONNECTION_SWEEP_INTERVAL_MS: u64 = 100;
+/// An ingest connection that has waited this long for bytes gives its grown
+/// read buffer back (down to --read-buffer-initial-bytes) and its reply buffer.
+pub const IDLE_TRIM_MS: u64 = 1000;
+/// Accept back-off while the process is out of file descriptors: the first
+/// sleep, doubled per failure up to the longest.
+pub const ACCEPT_BACKOFF_MS_MIN: u64 = 5;
+pub const ACCEPT_BACKOFF_MS_MAX: u64 = 200;
+/// TCP keepalive on accepted sockets, so a peer that vanished (power loss, a
+/// cable, a NAT that forgot the flow) is noticed after about
+/// `idle + interval * probes` = 2 minutes instead of never.
+pub const KEEPALIVE_IDLE_S: u32 = 60;
+pub const KEEPALIVE_INTERVAL_S: u32 = 10;
+pub const KEEPALIVE_PROBES: u32 = 6;
+
+/// File descriptors a shard holds besides connections: its io_uring rings
+/// and eventfds (4 measured with glommio 0.9) and its two listeners, with room.
+pub const FDS_PER_SHARD_FIXED: usize = 16;
+/// File descriptors the process holds besides shards and connections: stdio,
+/// the signal pipe, the admin runtime and listener, /proc reads at start.
+pub const FDS_PROCESS_FIXED: usize = 64;
+
+/// Admin HTTP connections served at once; further ones wait in the listen
+/// backlog until one closes.
+pub const ADMIN_CONNECTIONS_MAX: usize = 16;
+/// Largest admin request head (request line and headers), in bytes (hyper's
+/// read buffer limit: a longer head gets `431` and the connection closes).
+pub const ADMIN_HEADER_BYTES_MAX: usize = 16 * KIB;
+/// Largest admin request body read, in bytes (`413` beyond). No route takes a
+/// body yet; routes that will (`POST /streams`) get it already bounded.
+pub const ADMIN_BODY_BYTES_MAX: usize = 64 * KIB;
+/// An admin client must send a whole request head within this, in ms.
+pub const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5000;
+/// An admin connection is closed (gracefully, after its request in progress)
+/// this long after it was accepted, so a keep-alive client cannot hold one of
+/// the [`ADMIN_CONNECTIONS_MAX`] slots for ever.
+pub const ADMIN_CONNECTION_LIFETIME_MS: u64 = 60_000;
+/// Allowance per partition and per shard for the largest admin response
+/// (`/partitions` is about 190 bytes of JSON per partition; `/metrics` and
+/// `/stats` about 6 KiB per shard): each open admin connection may hold one.
+pub const ADMIN_RESPONSE_BYTES_PER_PARTITION: usize = 256;
+pub const ADMIN_RESPONSE_BYTES_PER_SHARD: usize = 16 * KIB;
+
+/// After the shutdown deadline, how long a shard still waits for the events
+/// it has read to be applied (the connections themselves are cut at the
+/// deadline), in ms.
+pub const SHUTDOWN_DRAIN_MARGIN_MS: u64 = 500;
+/// After the shutdown deadline plus this, the process exits whatever is
+/// still running (status 1); a second SIGINT/SIGTERM exits at once.
+pub const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
+/// How long start-up waits for a listening socket that no live process owns
+/// (a killed server's, which the kernel releases asynchronously), in ms.
+pub const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
+
 /// The peak-memory formula, as `spate serve --help` prints it.
 pub const MEMORY_FORMULA_HELP: &str = "\
-Peak memory (S = shards, P = partitions; see README \"Limits and memory\"):
-    S * connections_per_shard_max * (read_buffer_bytes + 64 KiB) busy connection buffers and replies
+Peak memory (S = shards, P = partitions; C = S * connections_per_shard_max ingest connections
+and N = S * subscribers_per_shard_max subscriber connections, both counted process-wide; see
+README \"Limits and memory\"):
+    C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB)                busy connections: read buffer,
+                                                                 replies, task state
+  + S * 64 * 2 KiB                                               refusals being written
+  + N * ((S + 1) * fetch_bytes_max + 64 * P + 20 KiB)            subscribers: fetch replies,
+                                                                 cursors, state and notice
   + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
                                                                  (includes events a thief buffers
                                                                  during a migration handoff)
@@ -81,13 +176,14 @@ Peak memory (S = shards, P = partitions; see README \"Limits and memory\"):
     with --storage disk (the files are on disk, not in this sum):
       P * (tail_cache_bytes * 5/4 + retention_bytes / 8192 + 4 KiB) tail caches, offset index
       + S * fsync_pending_bytes_max + S * S * credit_window_bytes    write buffers
-  + S * subscribers_per_shard_max * (S + 1) * fetch_bytes_max    subscriber fetches
   + S * (io_memory_bytes + 8 * P + 64 MiB)                       fixed per shard
   + S * S * mesh_channel_frames * frame size                     mesh rings
+  + 16 * (2 * 16 KiB + 256 * P + 16 KiB * S)                     admin connections and responses
 plus, only if every connection holds a maximum-size line at once,
-    S * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
-An idle connection costs read_buffer_initial_bytes. GET /stats shows the bound for the
-running configuration (memory_bound) next to the measured RSS.";
+    C * (line_size_max + 2 - read_buffer_bytes).
+An idle connection costs read_buffer_initial_bytes + 2 KiB (buffers grown in a burst are given
+back after 1 s idle). GET /stats shows the bound for the running configuration (memory_bound)
+next to the measured RSS.";
 
 /// `spate serve` configuration. Sizes are bytes, durations carry their unit.
 #[derive(clap::Args, Debug, Clone)]
@@ -129,10 +225,40 @@ pub struct Config {
     #[arg(long, default_value_t = 4 * KIB)]
     pub read_buffer_initial_bytes: usize,
 
-    /// Ingest connections per shard; further ones are accepted and closed
-    /// with `ERR connection_limit`.
+    /// Ingest connections, per shard: the process admits shards * this,
+    /// counted process-wide (so a connection is refused only when the whole
+    /// process is full, wherever the kernel placed it); further ones get
+    /// `ERR 0 connection_limit` and are closed.
     #[arg(long, default_value_t = 4096)]
     pub connections_per_shard_max: usize,
+
+    /// A connection that has sent no complete line (ingest) or no `SUB` line
+    /// (subscribe) within this many ms of connecting gets `ERR ...
+    /// idle_timeout` and is closed. Connections that have sent a line may
+    /// stay idle (TCP keepalive notices a vanished peer).
+    #[arg(long, default_value_t = 30_000)]
+    pub idle_timeout_ms: u64,
+
+    /// An ingest line that stays incomplete this many ms while spate waits
+    /// for its bytes (a slowloris) gets `ERR <line> line_timeout` and the
+    /// connection is closed. Time stalled on backpressure does not count.
+    #[arg(long, default_value_t = 60_000)]
+    pub line_timeout_ms: u64,
+
+    /// On SIGINT/SIGTERM, connections get this many ms to finish (replies,
+    /// subscribers' last data and `CLOSING` notice); then they are cut and
+    /// the process exits within about a second more. A second signal exits
+    /// at once.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+
+    /// File descriptors kept free for anything the other limits do not
+    /// count (index files while a segment is sealed, the data-dir lock), on
+    /// top of the connections, subscribers and segment files. Start-up
+    /// raises the soft RLIMIT_NOFILE to the hard limit and refuses a
+    /// configuration whose total does not fit.
+    #[arg(long, default_value_t = 256)]
+    pub fds_reserved: usize,
 
     /// A batch for one destination shard is sent when it reaches this size.
     #[arg(long, default_value_t = 64 * KIB)]
@@ -199,7 +325,9 @@ pub struct Config {
     #[arg(long)]
     pub segment_bytes: Option<usize>,
 
-    /// Subscriber connections per shard; further ones get `ERR subscriber_limit`.
+    /// Subscriber connections, per shard: the process admits shards * this,
+    /// counted process-wide from accept (a connection that has not sent
+    /// `SUB` yet counts); further ones get `ERR subscriber_limit`.
     #[arg(long, default_value_t = 64)]
     pub subscribers_per_shard_max: usize,
 
@@ -344,8 +472,10 @@ impl std::error::Error for ConfigError {}
 /// The peak-memory formula, term by term, in bytes for the whole process.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct MemoryBound {
+    /// Busy ingest connections, counted process-wide:
     /// shards * connections_per_shard_max * (read_buffer_bytes +
-    /// REPLY_BUFFER_BYTES_MAX): read and reply buffers of busy connections.
+    /// REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES),
+    /// plus shards * REFUSALS_IN_FLIGHT_MAX * CONNECTION_STATE_BYTES.
     pub connection_buffers: usize,
     /// Extra when connections each hold one line of the maximum size at once:
     /// shards * connections_per_shard_max * (line_size_max + 2 - read_buffer_bytes).
@@ -356,18 +486,66 @@ pub struct MemoryBound {
     /// Partition logs ([`Config::partition_log_bytes`]): all of retention in
     /// memory mode; tail caches, indexes and write buffers on disk.
     pub retention: usize,
-    /// Subscribers: shards * subscribers_per_shard_max * (shards + 1) * fetch_bytes_max
-    /// (one reply in flight per owner plus one being written).
+    /// Subscriber connections (counted from accept, process-wide): shards *
+    /// subscribers_per_shard_max * ((shards + 1) * fetch_bytes_max +
+    /// partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES),
+    /// that is one reply in flight per owner plus one being written, the
+    /// cursors of a `SUB *`, and the request and closing-notice buffers.
     pub subscribers: usize,
     /// Fixed per-shard costs: io_memory, placement table and an allowance
     /// for code, stacks and allocator slack (SHARD_FIXED_ALLOWANCE_BYTES).
     pub fixed: usize,
     /// Mesh rings: shards * shards * mesh_channel_frames * FRAME_SIZE_BYTES.
     pub mesh: usize,
+    /// The admin port: ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX +
+    /// the largest response), where the largest response is
+    /// partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards *
+    /// ADMIN_RESPONSE_BYTES_PER_SHARD.
+    pub admin: usize,
     /// Sum of the terms above without the long-line worst case.
     pub total: usize,
     /// `total + long_line_worst_case`.
     pub total_worst_case: usize,
+}
+
+/// The file descriptors a configuration may hold at once, by use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FdBudget {
+    /// shards * connections_per_shard_max.
+    pub connections: usize,
+    /// shards * subscribers_per_shard_max.
+    pub subscribers: usize,
+    /// Refused connections being told why: shards * REFUSALS_IN_FLIGHT_MAX.
+    pub refusals: usize,
+    /// Admin connections and listener: ADMIN_CONNECTIONS_MAX + 1.
+    pub admin: usize,
+    /// shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED.
+    pub fixed: usize,
+    /// Segment files with --storage disk: each partition's active segment,
+    /// plus one read in flight per subscriber per owner shard.
+    pub files: usize,
+    /// --fds-reserved: anything else (index files while sealing, the lock).
+    pub reserved: usize,
+    /// The sum.
+    pub total: usize,
+}
+
+impl std::fmt::Display for FdBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} = {} ingest connections + {} subscriber connections + {} refusals in flight + {} admin \
+             + {} for shards and the process + {} segment files + {} reserved (--fds-reserved)",
+            self.total,
+            self.connections,
+            self.subscribers,
+            self.refusals,
+            self.admin,
+            self.fixed,
+            self.files,
+            self.reserved
+        )
+    }
 }
 
 impl Config {
@@ -401,6 +579,8 @@ impl Config {
             ("--credit-window-batches", self.credit_window_batches),
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
+            ("--idle-timeout-ms", self.idle_timeout_ms as usize),
+            ("--line-timeout-ms", self.line_timeout_ms as usize),
         ];
         match nonzero.iter().find(|(_, value)| *value == 0) {
             Some((name, _)) => Err(ConfigError::Zero { name }),
@@ -546,16 +726,24 @@ impl Config {
     /// The peak-memory formula for this configuration.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
+        let partitions = self.partitions as usize;
         let connections = shards * self.connections_per_shard_max;
-        let connection_buffers = connections * (self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX);
+        let per_connection =
+            self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        let connection_buffers =
+            connections * per_connection + shards * REFUSALS_IN_FLIGHT_MAX * CONNECTION_STATE_BYTES;
         let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
         let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
         let retention = self.partition_log_bytes();
-        let subscribers = shards * self.subscribers_per_shard_max * (shards + 1) * self.fetch_bytes_max;
-        let placement = self.partitions as usize * std::mem::size_of::<crate::partition::Placement>();
+        let per_subscriber =
+            (shards + 1) * self.fetch_bytes_max + partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES;
+        let subscribers = shards * self.subscribers_per_shard_max * per_subscriber;
+        let placement = partitions * std::mem::size_of::<crate::partition::Placement>();
         let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
         let fixed = shards * (self.io_memory_bytes + placement + SHARD_FIXED_ALLOWANCE_BYTES);
-        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh;
+        let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
+        let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
+        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin;
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -564,9 +752,27 @@ impl Config {
             subscribers,
             fixed,
             mesh,
+            admin,
             total,
             total_worst_case: total + long_line_worst_case,
         }
+    }
+
+    /// The file descriptors this configuration may hold at once.
+    pub fn fd_budget(&self) -> FdBudget {
+        let shards = self.shard_count();
+        let connections = shards * self.connections_per_shard_max;
+        let subscribers = shards * self.subscribers_per_shard_max;
+        let refusals = shards * REFUSALS_IN_FLIGHT_MAX;
+        let admin = ADMIN_CONNECTIONS_MAX + 1;
+        let fixed = shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED;
+        let files = match self.storage {
+            Storage::Disk => self.partitions as usize + subscribers * shards,
+            Storage::Memory => 0,
+        };
+        let reserved = self.fds_reserved;
+        let total = connections + subscribers + refusals + admin + fixed + files + reserved;
+        FdBudget { connections, subscribers, refusals, admin, fixed, files, reserved, total }
     }
 }
 
@@ -595,9 +801,38 @@ mod tests {
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
         assert_eq!(memory.memory_bound().retention, 256 * 9 * MIB);
         assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
-        assert_eq!(bound.connection_buffers, 2 * 4096 * (256 * KIB + REPLY_BUFFER_BYTES_MAX));
+        let per_connection = 256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
+        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 256 * 64 + SUBSCRIBER_STATE_BYTES));
+        assert_eq!(bound.admin, 16 * (32 * KIB + 256 * 256 + 2 * 16 * KIB));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);
         assert!(bound.total_worst_case > bound.total);
+        let terms = [
+            bound.connection_buffers,
+            bound.batches_and_credits,
+            bound.retention,
+            bound.subscribers,
+            bound.fixed,
+            bound.mesh,
+            bound.admin,
+        ];
+        assert_eq!(bound.total, terms.iter().sum::<usize>(), "the total is the sum of its terms");
+    }
+
+    /// The fd budget counts every connection the limits admit, the fixed
+    /// costs and the reserve, and says so in one line.
+    #[test]
+    fn fd_budget_counts_every_use() {
+        let config = parse(&["--shards", "2", "--connections-per-shard-max", "100", "--fds-reserved", "7"]);
+        let budget = config.fd_budget();
+        assert_eq!((budget.connections, budget.subscribers, budget.reserved), (200, 128, 7));
+        let files = 256 + 128 * 2;
+        assert_eq!(budget.files, files, "with disk storage: active segments and reads in flight");
+        assert_eq!(
+            budget.total,
+            200 + 128 + 2 * REFUSALS_IN_FLIGHT_MAX + 17 + 2 * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED + files + 7
+        );
+        assert!(budget.to_string().starts_with(&format!("{} = 200 ingest connections", budget.total)));
     }
 
     /// Limits that cannot work together are refused with their numbers.

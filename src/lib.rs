@@ -23,7 +23,10 @@
 //! 5. `subscribe` (private): a subscriber's session pulls from every owner.
 //! 6. [`balance`]: load reports and the stealing rule, and the simulator
 //!    that drives the rule and the migration state machine.
-//! 7. `serve` and `admin` (private): start-up, shutdown, the HTTP admin port.
+//! 7. `net` (private): what every face does around its protocol: process-wide
+//!    connection limits, accept through file-descriptor exhaustion, idle and
+//!    line timeouts, keepalive, the shutdown deadline.
+//! 8. `serve` and `admin` (private): start-up, shutdown, the HTTP admin port.
 //!
 //! ```
 //! use spate::protocol::{Line, parse_line, partition_of};
@@ -39,6 +42,7 @@ pub mod bench;
 mod client;
 pub mod config;
 mod ingest;
+mod net;
 pub mod partition;
 pub mod protocol;
 pub mod pub_client;

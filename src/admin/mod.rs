@@ -1,14 +1,34 @@
-//! The admin face: HTTP on a control thread (tiny_http), reaching the shards
-//! over flume. Nothing on the data path waits for it: a shard answers a
+//! The admin face: HTTP/1.1 on its own thread, reaching the shards over
+//! flume. Nothing on the data path waits for it: a shard answers a
 //! [`ControlRequest`] between its other tasks.
 //!
 //! * `GET /metrics`: Prometheus text exposition format 0.0.4.
 //! * `GET /stats`: JSON, per shard and totals.
 //! * `GET /partitions`: JSON placement table with offsets.
+//!
+//! The server is hyper 1.x (HTTP/1 only) on a current-thread tokio runtime
+//! that the admin thread owns ([`http`]): at most [`ADMIN_CONNECTIONS_MAX`]
+//! connections at once (more wait in the listen backlog), a request head of
+//! at most [`ADMIN_HEADER_BYTES_MAX`] read within
+//! [`ADMIN_HEADER_READ_TIMEOUT_MS`], bodies of at most
+//! [`ADMIN_BODY_BYTES_MAX`], and a connection closed after
+//! [`ADMIN_CONNECTION_LIFETIME_MS`]. An accept that fails for lack of file
+//! descriptors backs off instead of ending the thread. Routes are one
+//! `match` in [`routes`]; a route that takes a body gets it already read
+//! and bounded.
+//!
+//! [`ADMIN_CONNECTIONS_MAX`]: crate::config::ADMIN_CONNECTIONS_MAX
+//! [`ADMIN_HEADER_BYTES_MAX`]: crate::config::ADMIN_HEADER_BYTES_MAX
+//! [`ADMIN_HEADER_READ_TIMEOUT_MS`]: crate::config::ADMIN_HEADER_READ_TIMEOUT_MS
+//! [`ADMIN_BODY_BYTES_MAX`]: crate::config::ADMIN_BODY_BYTES_MAX
+//! [`ADMIN_CONNECTION_LIFETIME_MS`]: crate::config::ADMIN_CONNECTION_LIFETIME_MS
 
+mod http;
 mod render;
+mod routes;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,6 +38,8 @@ use crate::shard::metrics::ShardStats;
 
 /// How long the admin thread waits for a shard's answer.
 const SHARD_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long stopping the admin server waits for its connections.
+const STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What the admin thread needs to answer requests.
 pub struct AdminState {
@@ -25,12 +47,22 @@ pub struct AdminState {
     pub config: Arc<Config>,
     pub memory_bound: MemoryBound,
     pub started: Instant,
+    /// The admin server's own counters (`/metrics`).
+    pub counters: AdminCounters,
+}
+
+/// What the admin server counts about itself.
+#[derive(Default)]
+pub struct AdminCounters {
+    pub connections_open: AtomicU64,
+    pub accept_errors: AtomicU64,
 }
 
 /// Why the admin server could not start.
 #[derive(Debug)]
 pub enum AdminError {
     Bind { address: std::net::SocketAddr, error: String },
+    Runtime(std::io::Error),
     Thread(std::io::Error),
 }
 
@@ -38,6 +70,7 @@ impl std::fmt::Display for AdminError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AdminError::Bind { address, error } => write!(f, "bind admin {address}: {error}"),
+            AdminError::Runtime(error) => write!(f, "start the admin runtime: {error}"),
             AdminError::Thread(error) => write!(f, "spawn admin thread: {error}"),
         }
     }
@@ -63,74 +96,56 @@ impl std::fmt::Display for ShardUnavailable {
 
 /// A running admin server; [`AdminServer::stop`] ends its thread.
 pub struct AdminServer {
-    server: Arc<tiny_http::Server>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl AdminServer {
+    /// Binds the admin address and starts serving on the admin thread.
     pub fn start(state: AdminState) -> Result<AdminServer, AdminError> {
         let address = state.config.admin;
-        let server =
-            tiny_http::Server::http(address).map_err(|error| AdminError::Bind { address, error: error.to_string() })?;
-        let server = Arc::new(server);
-        let serving = server.clone();
+        let bind_error = |error: std::io::Error| AdminError::Bind { address, error: error.to_string() };
+        let listener = std::net::TcpListener::bind(address).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(AdminError::Runtime)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("spate-admin".into())
             .spawn(move || {
-                for request in serving.incoming_requests() {
-                    respond(&state, request);
-                }
+                runtime.block_on(http::serve(listener, Arc::new(state), stopped));
+                runtime.shutdown_timeout(STOP_TIMEOUT);
             })
             .map_err(AdminError::Thread)?;
-        Ok(AdminServer { server, thread: Some(thread) })
+        Ok(AdminServer { stop: Some(stop), thread: Some(thread) })
     }
 
     pub fn stop(mut self) {
-        self.server.unblock();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-fn respond(state: &AdminState, request: tiny_http::Request) {
-    let path = request.url().split('?').next().unwrap_or("").to_string();
-    let is_get = *request.method() == tiny_http::Method::Get;
-    let (status, content_type, body) = match (is_get, path.as_str()) {
-        (true, "/metrics") => match collect_stats(state) {
-            Ok(stats) => (200, "text/plain; version=0.0.4; charset=utf-8", render::prometheus(state, &stats)),
-            Err(error) => (503, "text/plain", error.to_string()),
-        },
-        (true, "/stats") => match collect_stats(state) {
-            Ok(stats) => (200, "application/json", render::stats_json(state, &stats)),
-            Err(error) => (503, "text/plain", error.to_string()),
-        },
-        (true, "/partitions") => match collect_partitions(state) {
-            Ok(partitions) => (200, "application/json", render::partitions_json(&partitions)),
-            Err(error) => (503, "text/plain", error.to_string()),
-        },
-        (true, "/") => (200, "text/plain", "spate admin: GET /metrics, /stats, /partitions\n".to_string()),
-        (true, _) => (404, "text/plain", format!("not found: {path}\n")),
-        (false, _) => (405, "text/plain", "only GET is supported\n".to_string()),
-    };
-    let header = tiny_http::Header::from_bytes("Content-Type", content_type).expect("static header is valid");
-    let response = tiny_http::Response::from_string(body).with_status_code(status).with_header(header);
-    let _ = request.respond(response);
-}
-
 /// Asks every shard for its stats; an error names the shard that did not answer.
-pub fn collect_stats(state: &AdminState) -> Result<Vec<ShardStats>, ShardUnavailable> {
-    ask_all(state, ControlRequest::Stats)
+pub async fn collect_stats(state: &AdminState) -> Result<Vec<ShardStats>, ShardUnavailable> {
+    ask_all(state, ControlRequest::Stats).await
 }
 
-fn collect_partitions(state: &AdminState) -> Result<Vec<PartitionInfo>, ShardUnavailable> {
+async fn collect_partitions(state: &AdminState) -> Result<Vec<PartitionInfo>, ShardUnavailable> {
     let mut partitions: Vec<PartitionInfo> =
-        ask_all(state, ControlRequest::Partitions)?.into_iter().flatten().collect();
+        ask_all(state, ControlRequest::Partitions).await?.into_iter().flatten().collect();
     partitions.sort_by_key(|info| info.partition);
     Ok(partitions)
 }
 
-fn ask_all<T>(
+async fn ask_all<T>(
     state: &AdminState,
     make: impl Fn(flume::Sender<T>) -> ControlRequest,
 ) -> Result<Vec<T>, ShardUnavailable> {
@@ -139,20 +154,25 @@ fn ask_all<T>(
         .iter()
         .map(|control| {
             let (sender, receiver) = flume::bounded(1);
-            let sent = control.send(make(sender)).is_ok();
-            (sent, receiver)
+            // Never block the admin thread: a full control queue is a busy shard.
+            let sent = control.try_send(make(sender));
+            (sent.map_err(|error| matches!(error, flume::TrySendError::Full(_))), receiver)
         })
         .collect();
-    replies
-        .into_iter()
-        .enumerate()
-        .map(|(shard, (sent, receiver))| {
-            if !sent {
-                return Err(ShardUnavailable::NotRunning { shard });
-            }
-            receiver.recv_timeout(SHARD_REPLY_TIMEOUT).map_err(|_| ShardUnavailable::Timeout { shard })
-        })
-        .collect()
+    let mut answers = Vec::with_capacity(replies.len());
+    for (shard, (sent, receiver)) in replies.into_iter().enumerate() {
+        match sent {
+            Ok(()) => {}
+            Err(true) => return Err(ShardUnavailable::Timeout { shard }),
+            Err(false) => return Err(ShardUnavailable::NotRunning { shard }),
+        }
+        match tokio::time::timeout(SHARD_REPLY_TIMEOUT, receiver.recv_async()).await {
+            Ok(Ok(answer)) => answers.push(answer),
+            Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }),
+            Err(_) => return Err(ShardUnavailable::Timeout { shard }),
+        }
+    }
+    Ok(answers)
 }
 
 /// This process's resident set size and its peak, in bytes (from /proc).

@@ -34,7 +34,10 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
     }
     let (imbalance, imbalance_bound) = imbalance(stats);
     let (rss, rss_peak) = process_rss_bytes();
-    let process: [(&str, &str, f64); 6] = [
+    let counters = &state.counters;
+    let admin_open = counters.connections_open.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    let admin_errors = counters.accept_errors.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    let process: [(&str, &str, f64); 8] = [
         ("spate_imbalance_ratio", "Max shard load / mean shard load, over the balancer half-life.", imbalance),
         (
             "spate_imbalance_bound_ratio",
@@ -49,9 +52,16 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
             state.memory_bound.total as f64,
         ),
         ("spate_uptime_seconds", "Seconds since the server started.", state.started.elapsed().as_secs_f64()),
+        ("spate_admin_connections_open", "Admin HTTP connections open.", admin_open),
+        (
+            "spate_admin_accept_errors_total",
+            "Admin HTTP accepts that failed (e.g. out of file descriptors).",
+            admin_errors,
+        ),
     ];
     for (name, help, value) in process {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
     }
     out
 }

@@ -15,7 +15,19 @@
 //! * `OK <line-number> SYNC [token]` for a `#SYNC [token]` control line, sent
 //!   once every event sent before it on this shard has been applied by its
 //!   owner (stored and visible to subscribers).
-//! * `OK <line-number> PING` for `#PING`.
+//! * `OK <line-number> PING [token]` for `#PING [token]`; a token over
+//!   [`crate::config::CONTROL_TOKEN_SIZE_MAX`] bytes gets `ERR ... token_too_long`.
+//! * `ERR <line-number> idle_timeout|line_timeout|shed: ...` just before the
+//!   server closes a connection that sent no line within --idle-timeout-ms,
+//!   held a line incomplete for --line-timeout-ms, or was shed because the
+//!   process ran out of file descriptors.
+//!
+//! Connections are counted against a process-wide limit (shards *
+//! --connections-per-shard-max, [`crate::net::admission`]); past it a new
+//! one gets `ERR 0 connection_limit: ...` and is closed. Accepted sockets
+//! have TCP keepalive on. The reply buffer is bounded
+//! ([`REPLY_BUFFER_BYTES_MAX`]) and given back after a burst; an idle
+//! connection's grown read buffer is given back after a second.
 //!
 //! A connection that closes in the middle of a line loses only that partial
 //! line (counted as `unterminated`): a torn line is more likely a crashed
@@ -23,11 +35,15 @@
 //! is processed; bytes still in the kernel's buffer are not read.
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::config::REPLY_BUFFER_BYTES_MAX;
+use crate::config::{REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX};
+use crate::net::accept::Acceptor;
+use crate::net::socket::{set_keepalive, write_goodbye};
+use crate::net::{CloseReason, Connection, Face, ShardNet};
 use crate::protocol::control::{UnknownControl, write_err, write_ok};
 use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line};
 use crate::shard::Shard;
@@ -35,35 +51,61 @@ use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
 use crate::shard::source::Blocked;
 
-/// Accepts ingest connections until shutdown.
-pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
-    loop {
-        let stream = match first(listener.accept(), shard.lifecycle.shutdown_requested()).await {
-            Either::Left(Ok(stream)) => stream,
-            // Accept errors (EMFILE, aborted handshakes) are per connection.
-            Either::Left(Err(_)) => continue,
-            Either::Right(()) => return,
-        };
-        if shard.lifecycle.connections_open() as usize >= shard.config.connections_per_shard_max {
-            ShardMetrics::add(&shard.metrics.connections_refused, 1);
-            glommio::spawn_local(refuse(stream, shard.config.connections_per_shard_max)).detach();
+/// Accepts ingest connections until shutdown, within the process-wide
+/// connection limit.
+pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {
+    let metrics = &shard.metrics;
+    let mut acceptor = Acceptor::new(listener, "ingest", shard.id, &shard.lifecycle, &net.connections, metrics);
+    while let Some(stream) = acceptor.next().await {
+        // Best effort: a socket without keepalive still works.
+        let _ = set_keepalive(&stream);
+        let Some(slot) = net.admission.ingest.try_acquire() else {
+            ShardMetrics::add(&metrics.connections_refused, 1);
+            let limit = net.admission.ingest.max();
+            net.refusals
+                .refuse(stream, format!("ERR 0 connection_limit: the server already has {limit} connections\n"));
             continue;
-        }
-        ShardMetrics::add(&shard.metrics.connections_accepted, 1);
+        };
+        ShardMetrics::add(&metrics.connections_accepted, 1);
         shard.lifecycle.connection_opened();
+        let connection = net.connections.register(Face::Ingest);
         let shard = shard.clone();
         glommio::spawn_local(async move {
-            let _ = serve_connection(&shard, stream).await;
+            run_connection(&shard, stream, &connection).await;
+            drop((connection, slot));
             shard.lifecycle.connection_closed();
         })
         .detach();
     }
 }
 
-async fn refuse(mut stream: TcpStream, limit: usize) {
-    let message = format!("ERR 0 connection_limit: this shard already has {limit} connections\n");
-    let _ = stream.write_all(message.as_bytes()).await;
-    let _ = stream.close().await;
+/// Serves one connection until it ends or the server closes it (a timeout,
+/// shedding, the shutdown deadline), telling the peer why when it can.
+async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection) {
+    let config = &shard.config;
+    let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
+    let served = serve_connection(shard, &mut stream, &mut lines, connection);
+    let reason = match first(served, connection.close_requested()).await {
+        Either::Left(_) => return,
+        Either::Right(reason) => reason,
+    };
+    let metrics = &shard.metrics;
+    let detail = match reason {
+        CloseReason::IdleTimeout => {
+            ShardMetrics::add(&metrics.connections_timed_out_idle, 1);
+            format!("idle_timeout: no complete line within {} ms of connecting", config.idle_timeout_ms)
+        }
+        CloseReason::LineTimeout => {
+            ShardMetrics::add(&metrics.connections_timed_out_line, 1);
+            format!("line_timeout: line incomplete for {} ms", config.line_timeout_ms)
+        }
+        CloseReason::Shed => "shed: the server ran out of file descriptors and closed this idle connection".to_string(),
+        // The deadline has passed: no time for last words.
+        CloseReason::ShutdownDeadline => return,
+    };
+    let mut message = Vec::new();
+    write_err(&mut message, lines.next_line_number(), detail);
+    write_goodbye(&mut stream, &message).await;
 }
 
 /// What parsing the buffered lines stopped on.
@@ -82,9 +124,12 @@ enum Action {
     Sync { line_number: u64, token: Vec<u8> },
 }
 
-async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Result<()> {
-    let config = &shard.config;
-    let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
+async fn serve_connection(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    lines: &mut LineBuffer,
+    connection: &Connection,
+) -> std::io::Result<()> {
     let mut replies = Vec::new();
     // Owners this connection sent events to since its last #SYNC: a SYNC
     // waits only for them, so a stalled shard does not hold up connections
@@ -93,7 +138,7 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     loop {
         loop {
-            match process_buffered(shard, &mut lines, &mut replies, &mut touched) {
+            match process_buffered(shard, lines, &mut replies, &mut touched) {
                 Progress::NeedMore => break,
                 Progress::Blocked(blocked) => {
                     shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
@@ -103,30 +148,93 @@ async fn serve_connection(shard: &Shard, mut stream: TcpStream) -> std::io::Resu
                     let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
                     touched.fill(false);
                     shard.source.sync_barrier(owners.into_iter()).await;
+                    reserve_reply(&mut replies);
                     write_ok(&mut replies, line_number, b"SYNC", &token);
                 }
-                Progress::RepliesFull => {
-                    stream.write_all(&replies).await?;
-                    replies.clear();
-                }
+                Progress::RepliesFull => write_replies(stream, &mut replies).await?,
             }
         }
-        if !replies.is_empty() {
-            stream.write_all(&replies).await?;
-            replies.clear();
-        }
+        write_replies(stream, &mut replies).await?;
+        // Parsing may have given a long line's buffer back.
+        buffer_gauge.set(lines.capacity());
         if shard.lifecycle.is_shutting_down() {
             return Ok(());
         }
-        let count = match first(stream.read(lines.spare()), shard.lifecycle.shutdown_requested()).await {
-            Either::Left(result) => result?,
-            Either::Right(()) => return Ok(()),
+        let count = match read_more(shard, stream, lines, &replies, connection).await {
+            Read::Bytes(count) => count?,
+            Read::Shutdown => return Ok(()),
+            Read::Trim => {
+                lines.trim();
+                replies = Vec::new();
+                buffer_gauge.set(lines.capacity());
+                continue;
+            }
         };
         if count == 0 {
-            return finish_at_eof(shard, &lines, &mut stream).await;
+            return finish_at_eof(shard, lines, stream).await;
         }
         lines.filled(count);
         buffer_gauge.set(lines.capacity());
+    }
+}
+
+/// What waiting for the socket ended with.
+enum Read {
+    Bytes(std::io::Result<usize>),
+    Shutdown,
+    /// The connection has been idle: give buffers back, then read again.
+    Trim,
+}
+
+/// Reads the next chunk, telling the registry what the connection waits
+/// for meanwhile (its first line, the rest of a line, or nothing).
+async fn read_more(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    lines: &mut LineBuffer,
+    replies: &Vec<u8>,
+    connection: &Connection,
+) -> Read {
+    let now = Instant::now();
+    if lines.next_line_number() > 1 {
+        connection.greet();
+    }
+    connection.set_partial_line(lines.in_partial_line().then(|| lines.next_line_number()), now);
+    let spare_memory = lines.capacity() > shard.config.read_buffer_initial_bytes || replies.capacity() > 0;
+    connection.set_holds_spare_memory(spare_memory);
+    connection.set_reading(Some(now));
+    let stop = first(shard.lifecycle.shutdown_requested(), connection.trim_requested());
+    let read = match first(stream.read(lines.spare()), stop).await {
+        Either::Left(result) => Read::Bytes(result),
+        Either::Right(Either::Left(())) => Read::Shutdown,
+        Either::Right(Either::Right(())) => {
+            connection.take_trim_request();
+            Read::Trim
+        }
+    };
+    connection.set_reading(None);
+    read
+}
+
+/// Writes the buffered replies; a buffer that grew past its retained size
+/// in a burst is given back.
+async fn write_replies(stream: &mut TcpStream, replies: &mut Vec<u8>) -> std::io::Result<()> {
+    if replies.is_empty() {
+        return Ok(());
+    }
+    stream.write_all(replies).await?;
+    replies.clear();
+    if replies.capacity() > REPLY_BUFFER_RETAINED_BYTES {
+        *replies = Vec::new();
+    }
+    Ok(())
+}
+
+/// Gives the reply buffer its retained size on first use, so that it grows
+/// by doubling from there and never past [`REPLY_BUFFER_BYTES_MAX`].
+fn reserve_reply(replies: &mut Vec<u8>) {
+    if replies.capacity() == 0 {
+        replies.reserve_exact(REPLY_BUFFER_RETAINED_BYTES);
     }
 }
 
@@ -165,7 +273,7 @@ async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream
         let detail = format!("unterminated_line: connection closed mid-line, {} bytes dropped", tail.len());
         write_err(&mut message, lines.next_line_number(), detail);
         // The peer may have closed both directions; the error is counted anyway.
-        let _ = stream.write_all(&message).await;
+        write_goodbye(stream, &message).await;
     }
     Ok(())
 }
@@ -178,7 +286,7 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
     let mut route = shard.source.begin(&shard.placement, config.partitions);
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
-        if replies.len() >= REPLY_BUFFER_BYTES_MAX {
+        if replies.len() + REPLY_LINE_SIZE_MAX > REPLY_BUFFER_BYTES_MAX {
             break Progress::RepliesFull;
         }
         let (line, line_number) = match lines.next_line() {
@@ -221,6 +329,7 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
 
 /// Handles a control line; returns the ones the task must act on.
 fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Action> {
+    reserve_reply(replies);
     match parse_control(text) {
         Control::Sync { token } => Some(Action::Sync { line_number, token: token.to_vec() }),
         Control::Ping { token } => {
@@ -230,6 +339,11 @@ fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[
         Control::Unknown { command } => {
             ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
             write_err(replies, line_number, UnknownControl::new(command));
+            None
+        }
+        Control::TokenTooLong(error) => {
+            ShardMetrics::add(&shard.metrics.control_tokens_too_long, 1);
+            write_err(replies, line_number, error);
             None
         }
     }
@@ -243,5 +357,6 @@ fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, error: LineErr
         LineError::LineTooLong { .. } => &metrics.lines_rejected_line_too_long,
     };
     ShardMetrics::add(counter, 1);
+    reserve_reply(replies);
     write_err(replies, line_number, error);
 }

@@ -18,6 +18,9 @@ pub enum Position {
     Earliest,
     Latest,
     At(u64),
+    /// An offset the subscriber asked for and no owner has checked yet: the
+    /// owner answers at once, with `out_of_range` if it is past the end.
+    Requested(u64),
 }
 
 /// A subscriber's request to one owner shard.
@@ -47,6 +50,9 @@ pub struct FetchReply {
     /// offset). The owner reads them from the files before it replies
     /// ([`write_lines_from_frames`]); their cursors stay until then.
     pub disk_reads: Vec<(u32, u64)>,
+    /// Requested offsets past the end of their partition, with the
+    /// partition's next offset (the subscriber is refused).
+    pub out_of_range: Vec<(u32, u64)>,
 }
 
 /// Serves a fetch from the owner's logs. `None` means there is nothing to
@@ -69,6 +75,7 @@ pub fn serve_fetch(
         moved: Vec::new(),
         waiting: Vec::new(),
         disk_reads: Vec::new(),
+        out_of_range: Vec::new(),
     };
     let mut resolved_any = false;
     for &(partition_id, position) in &request.cursors {
@@ -81,11 +88,18 @@ pub fn serve_fetch(
             continue;
         };
         resolved_any |= !matches!(position, Position::At(_));
+        if let Position::Requested(offset) = position
+            && offset > partition.log.next_offset()
+        {
+            reply.out_of_range.push((partition_id, partition.log.next_offset()));
+            continue;
+        }
         let offset = read_into(&mut reply, partition_id, &partition.log, position, request.bytes_max);
         reply.cursors.push((partition_id, offset));
     }
     let has_news =
         force || !reply.data.is_empty() || !reply.moved.is_empty() || !reply.disk_reads.is_empty() || resolved_any;
+    debug_assert!(reply.out_of_range.is_empty() || has_news, "a refusal is news");
     has_news.then_some(reply)
 }
 
@@ -102,7 +116,7 @@ fn read_into(
     let mut offset = match position {
         Position::Earliest => log.earliest_offset(),
         Position::Latest => log.visible_offset(),
-        Position::At(offset) => offset,
+        Position::At(offset) | Position::Requested(offset) => offset,
     };
     if reply.data.len() >= bytes_max || offset >= log.visible_offset() {
         return offset;
@@ -270,6 +284,22 @@ mod tests {
         let both =
             serve_fetch(3, &manager, incoming, &request(&[(3, Position::At(0)), (2, Position::At(0))]), false).unwrap();
         assert_eq!((both.waiting.as_slice(), both.moved.as_slice()), (&[3][..], &[2][..]));
+    }
+
+    /// A requested offset is answered at once: past the end it is refused
+    /// with the partition's next offset, at the end it resolves (no parking),
+    /// and within the log it reads like any cursor.
+    #[test]
+    fn requested_offsets_are_checked_at_once() {
+        let manager = manager_with(&[(0, "a"), (0, "b")]);
+        let past = serve_fetch(0, &manager, |_| false, &request(&[(0, Position::Requested(3))]), false).unwrap();
+        assert_eq!((past.out_of_range.as_slice(), past.cursors.len()), (&[(0, 2)][..], 0));
+        let largest = request(&[(1, Position::Requested(u64::MAX)), (0, Position::Requested(1))]);
+        let reply = serve_fetch(0, &manager, |_| false, &largest, false).unwrap();
+        assert_eq!(reply.out_of_range, [(1, 0)]);
+        assert_eq!((reply.cursors.as_slice(), reply.data.as_slice()), (&[(0, 2)][..], &b"0 1 k b\n"[..]));
+        let at_end = serve_fetch(0, &manager, |_| false, &request(&[(0, Position::Requested(2))]), false).unwrap();
+        assert_eq!((at_end.cursors.as_slice(), at_end.out_of_range.len()), (&[(0, 2)][..], 0));
     }
 
     /// A cursor behind retention gets an explicit TRUNCATED notice first.

@@ -2,13 +2,17 @@
 //! replies it gets.
 //!
 //! * Control lines start with `#` (the line parser hands over the text after
-//!   it): `#SYNC [token]` and `#PING [token]`.
+//!   it): `#SYNC [token]` and `#PING [token]`. The token is echoed back, so it
+//!   is bounded: one longer than [`CONTROL_TOKEN_SIZE_MAX`] bytes gets
+//!   `ERR <line-number> token_too_long: ...` instead of an `OK`.
 //! * Replies, one line each: `OK <line-number> <COMMAND> [token]` and
 //!   `ERR <line-number> <reason>: <detail>`. Line numbers count every line of
 //!   the connection from 1, so a producer can map a reply to its input.
 //!
 //! Both sides are here: [`parse_control`] and the reply writers for the
 //! server, [`parse_reply`] for clients (`spate pub`, the tests, the bench).
+
+pub use crate::config::CONTROL_TOKEN_SIZE_MAX;
 
 /// A control line, borrowing from the read buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +23,8 @@ pub enum Control<'a> {
     Ping { token: &'a [u8] },
     /// Anything else: the command word, for the error reply.
     Unknown { command: &'a [u8] },
+    /// A known command whose token is longer than [`CONTROL_TOKEN_SIZE_MAX`].
+    TokenTooLong(TokenTooLong<'a>),
 }
 
 /// The control commands a server knows, for the `unknown_control` reply.
@@ -30,10 +36,33 @@ pub fn parse_control(text: &[u8]) -> Control<'_> {
         Some(space) => (&text[..space], &text[space + 1..]),
         None => (text, &text[text.len()..]),
     };
+    let known = matches!(command, b"SYNC" | b"PING");
+    if known && argument.len() > CONTROL_TOKEN_SIZE_MAX {
+        return Control::TokenTooLong(TokenTooLong { command, token_size: argument.len() });
+    }
     match command {
         b"SYNC" => Control::Sync { token: argument },
         b"PING" => Control::Ping { token: argument },
         _ => Control::Unknown { command },
+    }
+}
+
+/// The `token_too_long` error: a `#SYNC`/`#PING` token over the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenTooLong<'a> {
+    /// `SYNC` or `PING`.
+    pub command: &'a [u8],
+    pub token_size: usize,
+}
+
+impl std::fmt::Display for TokenTooLong<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "token_too_long: #{} token is {} bytes, limit {CONTROL_TOKEN_SIZE_MAX}",
+            String::from_utf8_lossy(self.command),
+            self.token_size
+        )
     }
 }
 
@@ -119,6 +148,7 @@ fn split_word(text: &[u8]) -> (&[u8], Option<&[u8]>) {
 mod tests {
     use super::*;
     use crate::protocol::LineError;
+    use proptest::strategy::Strategy;
 
     /// Control lines parse into their command and token, unknown ones keep the word.
     #[test]
@@ -128,6 +158,60 @@ mod tests {
         assert_eq!(parse_control(b"PING x"), Control::Ping { token: b"x" });
         assert_eq!(parse_control(b"sync"), Control::Unknown { command: b"sync" });
         assert_eq!(parse_control(b""), Control::Unknown { command: b"" });
+        let long = [b"PING ".as_slice(), &[b'x'; CONTROL_TOKEN_SIZE_MAX + 1]].concat();
+        let Control::TokenTooLong(error) = parse_control(&long) else { panic!("a long token is refused") };
+        assert_eq!(error.token_size, CONTROL_TOKEN_SIZE_MAX + 1);
+        assert!(error.to_string().starts_with("token_too_long: #PING token is 257 bytes, limit 256"), "{error}");
+    }
+
+    proptest::proptest! {
+        /// Any control text parses without panicking; a known command's token
+        /// is echoed exactly when it fits the limit and refused when it does
+        /// not; and the `OK` reply for an accepted token parses back to it.
+        #[test]
+        fn control_tokens_are_bounded(
+            command in proptest::prop_oneof![
+                proptest::strategy::Just(b"SYNC".to_vec()),
+                proptest::strategy::Just(b"PING".to_vec()),
+                proptest::collection::vec(
+                    proptest::prelude::any::<u8>().prop_filter("one word", |byte| *byte != b' '),
+                    0..8,
+                ),
+            ],
+            token in proptest::collection::vec(
+                proptest::prelude::any::<u8>().prop_filter("no LF in a line", |byte| *byte != b'\n'),
+                0..CONTROL_TOKEN_SIZE_MAX * 2,
+            ),
+        ) {
+            let text = [command.as_slice(), b" ", &token].concat();
+            let known = command == b"SYNC" || command == b"PING";
+            let fits = token.len() <= CONTROL_TOKEN_SIZE_MAX;
+            match parse_control(&text) {
+                Control::Sync { token: parsed } | Control::Ping { token: parsed } => {
+                    proptest::prop_assert!(known && fits);
+                    proptest::prop_assert_eq!(parsed, token.as_slice());
+                    let mut reply = Vec::new();
+                    write_ok(&mut reply, 7, &command, parsed);
+                    proptest::prop_assert!(reply.len() <= 32 + CONTROL_TOKEN_SIZE_MAX);
+                    let parsed_reply = parse_reply(&reply[..reply.len() - 1]);
+                    let expected_token: &[u8] = if token.is_empty() { b"" } else { &token };
+                    if !token.ends_with(b"\r") {
+                        proptest::prop_assert_eq!(
+                            parsed_reply,
+                            Some(Reply::Ok { line_number: 7, command: &command, token: expected_token })
+                        );
+                    }
+                }
+                Control::TokenTooLong(error) => {
+                    proptest::prop_assert!(known && !fits);
+                    proptest::prop_assert_eq!(error.token_size, token.len());
+                }
+                Control::Unknown { command: parsed } => {
+                    proptest::prop_assert!(!known);
+                    proptest::prop_assert_eq!(parsed, command.as_slice());
+                }
+            }
+        }
     }
 
     /// Every reply the server writes parses back into what was written.

@@ -12,7 +12,8 @@
 //! [`LineBuffer`] owns a connection's read buffer: it is filled by large socket
 //! reads and split with `memchr`, so the per-event cost is one `memchr` and
 //! no allocation. The buffer grows only while a single line does not fit
-//! (up to the line limit) and shrinks back once that line is gone.
+//! (up to the line limit) and shrinks back once that line is gone; an idle
+//! connection gives a grown buffer back with [`LineBuffer::trim`].
 
 /// Longest key, in bytes (a `u8` length in every wire and log record).
 pub const KEY_SIZE_MAX: usize = 255;
@@ -119,6 +120,8 @@ pub struct LineBuffer {
     last_line_start: usize,
     /// True while skipping the rest of an over-long line.
     skipping: bool,
+    /// Size the buffer starts at and trims back to.
+    initial_size: usize,
     /// Size the buffer grows to for throughput.
     read_size: usize,
     /// The longest accepted line, in bytes, without CR LF.
@@ -138,6 +141,7 @@ impl LineBuffer {
             line_count: 0,
             last_line_start: 0,
             skipping: false,
+            initial_size,
             read_size,
             line_size_max,
         }
@@ -237,6 +241,24 @@ impl LineBuffer {
             }
         }
         Next::NeedMore
+    }
+
+    /// Whether a line has started and not ended: bytes of an incomplete line
+    /// are buffered, or the rest of an over-long line is being skipped.
+    pub fn in_partial_line(&self) -> bool {
+        self.end > self.start || self.skipping
+    }
+
+    /// Gives a grown buffer back (down to the initial size) when it holds
+    /// nothing; returns whether it shrank. For a connection gone idle.
+    pub fn trim(&mut self) -> bool {
+        if self.end > self.start || self.buffer.len() <= self.initial_size {
+            return false;
+        }
+        self.buffer = vec![0; self.initial_size];
+        self.start = 0;
+        self.end = 0;
+        true
     }
 
     /// Puts back the line last returned by `next_line` (it could not be
@@ -339,5 +361,22 @@ mod tests {
         assert_eq!(seen, ["1:a 1"]);
         assert_eq!(buffer.unterminated_tail(), Some(&b"half a li"[..]));
         assert_eq!(buffer.next_line_number(), 2);
+        assert!(buffer.in_partial_line());
+        assert!(!buffer.trim(), "a partial line keeps its buffer");
+    }
+
+    /// A buffer grown by a burst goes back to its initial size once idle and
+    /// empty, and keeps working.
+    #[test]
+    fn trim_gives_a_grown_buffer_back() {
+        let mut buffer = LineBuffer::new(4, 64, 100);
+        let seen = feed(&mut buffer, b"a 1\nbb 22\nccc 333\ndddd 4444\n");
+        assert_eq!(seen.len(), 4);
+        assert!(buffer.capacity() > 4);
+        assert!(!buffer.in_partial_line());
+        assert!(buffer.trim());
+        assert_eq!(buffer.capacity(), 4);
+        assert!(!buffer.trim(), "already at its initial size");
+        assert_eq!(feed(&mut buffer, b"e 5\n"), ["5:e 5"]);
     }
 }

@@ -4,10 +4,27 @@
 //! * `<partition> <offset> <key> <payload>`: one event ([`write_event_line`]);
 //! * `TRUNCATED <partition> <requested-offset> <next-readable-offset>`: the
 //!   cursor fell behind retention ([`write_truncated`]);
-//! * `ERR <reason>: <detail>`: a bad request; the server then closes.
+//! * `ERR <reason>: <detail>`: a bad request, a limit or a timeout; the
+//!   server then closes;
+//! * `ERR offset_out_of_range <partition> <next-offset>`: the request asked
+//!   for an offset past the end of a partition (the next offset to be
+//!   written is the largest valid one); nothing else is written before it,
+//!   and the server then closes ([`write_offset_out_of_range`]);
+//! * `CLOSING <partition>:<resume> <partition>:<resume> ...`: the server is
+//!   shutting down. It comes after every event already fetched for the
+//!   subscriber and is the last line before the close. It names every
+//!   partition of the subscription, in partition order, with where to
+//!   resume: the offset of the next event the subscriber has not received,
+//!   or `earliest`/`latest` for a partition whose start was never resolved
+//!   (no event of it was sent). `SUB <partition> <resume>` against the next
+//!   server continues without a gap or duplicate ([`write_closing_start`]).
 //!
 //! [`parse_subscriber_line`] reads any of them back (for `spate sub`, the
 //! bench's subscriber and the tests).
+//!
+//! After its `SUB` line a subscriber sends nothing more; bytes it sends are
+//! read and ignored, and end-of-file means it has gone (a subscriber that
+//! closes its sending side ends its subscription).
 
 /// Which partitions a subscription reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +136,57 @@ pub fn write_truncated(out: &mut Vec<u8>, partition: u32, requested: u64, earlie
     out.push(b'\n');
 }
 
+/// Appends `ERR offset_out_of_range <partition> <next-offset>\n`.
+pub fn write_offset_out_of_range(out: &mut Vec<u8>, partition: u32, next_offset: u64) {
+    let mut numbers = itoa::Buffer::new();
+    out.extend_from_slice(b"ERR offset_out_of_range ");
+    out.extend_from_slice(numbers.format(partition).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(numbers.format(next_offset).as_bytes());
+    out.push(b'\n');
+}
+
+/// Starts a `CLOSING` notice; follow with one [`write_closing_entry`] per
+/// partition and [`write_closing_end`]. The caller may write the buffer out
+/// between entries, so a notice for many partitions is never built whole.
+pub fn write_closing_start(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"CLOSING");
+}
+
+/// Appends ` <partition>:<resume>` to a `CLOSING` notice.
+pub fn write_closing_entry(out: &mut Vec<u8>, partition: u32, resume: StartOffset) {
+    let mut numbers = itoa::Buffer::new();
+    out.push(b' ');
+    out.extend_from_slice(numbers.format(partition).as_bytes());
+    out.push(b':');
+    match resume {
+        StartOffset::At(offset) => out.extend_from_slice(numbers.format(offset).as_bytes()),
+        StartOffset::Earliest => out.extend_from_slice(b"earliest"),
+        StartOffset::Latest => out.extend_from_slice(b"latest"),
+    }
+}
+
+/// Ends a `CLOSING` notice.
+pub fn write_closing_end(out: &mut Vec<u8>) {
+    out.push(b'\n');
+}
+
+/// The positions of a `CLOSING` notice (the text after `CLOSING`), in order;
+/// an entry that does not parse is an error.
+pub fn closing_positions(text: &[u8]) -> impl Iterator<Item = Result<(u32, StartOffset), BadSubscriberLine>> + '_ {
+    text.split(|&byte| byte == b' ').filter(|entry| !entry.is_empty()).map(|entry| {
+        let bad = || BadSubscriberLine { line: String::from_utf8_lossy(&entry[..entry.len().min(200)]).into_owned() };
+        let colon = memchr::memchr(b':', entry).ok_or_else(bad)?;
+        let partition = parse_number(&entry[..colon]).and_then(|number| u32::try_from(number).ok()).ok_or_else(bad)?;
+        let resume = match &entry[colon + 1..] {
+            b"earliest" => StartOffset::Earliest,
+            b"latest" => StartOffset::Latest,
+            number => StartOffset::At(parse_number(number).ok_or_else(bad)?),
+        };
+        Ok((partition, resume))
+    })
+}
+
 /// One line a subscriber reads (without LF), borrowing from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscriberLine<'a> {
@@ -133,9 +201,18 @@ pub enum SubscriberLine<'a> {
         requested: u64,
         earliest: u64,
     },
-    /// `ERR ...`: the text after `ERR `.
+    /// `ERR offset_out_of_range <partition> <next-offset>`.
+    OffsetOutOfRange {
+        partition: u32,
+        next_offset: u64,
+    },
+    /// `ERR ...`: the text after `ERR ` (any other error).
     Error {
         text: &'a [u8],
+    },
+    /// `CLOSING ...`: the text after `CLOSING` (see [`closing_positions`]).
+    Closing {
+        positions: &'a [u8],
     },
 }
 
@@ -156,8 +233,20 @@ impl std::error::Error for BadSubscriberLine {}
 /// Parses one line a subscriber received.
 pub fn parse_subscriber_line(line: &[u8]) -> Result<SubscriberLine<'_>, BadSubscriberLine> {
     let bad = || BadSubscriberLine { line: String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned() };
+    if let Some(numbers) = line.strip_prefix(b"ERR offset_out_of_range ") {
+        let mut numbers = numbers.split(|&byte| byte == b' ').map(parse_number);
+        let (Some(Some(partition)), Some(Some(next_offset)), None) = (numbers.next(), numbers.next(), numbers.next())
+        else {
+            return Err(bad());
+        };
+        let partition = u32::try_from(partition).map_err(|_| bad())?;
+        return Ok(SubscriberLine::OffsetOutOfRange { partition, next_offset });
+    }
     if let Some(text) = line.strip_prefix(b"ERR ") {
         return Ok(SubscriberLine::Error { text });
+    }
+    if line == b"CLOSING" || line.starts_with(b"CLOSING ") {
+        return Ok(SubscriberLine::Closing { positions: &line[b"CLOSING".len()..] });
     }
     if let Some(rest) = line.strip_prefix(b"TRUNCATED ") {
         let mut numbers = rest.split(|&byte| byte == b' ').map(parse_number);
@@ -189,6 +278,7 @@ fn parse_number(text: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
 
     /// Every line the server writes to a subscriber parses back exactly.
     #[test]
@@ -232,5 +322,78 @@ mod tests {
         assert!(matches!(parse_subscribe(b"SUB 4 0", 4), Err(SubscribeError::PartitionOutOfRange { .. })));
         assert!(matches!(parse_subscribe(b"SUB 1 -5", 4), Err(SubscribeError::BadOffset { .. })));
         assert_eq!(parse_subscribe(b"\xff\xfe", 4), Err(SubscribeError::NotSub));
+        let past_end = parse_subscribe(b"SUB * 18446744073709551615", 4).unwrap();
+        assert_eq!(past_end.start, StartOffset::At(u64::MAX), "the largest offset parses (the owner refuses it)");
+    }
+
+    /// The out-of-range error and the closing notice parse back into what
+    /// was written, chunked or not.
+    #[test]
+    fn closing_and_out_of_range_round_trip() {
+        let mut out = Vec::new();
+        write_offset_out_of_range(&mut out, 3, 120);
+        assert_eq!(out, b"ERR offset_out_of_range 3 120\n");
+        let line = &out[..out.len() - 1];
+        assert_eq!(
+            parse_subscriber_line(line),
+            Ok(SubscriberLine::OffsetOutOfRange { partition: 3, next_offset: 120 })
+        );
+        let positions = [(0, StartOffset::At(5)), (1, StartOffset::Earliest), (7, StartOffset::Latest)];
+        let mut written = Vec::new();
+        write_closing_start(&mut written);
+        for (partition, resume) in positions {
+            write_closing_entry(&mut written, partition, resume);
+        }
+        write_closing_end(&mut written);
+        assert_eq!(written, b"CLOSING 0:5 1:earliest 7:latest\n");
+        let Ok(SubscriberLine::Closing { positions: text }) = parse_subscriber_line(&written[..written.len() - 1])
+        else {
+            panic!("a closing notice")
+        };
+        let parsed: Vec<_> = closing_positions(text).collect::<Result<_, _>>().unwrap();
+        assert_eq!(parsed, positions);
+        assert!(closing_positions(b" 1:x").next().unwrap().is_err());
+        assert!(parse_subscriber_line(b"ERR offset_out_of_range 1").is_err());
+    }
+
+    proptest::proptest! {
+        /// Any `SUB` line parses or fails without panicking; a well-formed one
+        /// parses back to what was written, up to the largest offset, and a
+        /// partition past the count is refused with its numbers.
+        #[test]
+        fn subscribe_requests_round_trip(
+            partition in proptest::option::of(0u64..=u64::from(u32::MAX) + 1),
+            start in proptest::prop_oneof![
+                proptest::strategy::Just(StartOffset::Earliest),
+                proptest::strategy::Just(StartOffset::Latest),
+                proptest::prelude::any::<u64>().prop_map(StartOffset::At),
+            ],
+            partition_count in 1u32..=65_536,
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let partition_text = partition.map_or("*".to_string(), |partition| partition.to_string());
+            let start_text = match start {
+                StartOffset::Earliest => "earliest".to_string(),
+                StartOffset::Latest => "latest".to_string(),
+                StartOffset::At(offset) => offset.to_string(),
+            };
+            let line = format!("SUB {partition_text} {start_text}\r");
+            match (parse_subscribe(line.as_bytes(), partition_count), partition) {
+                (Ok(request), None) => {
+                    proptest::prop_assert_eq!(request, SubscribeRequest { partitions: PartitionSelector::All, start });
+                }
+                (Ok(request), Some(partition)) => {
+                    proptest::prop_assert!(partition < u64::from(partition_count));
+                    let partitions = PartitionSelector::One(partition as u32);
+                    proptest::prop_assert_eq!(request, SubscribeRequest { partitions, start });
+                }
+                (Err(error), Some(partition)) => {
+                    proptest::prop_assert_eq!(error, SubscribeError::PartitionOutOfRange { partition, partition_count });
+                }
+                (Err(error), None) => proptest::prop_assert!(false, "{error}"),
+            }
+            let _ = parse_subscribe(&noise, partition_count);
+            let _ = parse_subscriber_line(&noise);
+        }
     }
 }

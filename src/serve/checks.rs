@@ -16,6 +16,8 @@ pub enum EnvironmentError {
     Memlock { limit_bytes: u64, needed_bytes: u64 },
     /// An executor (an io_uring instance) could not be created.
     IoUring { error: String },
+    /// `RLIMIT_NOFILE` could not be read.
+    FdLimit { error: std::io::Error },
 }
 
 impl std::fmt::Display for EnvironmentError {
@@ -37,6 +39,7 @@ impl std::fmt::Display for EnvironmentError {
                  fix: check `sysctl kernel.io_uring_disabled` (must be 0), that no seccomp profile \
                  (e.g. a container runtime's) blocks io_uring_setup, and `ulimit -l`"
             ),
+            EnvironmentError::FdLimit { error } => write!(f, "cannot read the file descriptor limit: {error}"),
         }
     }
 }
@@ -64,17 +67,41 @@ pub fn check_io_uring(config: &Config) -> Result<(), ServeError> {
     }
 }
 
-/// glommio binds with SO_REUSEPORT, so a second server on a busy port would
-/// silently share it. Probe each address with a plain bind first.
+/// Every address must be free, or held only by an earlier server's
+/// leftovers ([`crate::serve::ports`]).
 pub fn check_addresses(config: &Config) -> Result<(), ServeError> {
     let addresses = [("ingest", config.ingest), ("subscribe", config.subscribe), ("admin", config.admin)];
     for (name, address) in addresses {
-        if let Err(error) = std::net::TcpListener::bind(address) {
-            if error.kind() == std::io::ErrorKind::AddrInUse {
-                return Err(ServeError::AddressInUse { name, address });
-            }
-            return Err(ServeError::Bind { name, address, error });
+        crate::serve::ports::check_address(name, address)?;
+    }
+    Ok(())
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit and checks that the
+/// configuration's file descriptors fit under it; says what it found on
+/// stderr.
+pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(ServeError::Environment(EnvironmentError::FdLimit { error: std::io::Error::last_os_error() }));
+    }
+    let soft_before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit reads the struct we pass; raising the soft limit
+        // up to the hard one is always allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
         }
     }
+    let budget = config.fd_budget();
+    let available = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+    if budget.total > available {
+        return Err(ServeError::FdBudget { budget, limit: available });
+    }
+    let raised =
+        if soft_before < limit.rlim_cur { format!(" (soft limit raised from {soft_before})") } else { String::new() };
+    eprintln!("spate: file descriptors: limit {available}{raised}; this configuration needs at most {budget}");
     Ok(())
 }

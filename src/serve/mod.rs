@@ -2,6 +2,7 @@
 //! admin thread and the signal handler, and runs the two-phase shutdown.
 
 mod checks;
+mod ports;
 mod startup;
 
 pub use checks::EnvironmentError;
@@ -15,7 +16,8 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
-use crate::config::{CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX};
+use crate::config::{CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS};
+use crate::net::Admission;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
 /// How long shards get to start.
@@ -27,9 +29,17 @@ pub enum ServeError {
     Config(crate::config::ConfigError),
     /// The machine cannot run glommio; the text says how to fix it.
     Environment(EnvironmentError),
+    /// A live process listens on the address (`pid`), or listening sockets
+    /// no process holds did not go away in time (`None`).
     AddressInUse {
         name: &'static str,
         address: SocketAddr,
+        pid: Option<u32>,
+    },
+    /// The file descriptors the limits need do not fit `RLIMIT_NOFILE`.
+    FdBudget {
+        budget: crate::config::FdBudget,
+        limit: usize,
     },
     /// An address could not be bound for another reason.
     Bind {
@@ -65,9 +75,23 @@ impl std::fmt::Display for ServeError {
         match self {
             ServeError::Config(error) => write!(f, "invalid configuration: {error}"),
             ServeError::Environment(error) => write!(f, "{error}"),
-            ServeError::AddressInUse { name, address } => write!(
+            ServeError::AddressInUse { name, address, pid: Some(pid) } => write!(
                 f,
-                "{name} address {address} is already in use (another spate running?); pick another with --{name}"
+                "{name} address {address} is already in use by process {pid} (another spate running?); \
+                 stop it or pick another address with --{name}"
+            ),
+            ServeError::AddressInUse { name, address, pid: None } => write!(
+                f,
+                "{name} address {address} is already in use: listening sockets no live process holds did not \
+                 go away within {} ms; pick another address with --{name}",
+                crate::config::ADDRESS_WAIT_MS_MAX
+            ),
+            ServeError::FdBudget { budget, limit } => write!(
+                f,
+                "this configuration may need {budget} file descriptors, above the limit of {limit} \
+                 (RLIMIT_NOFILE, soft raised to hard).\nfix: raise the hard limit (`ulimit -Hn`, \
+                 LimitNOFILE= in a systemd unit) or lower --connections-per-shard-max, \
+                 --subscribers-per-shard-max or --fds-reserved"
             ),
             ServeError::Bind { name, address, error } => write!(f, "failed to start: bind {name} {address}: {error}"),
             ServeError::Executors(error) => write!(f, "failed to start the executor pool: {error}"),
@@ -90,6 +114,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
     checks::check_io_uring(&config)?;
+    checks::check_fd_limit(&config)?;
     checks::check_addresses(&config)?;
     // Held until the server exits: a second server on the data directory is
     // refused with the holder's pid.
@@ -109,6 +134,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         mesh: MeshBuilder::full(shard_count, config.mesh_channel_frames()),
         control: Arc::new(control_receivers),
         events: events_sender.clone(),
+        admission: Arc::new(Admission::new(&config)),
     };
     let cpu_count = std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1);
     let placement = if shard_count <= cpu_count {
@@ -130,6 +156,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             config: config.clone(),
             memory_bound: config.memory_bound(),
             started,
+            counters: Default::default(),
         })
         .map_err(ServeError::Admin)
     });
@@ -142,8 +169,8 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         }
     };
     print_banner(&config, shard_count, shard_count <= cpu_count);
-    spawn_signal_thread(&controls)?;
-    wait_for_drain(&events, shard_count);
+    spawn_signal_thread(&controls, Duration::from_millis(config.shutdown_timeout_ms))?;
+    let complete = wait_for_drain(&events, shard_count);
     broadcast(&controls, || ControlRequest::Exit);
     for result in pool.join_all() {
         if let Err(error) = result {
@@ -151,7 +178,12 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         }
     }
     admin.stop();
-    eprintln!("spate: stopped cleanly after {:.1}s", started.elapsed().as_secs_f64());
+    let elapsed = started.elapsed().as_secs_f64();
+    if complete {
+        eprintln!("spate: stopped cleanly after {elapsed:.1}s");
+    } else {
+        eprintln!("spate: stopped after {elapsed:.1}s; connections still open at the shutdown deadline were cut");
+    }
     Ok(())
 }
 
@@ -168,27 +200,35 @@ fn wait_for_start(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> R
         match events.recv_deadline(deadline) {
             Ok(ShardEvent::Started) => started += 1,
             Ok(ShardEvent::Failed { shard, failure }) => return Err(ServeError::Shard { shard, failure }),
-            Ok(ShardEvent::Drained) => {}
+            Ok(ShardEvent::Drained { .. }) => {}
             Err(_) => return Err(ServeError::StartTimeout { started, shard_count }),
         }
     }
     Ok(())
 }
 
-/// Waits for the shutdown signal's drain to finish on every shard.
-fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) {
-    let mut drained = 0;
+/// Waits for the shutdown signal's drain to finish on every shard; returns
+/// whether every shard drained completely (nothing cut at the deadline).
+fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> bool {
+    let (mut drained, mut complete) = (0, true);
     while drained < shard_count {
         match events.recv() {
-            Ok(ShardEvent::Drained) => drained += 1,
+            Ok(ShardEvent::Drained { complete: shard_complete }) => {
+                drained += 1;
+                complete &= shard_complete;
+            }
             Ok(ShardEvent::Failed { shard, failure }) => eprintln!("spate: shard {shard:?} failed: {failure}"),
             Ok(ShardEvent::Started) => {}
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    complete
 }
 
-fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>]) -> Result<(), ServeError> {
+/// The first SIGINT/SIGTERM asks every shard to drain within `timeout` and
+/// arms a watchdog that ends the process if it still runs
+/// [`SHUTDOWN_FORCE_MARGIN_MS`] after that; a second signal ends it at once.
+fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Duration) -> Result<(), ServeError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|error| ServeError::Thread { name: "signal", error })?;
@@ -196,9 +236,27 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>]) -> Result<(),
     std::thread::Builder::new()
         .name("spate-signals".into())
         .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                eprintln!("spate: signal {signal}: stopping (no new connections; draining what was read)");
-                broadcast(&controls, || ControlRequest::Shutdown);
+            let mut signals = signals.forever();
+            let Some(signal) = signals.next() else { return };
+            let deadline = Instant::now() + timeout;
+            eprintln!(
+                "spate: signal {signal}: stopping (no new connections; draining what was read; connections still \
+                 open in {} ms are cut; a second signal exits at once)",
+                timeout.as_millis()
+            );
+            broadcast(&controls, || ControlRequest::Shutdown { deadline });
+            let force_at = deadline + Duration::from_millis(SHUTDOWN_FORCE_MARGIN_MS);
+            let watchdog = std::thread::Builder::new().name("spate-watchdog".into()).spawn(move || {
+                std::thread::sleep(force_at.saturating_duration_since(Instant::now()));
+                eprintln!("spate: still running {SHUTDOWN_FORCE_MARGIN_MS} ms after the shutdown deadline: exiting");
+                std::process::exit(1);
+            });
+            if let Err(error) = watchdog {
+                eprintln!("spate: could not start the shutdown watchdog: {error}");
+            }
+            if let Some(signal) = signals.next() {
+                eprintln!("spate: second signal {signal}: exiting now without draining");
+                std::process::exit(1);
             }
         })
         .map_err(|error| ServeError::Thread { name: "signal", error })?;

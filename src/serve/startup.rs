@@ -9,10 +9,10 @@ use glommio::channels::channel_mesh::FullMesh;
 use glommio::net::TcpListener;
 
 use crate::config::Config;
+use crate::net::{Admission, Connections, ShardNet};
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::Frame;
-use crate::shard::notify::{Either, first};
 use crate::shard::outbox::Outbox;
 
 /// Everything a shard thread needs; cloned into every executor.
@@ -23,6 +23,8 @@ pub struct ShardContext {
     /// Control receivers, indexed by shard id (known only after the mesh join).
     pub control: Arc<Vec<flume::Receiver<ControlRequest>>>,
     pub events: flume::Sender<ShardEvent>,
+    /// The process-wide connection limits, shared by every shard.
+    pub admission: Arc<Admission>,
 }
 
 /// The body of one shard's executor.
@@ -53,10 +55,17 @@ pub async fn run_shard(context: ShardContext) {
         glommio::spawn_local(outbox.clone().drain(peer)).detach();
     }
     spawn_shard_tasks(&shard);
+    let net = Rc::new(ShardNet {
+        admission: context.admission.clone(),
+        connections: Connections::new(&context.config),
+        refusals: Rc::default(),
+    });
+    let sweeping = (net.clone(), shard.clone());
+    glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(&sweeping.1.lifecycle).await }).detach();
     match bind_listeners(&context.config) {
         Ok((ingest, subscribe)) => {
-            glommio::spawn_local(crate::ingest::accept_loop(shard.clone(), ingest)).detach();
-            glommio::spawn_local(accept_subscribers(shard.clone(), subscribe)).detach();
+            glommio::spawn_local(crate::ingest::accept_loop(shard.clone(), net.clone(), ingest)).detach();
+            glommio::spawn_local(crate::subscribe::accept_subscribers(shard.clone(), net, subscribe)).detach();
         }
         Err(failure) => {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
@@ -120,15 +129,4 @@ fn bind_listeners(config: &Config) -> Result<(TcpListener, TcpListener), ShardFa
         TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
     };
     Ok((bind("ingest", config.ingest)?, bind("subscribe", config.subscribe)?))
-}
-
-async fn accept_subscribers(shard: Rc<Shard>, listener: TcpListener) {
-    loop {
-        let stream = match first(listener.accept(), shard.lifecycle.shutdown_requested()).await {
-            Either::Left(Ok(stream)) => stream,
-            Either::Left(Err(_)) => continue,
-            Either::Right(()) => return,
-        };
-        glommio::spawn_local(crate::subscribe::serve_subscriber(shard.clone(), stream)).detach();
-    }
 }

@@ -6,20 +6,30 @@
 //!
 //! Shutdown is two-phase so that no event in flight is lost: on `Shutdown`
 //! every shard stops accepting, lets its connections finish what they have
-//! read, flushes and waits until all its events are applied (the owners keep
-//! applying meanwhile), then reports `Drained`. Only when every shard has
-//! drained does `main` send `Exit`.
+//! read (and its subscribers write what is ready and their `CLOSING`
+//! notice), flushes and waits until all its events are applied (the owners
+//! keep applying meanwhile), then reports `Drained`. Only when every shard
+//! has drained does `main` send `Exit`. Both waits are bounded: connections
+//! still open at the deadline are cut (the connection sweeper does it), and
+//! the events they had read get [`SHUTDOWN_DRAIN_MARGIN_MS`] more to be
+//! applied; `Drained` says whether everything finished in time.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
+use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
+use crate::shard::notify::{Either, first};
 
 /// Requests from the control plane to one shard.
 pub enum ControlRequest {
     Stats(flume::Sender<ShardStats>),
     Partitions(flume::Sender<Vec<PartitionInfo>>),
-    Shutdown,
+    /// Stop accepting and drain; connections still open at `deadline` are cut.
+    Shutdown {
+        deadline: Instant,
+    },
     Exit,
 }
 
@@ -48,8 +58,15 @@ impl std::fmt::Display for ShardFailure {
 #[derive(Debug)]
 pub enum ShardEvent {
     Started,
-    Failed { shard: Option<u16>, failure: ShardFailure },
-    Drained,
+    Failed {
+        shard: Option<u16>,
+        failure: ShardFailure,
+    },
+    /// Drained; `complete` is false when connections were cut at the
+    /// deadline or events read were not all applied in time.
+    Drained {
+        complete: bool,
+    },
 }
 
 /// One partition as its owner sees it (for `/partitions`).
@@ -82,20 +99,47 @@ pub async fn serve_control(
             ControlRequest::Partitions(reply) => {
                 let _ = reply.send(partition_infos(shard));
             }
-            ControlRequest::Shutdown => {
+            ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();
                 glommio::spawn_local(async move {
-                    shard.lifecycle.request_shutdown();
-                    shard.lifecycle.connections_closed().await;
-                    shard.source.sync_barrier(0..shard.shard_count).await;
-                    let _ = events.send(ShardEvent::Drained);
+                    let complete = drain(&shard, deadline).await;
+                    let _ = events.send(ShardEvent::Drained { complete });
                 })
                 .detach();
             }
             ControlRequest::Exit => return,
         }
     }
+}
+
+/// Stops accepting, waits for the connection tasks until `deadline` (the
+/// sweeper cuts those still open then), and for every event read to be
+/// applied until the deadline plus [`SHUTDOWN_DRAIN_MARGIN_MS`]. Returns
+/// whether both finished in time.
+async fn drain(shard: &Shard, deadline: Instant) -> bool {
+    let lifecycle = &shard.lifecycle;
+    lifecycle.request_shutdown(deadline);
+    let until = |instant: Instant| glommio::timer::sleep(instant.saturating_duration_since(Instant::now()));
+    let connections_done = match first(lifecycle.connections_closed(), until(deadline)).await {
+        Either::Left(()) => true,
+        Either::Right(()) => {
+            let cut = lifecycle.tasks_open();
+            ShardMetrics::add(&shard.metrics.connections_cut_at_deadline, cut);
+            eprintln!("spate: shard {}: shutdown deadline: cutting {cut} connections still open", shard.id);
+            // The sweeper asks them to close within its interval.
+            let margin = deadline + Duration::from_millis(SHUTDOWN_DRAIN_MARGIN_MS);
+            matches!(first(lifecycle.connections_closed(), until(margin)).await, Either::Left(()));
+            false
+        }
+    };
+    let margin = deadline.max(Instant::now()) + Duration::from_millis(SHUTDOWN_DRAIN_MARGIN_MS);
+    let applied =
+        matches!(first(shard.source.sync_barrier(0..shard.shard_count), until(margin)).await, Either::Left(()));
+    if !applied {
+        eprintln!("spate: shard {}: shutdown deadline: events read but not yet applied are dropped", shard.id);
+    }
+    connections_done && applied
 }
 
 /// Sets the computed gauges into their cells, then snapshots every metric.
@@ -116,6 +160,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
         metrics.batch_buffered_bytes.set(router.batch_buffered_bytes() as u64);
     }
     metrics.connections_open.set(shard.lifecycle.connections_open());
+    metrics.subscriber_connections_open.set(shard.lifecycle.sessions_open());
     metrics.apply_queue_bytes.set(shard.apply_queue.bytes() as u64);
     metrics.storage_failing.set(u64::from(shard.committer.as_ref().is_some_and(|committer| committer.is_failing())));
     metrics.mesh_queued_frames.set(shard.outbox.queued_frames() as u64);

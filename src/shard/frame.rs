@@ -19,7 +19,8 @@ pub enum Frame {
     Credit(CreditGrant),
     /// A subscriber on the sending shard asks for events.
     Fetch(FetchRequest),
-    /// Events for a subscriber on the receiving shard.
+    /// Events for a subscriber on the receiving shard (boxed: one per fetch,
+    /// and it is the largest frame).
     FetchReply(Box<FetchReply>),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },

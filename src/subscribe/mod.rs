@@ -18,8 +18,49 @@
 //!   goes (an owner that no longer has a partition answers "moved");
 //! * a subscriber whose cursor fell behind retention gets one line
 //!   `TRUNCATED <partition> <requested-offset> <next-readable-offset>` and the
-//!   stream continues from the next readable offset; it never skips silently.
+//!   stream continues from the next readable offset; it never skips silently;
+//! * a subscriber is counted against the process-wide limit from accept, so
+//!   connections that never send `SUB` cannot crowd it; they are closed after
+//!   --idle-timeout-ms. A session also waits on its socket, so a subscriber
+//!   that closes while idle frees its slot at once;
+//! * on shutdown a subscriber gets the replies already fetched for it, then
+//!   `CLOSING <partition>:<resume> ...` ([`crate::protocol::subscribe`]), then
+//!   the close, all within --shutdown-timeout-ms.
 
 mod session;
 
-pub use session::serve_subscriber;
+use std::rc::Rc;
+
+use glommio::net::TcpListener;
+
+use crate::net::accept::Acceptor;
+use crate::net::socket::set_keepalive;
+use crate::net::{Face, ShardNet};
+use crate::shard::Shard;
+use crate::shard::metrics::ShardMetrics;
+
+/// Accepts subscriber connections until shutdown, within the process-wide
+/// subscriber limit.
+pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {
+    let metrics = &shard.metrics;
+    let mut acceptor = Acceptor::new(listener, "subscribe", shard.id, &shard.lifecycle, &net.connections, metrics);
+    while let Some(stream) = acceptor.next().await {
+        // Best effort: a socket without keepalive still works.
+        let _ = set_keepalive(&stream);
+        let Some(slot) = net.admission.subscribers.try_acquire() else {
+            ShardMetrics::add(&metrics.subscribers_refused, 1);
+            let limit = net.admission.subscribers.max();
+            net.refusals.refuse(stream, format!("ERR subscriber_limit: the server already has {limit} subscribers\n"));
+            continue;
+        };
+        shard.lifecycle.session_opened();
+        let connection = net.connections.register(Face::Subscribe);
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            session::run_subscriber(&shard, stream, &connection).await;
+            drop((connection, slot));
+            shard.lifecycle.session_closed();
+        })
+        .detach();
+    }
+}

@@ -1,5 +1,6 @@
 //! One subscriber connection: read the `SUB` line, then pull from every owner
-//! and write what comes back.
+//! and write what comes back, until the subscriber goes, is refused, or the
+//! server shuts down (then: what is ready, the `CLOSING` notice, the close).
 
 use std::rc::Rc;
 
@@ -7,8 +8,13 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
-use crate::config::SUBSCRIBE_REQUEST_SIZE_MAX;
+use crate::config::{CLOSING_NOTICE_CHUNK_BYTES, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION};
+use crate::net::socket::write_goodbye;
+use crate::net::{CloseReason, Connection};
 use crate::partition::fetch::{FetchReply, FetchRequest, Position};
+use crate::protocol::subscribe::{
+    write_closing_end, write_closing_entry, write_closing_start, write_offset_out_of_range,
+};
 use crate::protocol::{PartitionSelector, StartOffset, parse_subscribe};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
@@ -19,51 +25,98 @@ struct Cursor {
     position: Position,
     /// A fetch that carries this cursor is out; do not send it elsewhere.
     in_flight: bool,
+    /// An owner has answered for it once (its start is checked and known).
+    resolved: bool,
 }
 
-/// Serves one subscriber until it disconnects or the server shuts down.
-pub async fn serve_subscriber(shard: Rc<Shard>, mut stream: TcpStream) {
-    let metrics = &shard.metrics;
-    if metrics.subscribers_open.get() as usize >= shard.config.subscribers_per_shard_max {
-        ShardMetrics::add(&metrics.subscribers_refused, 1);
-        let message = format!(
-            "ERR subscriber_limit: this shard already serves {} subscribers\n",
-            shard.config.subscribers_per_shard_max
-        );
-        let _ = stream.write_all(message.as_bytes()).await;
-        return;
-    }
-    let Some(request_line) = read_request_line(&mut stream).await else { return };
-    let request = match parse_subscribe(&request_line, shard.config.partitions) {
-        Ok(request) => request,
-        Err(error) => {
-            let _ = stream.write_all(format!("ERR {error}\n").as_bytes()).await;
+const _: () = assert!(
+    std::mem::size_of::<Cursor>() + std::mem::size_of::<(u32, Position)>() + std::mem::size_of::<(u32, u64)>()
+        <= SUBSCRIBER_BYTES_PER_PARTITION,
+    "the memory formula's per-partition subscriber cost"
+);
+
+/// Serves one subscriber connection until it ends or the server closes it
+/// (a timeout before `SUB`, shedding, the shutdown deadline).
+pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection: &Connection) {
+    let reason = match first(serve_subscriber(shard, &mut stream, connection), connection.close_requested()).await {
+        Either::Left(()) => return,
+        Either::Right(reason) => reason,
+    };
+    let message = match reason {
+        CloseReason::IdleTimeout => {
+            ShardMetrics::add(&shard.metrics.connections_timed_out_idle, 1);
+            format!("ERR idle_timeout: no SUB line within {} ms of connecting\n", shard.config.idle_timeout_ms)
+        }
+        CloseReason::Shed => "ERR shed: the server ran out of file descriptors and closed this connection\n".into(),
+        CloseReason::LineTimeout | CloseReason::ShutdownDeadline => return,
+    };
+    write_goodbye(&mut stream, message.as_bytes()).await;
+}
+
+async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) {
+    let request_line = match first(read_request_line(stream), shard.lifecycle.shutdown_requested()).await {
+        Either::Left(Some(line)) => line,
+        Either::Left(None) => return,
+        Either::Right(()) => {
+            write_goodbye(stream, b"ERR shutting_down: the server is stopping\n").await;
             return;
         }
     };
+    let request = match parse_subscribe(&request_line, shard.config.partitions) {
+        Ok(request) => request,
+        Err(error) => {
+            write_goodbye(stream, format!("ERR {error}\n").as_bytes()).await;
+            return;
+        }
+    };
+    connection.greet();
     let start = match request.start {
         StartOffset::Earliest => Position::Earliest,
         StartOffset::Latest => Position::Latest,
-        StartOffset::At(offset) => Position::At(offset),
+        StartOffset::At(offset) => Position::Requested(offset),
     };
     let partitions: Vec<u32> = match request.partitions {
         PartitionSelector::All => (0..shard.config.partitions).collect(),
         PartitionSelector::One(partition) => vec![partition],
     };
-    let cursors = partitions.into_iter().map(|partition| Cursor { partition, position: start, in_flight: false });
-    ShardMetrics::add(&metrics.subscribers_open, 1);
+    let cursors: Vec<Cursor> = partitions
+        .into_iter()
+        .map(|partition| Cursor { partition, position: start, in_flight: false, resolved: false })
+        .collect();
     let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
-    let subscription_id = shard.subscriptions.register(inbox_sender);
+    let registration = Registration::new(shard, inbox_sender);
     let mut session = Session {
-        shard: &shard,
-        subscription_id,
-        cursors: cursors.collect(),
+        shard,
+        subscription_id: registration.subscription_id,
+        unresolved: cursors.len(),
+        cursors,
         outstanding: vec![Outstanding::None; usize::from(shard.shard_count)],
         rotation: 0,
+        held: Vec::new(),
     };
-    let _ = session.run(&mut stream, &inbox).await;
-    shard.unregister_subscription(subscription_id);
-    metrics.subscribers_open.set(metrics.subscribers_open.get() - 1);
+    let _ = session.run(stream, &inbox).await;
+}
+
+/// A subscription registered with the shard; dropping it (also when the
+/// session is cut) unregisters it and cancels its parked fetches.
+struct Registration<'a> {
+    shard: &'a Shard,
+    subscription_id: u64,
+}
+
+impl<'a> Registration<'a> {
+    fn new(shard: &'a Shard, inbox: local_channel::LocalSender<FetchReply>) -> Registration<'a> {
+        ShardMetrics::add(&shard.metrics.subscribers_open, 1);
+        Registration { shard, subscription_id: shard.subscriptions.register(inbox) }
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.shard.unregister_subscription(self.subscription_id);
+        let gauge = &self.shard.metrics.subscribers_open;
+        gauge.set(gauge.get() - 1);
+    }
 }
 
 async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
@@ -82,7 +135,7 @@ async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
         }
         if request.len() > SUBSCRIBE_REQUEST_SIZE_MAX {
             let message = format!("ERR bad_request: request line longer than {SUBSCRIBE_REQUEST_SIZE_MAX} bytes\n");
-            let _ = stream.write_all(message.as_bytes()).await;
+            write_goodbye(stream, message.as_bytes()).await;
             return None;
         }
     }
@@ -102,11 +155,26 @@ struct Session<'a> {
     shard: &'a Rc<Shard>,
     subscription_id: u64,
     cursors: Vec<Cursor>,
+    /// Cursors no owner has answered for yet. Until it is zero nothing is
+    /// written, so a request past a partition's end is refused before any
+    /// event line.
+    unresolved: usize,
     /// Per owner: whether a fetch to it is out.
     outstanding: Vec<Outstanding>,
     /// Where the next fetch starts in `cursors`, so a large budget is shared
     /// fairly among partitions over time.
     rotation: usize,
+    /// Replies applied but not yet written (while cursors are unresolved).
+    /// At most one per owner: within the (S + 1) replies of the formula.
+    held: Vec<FetchReply>,
+}
+
+/// What a subscriber session waited for.
+enum Wake {
+    Reply(Option<FetchReply>),
+    Shutdown,
+    /// The subscriber sent bytes (ignored) or closed (`Ok(0)` or an error).
+    Read(std::io::Result<usize>),
 }
 
 impl Session<'_> {
@@ -115,21 +183,92 @@ impl Session<'_> {
         stream: &mut TcpStream,
         inbox: &local_channel::LocalReceiver<FetchReply>,
     ) -> std::io::Result<()> {
+        let mut ignored = [0u8; 512];
         loop {
             self.send_fetches();
-            let reply = match first(inbox.recv(), self.shard.lifecycle.shutdown_requested()).await {
-                Either::Left(Some(reply)) => reply,
-                Either::Left(None) | Either::Right(()) => return Ok(()),
+            let shutdown = self.shard.lifecycle.shutdown_requested();
+            let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
+                Either::Left(reply) => Wake::Reply(reply),
+                Either::Right(Either::Left(())) => Wake::Shutdown,
+                Either::Right(Either::Right(read)) => Wake::Read(read),
             };
-            self.apply_reply(&reply);
-            if !reply.data.is_empty() {
-                stream.write_all(&reply.data).await?;
-                let metrics = &self.shard.metrics;
-                ShardMetrics::add(&metrics.events_delivered, reply.event_count);
-                ShardMetrics::add(&metrics.bytes_delivered, reply.data.len() as u64);
-                ShardMetrics::add(&metrics.truncation_notices, reply.truncation_count);
+            match wake {
+                Wake::Reply(None) | Wake::Read(Ok(0) | Err(_)) => return Ok(()),
+                Wake::Read(Ok(_)) => {}
+                Wake::Shutdown => return self.close(stream, inbox).await,
+                Wake::Reply(Some(reply)) => {
+                    if self.refuse_out_of_range(stream, &reply).await {
+                        return Ok(());
+                    }
+                    self.apply_reply(reply);
+                    self.write_held(stream, false).await?;
+                }
             }
         }
+    }
+
+    /// The server is shutting down: write the replies already here, then the
+    /// `CLOSING` notice with every partition's resume position.
+    async fn close(
+        &mut self,
+        stream: &mut TcpStream,
+        inbox: &local_channel::LocalReceiver<FetchReply>,
+    ) -> std::io::Result<()> {
+        while let Some(Some(reply)) = futures_lite::future::poll_once(inbox.recv()).await {
+            if self.refuse_out_of_range(stream, &reply).await {
+                return Ok(());
+            }
+            self.apply_reply(reply);
+        }
+        self.write_held(stream, true).await?;
+        let mut notice = Vec::with_capacity(CLOSING_NOTICE_CHUNK_BYTES + 64);
+        write_closing_start(&mut notice);
+        for cursor in &self.cursors {
+            let resume = match cursor.position {
+                Position::At(offset) | Position::Requested(offset) => StartOffset::At(offset),
+                Position::Earliest => StartOffset::Earliest,
+                Position::Latest => StartOffset::Latest,
+            };
+            write_closing_entry(&mut notice, cursor.partition, resume);
+            if notice.len() >= CLOSING_NOTICE_CHUNK_BYTES {
+                stream.write_all(&notice).await?;
+                notice.clear();
+            }
+        }
+        write_closing_end(&mut notice);
+        stream.write_all(&notice).await?;
+        stream.flush().await?;
+        ShardMetrics::add(&self.shard.metrics.closing_notices, 1);
+        Ok(())
+    }
+
+    /// Refuses the subscription if an owner found its requested offset past
+    /// a partition's end; returns whether it did.
+    async fn refuse_out_of_range(&self, stream: &mut TcpStream, reply: &FetchReply) -> bool {
+        let Some(&(partition, next_offset)) = reply.out_of_range.first() else { return false };
+        ShardMetrics::add(&self.shard.metrics.subscribe_offsets_out_of_range, 1);
+        let mut message = Vec::new();
+        write_offset_out_of_range(&mut message, partition, next_offset);
+        write_goodbye(stream, &message).await;
+        true
+    }
+
+    /// Writes the held replies once every cursor is resolved (or `force`).
+    async fn write_held(&mut self, stream: &mut TcpStream, force: bool) -> std::io::Result<()> {
+        if self.unresolved > 0 && !force {
+            return Ok(());
+        }
+        for reply in std::mem::take(&mut self.held) {
+            if reply.data.is_empty() {
+                continue;
+            }
+            stream.write_all(&reply.data).await?;
+            let metrics = &self.shard.metrics;
+            ShardMetrics::add(&metrics.events_delivered, reply.event_count);
+            ShardMetrics::add(&metrics.bytes_delivered, reply.data.len() as u64);
+            ShardMetrics::add(&metrics.truncation_notices, reply.truncation_count);
+        }
+        Ok(())
     }
 
     /// Sends one fetch to every owner that has none out and holds cursors
@@ -181,21 +320,25 @@ impl Session<'_> {
         cursor
     }
 
-    fn apply_reply(&mut self, reply: &FetchReply) {
+    /// Moves the cursors a reply answers and holds the reply for writing.
+    fn apply_reply(&mut self, reply: FetchReply) {
         self.outstanding[usize::from(reply.owner)] = Outstanding::None;
         for &(partition, offset) in &reply.cursors {
             let cursor = self.cursor_mut(partition);
             debug_assert!(cursor.in_flight);
-            if let Position::At(previous) = cursor.position {
+            if let Position::At(previous) | Position::Requested(previous) = cursor.position {
                 debug_assert!(offset >= previous, "cursor went back on partition {partition}");
             }
             cursor.position = Position::At(offset);
             cursor.in_flight = false;
+            let newly_resolved = !std::mem::replace(&mut cursor.resolved, true);
+            self.unresolved -= usize::from(newly_resolved);
         }
         for &partition in reply.moved.iter().chain(&reply.waiting) {
             // Moved: the next fetch goes to its new owner. Waiting: it is
             // being installed there; the next fetch goes there again.
             self.cursor_mut(partition).in_flight = false;
         }
+        self.held.push(reply);
     }
 }

@@ -22,22 +22,44 @@ pub struct Server {
     args: Vec<String>,
 }
 
+/// A fresh temporary data directory for a server on `port`.
+fn fresh_data_dir(port: u16) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("spate-test-data-{}-{port}", std::process::id()))
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The three addresses of a server.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub ingest: SocketAddr,
+    pub subscribe: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Addresses {
+    /// Three free loopback ports.
+    pub fn free() -> Addresses {
+        let address = || format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Addresses { ingest: address(), subscribe: address(), admin: address() }
+    }
 }
 
 impl Server {
     /// Starts `spate serve` with `args` and waits until /stats answers.
     pub fn start(args: &[&str]) -> Server {
-        let ingest: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let subscribe: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Server::start_on(Addresses::free(), args)
+    }
+
+    /// Starts `spate serve` on `addresses` and waits until /stats answers.
+    pub fn start_on(addresses: Addresses, args: &[&str]) -> Server {
+        let Addresses { ingest, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
         let owns_data_dir = given.is_none();
-        let data_dir = given.unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("spate-test-data-{}-{}", std::process::id(), ingest.port()))
-        });
+        let data_dir = given.unwrap_or_else(|| fresh_data_dir(ingest.port()));
         let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
         if owns_data_dir {
             args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
@@ -47,29 +69,84 @@ impl Server {
         server
     }
 
-    /// Starts the process (again, after a kill), on the same ports and data
-    /// directory, and waits until /stats answers.
+    /// Starts the process (again, after [`Server::crash`]), on the same
+    /// ports and data directory, and waits until /stats answers.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "the server is already running");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_spate"))
-            .arg("serve")
-            .args(["--ingest", &self.ingest.to_string(), "--subscribe", &self.subscribe.to_string()])
-            .args(["--admin", &self.admin.to_string()])
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn spate");
-        self.child = Some(child);
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let child = Server::command(self.addresses(), &args).stdout(Stdio::null()).stderr(log).spawn();
+        self.child = Some(child.expect("spawn spate"));
         self.wait_ready();
     }
 
-    /// SIGKILLs the server (no drain, no flush) and reaps it.
-    pub fn kill9(&mut self) {
+    /// SIGKILLs the server (no drain, no flush) and reaps it, keeping its
+    /// data directory for [`Server::spawn`].
+    pub fn crash(&mut self) {
         let mut child = self.child.take().expect("running");
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// The `spate serve` command for `addresses` and `args`, not started.
+    pub fn command(addresses: Addresses, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        command
+            .arg("serve")
+            .args(["--ingest", &addresses.ingest.to_string(), "--subscribe", &addresses.subscribe.to_string()])
+            .args(["--admin", &addresses.admin.to_string()])
+            .args(args);
+        command
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        Addresses { ingest: self.ingest, subscribe: self.subscribe, admin: self.admin }
+    }
+
+    /// Lowers the running server's `RLIMIT_NOFILE` (soft and hard) to `limit`.
+    pub fn set_fd_limit(&self, limit: u64) {
+        let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        // SAFETY: prlimit on our own child's pid, reading `rlimit` only.
+        let status = unsafe { libc::prlimit(self.pid() as i32, libc::RLIMIT_NOFILE, &rlimit, std::ptr::null_mut()) };
+        assert_eq!(status, 0, "prlimit: {}", std::io::Error::last_os_error());
+    }
+
+    /// Kills the server with SIGKILL and reaps it.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Sends SIGTERM; returns the exit status and how long it took, or
+    /// `None` (after a SIGKILL) if it did not stop within `limit`.
+    pub fn terminate_within(mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().unwrap();
+        let started = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while started.elapsed() < limit {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some((status, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Polls `/stats` until `total(name)` satisfies `ready` or `limit` passes;
+    /// returns the last value.
+    pub fn wait_for_total(&self, name: &str, limit: Duration, ready: impl Fn(u64) -> bool) -> u64 {
+        let started = Instant::now();
+        loop {
+            let value = self.total(name);
+            if ready(value) || started.elapsed() > limit {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&mut self) {
@@ -240,7 +317,8 @@ impl Subscriber {
         }
     }
 
-    /// The next event; notices (`TRUNCATED`, `ERR`) are collected on the side.
+    /// The next event; notices (`TRUNCATED`, `ERR`, `CLOSING`) are collected
+    /// on the side (`ERR` and `CLOSING` end the stream: `None`).
     pub fn next_event(&mut self) -> Option<Delivered> {
         loop {
             let line = self.next_line()?;
@@ -249,7 +327,11 @@ impl Subscriber {
                     return Some(Delivered { partition, offset, key: key.to_vec(), payload: payload.to_vec() });
                 }
                 Ok(SubscriberLine::Truncated { .. }) => self.notices.push(String::from_utf8_lossy(&line).into_owned()),
-                Ok(SubscriberLine::Error { .. }) => {
+                Ok(
+                    SubscriberLine::Error { .. }
+                    | SubscriberLine::OffsetOutOfRange { .. }
+                    | SubscriberLine::Closing { .. },
+                ) => {
                     self.notices.push(String::from_utf8_lossy(&line).into_owned());
                     return None;
                 }

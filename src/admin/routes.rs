@@ -1,0 +1,61 @@
+//! The admin routes: one `match` on method and path. A route that takes a
+//! body (the coming `POST /streams`) finds it in `body`, already read and at
+//! most [`ADMIN_BODY_BYTES_MAX`] bytes (`413` beyond).
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::admin::{AdminState, collect_partitions, collect_stats, render};
+use crate::config::ADMIN_BODY_BYTES_MAX;
+
+const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain";
+
+/// Answers one request.
+pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = request.into_parts();
+    let _body = match read_body(body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let path = parts.uri.path();
+    match (&parts.method, path) {
+        (&Method::GET, "/metrics") => match collect_stats(state).await {
+            Ok(stats) => respond(200, PROMETHEUS, render::prometheus(state, &stats)),
+            Err(error) => respond(503, TEXT, error.to_string()),
+        },
+        (&Method::GET, "/stats") => match collect_stats(state).await {
+            Ok(stats) => respond(200, JSON, render::stats_json(state, &stats)),
+            Err(error) => respond(503, TEXT, error.to_string()),
+        },
+        (&Method::GET, "/partitions") => match collect_partitions(state).await {
+            Ok(partitions) => respond(200, JSON, render::partitions_json(&partitions)),
+            Err(error) => respond(503, TEXT, error.to_string()),
+        },
+        (&Method::GET, "/") => respond(200, TEXT, "spate admin: GET /metrics, /stats, /partitions\n".to_string()),
+        (&Method::GET, _) => respond(404, TEXT, format!("not found: {path}\n")),
+        _ => respond(405, TEXT, "only GET is supported\n".to_string()),
+    }
+}
+
+/// Reads a request body of at most [`ADMIN_BODY_BYTES_MAX`] bytes, or the
+/// response that refuses it.
+async fn read_body(body: Incoming) -> Result<Bytes, Response<Full<Bytes>>> {
+    match Limited::new(body, ADMIN_BODY_BYTES_MAX).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(respond(413, TEXT, format!("request body over {ADMIN_BODY_BYTES_MAX} bytes\n")))
+        }
+        Err(error) => Err(respond(400, TEXT, format!("cannot read the request body: {error}\n"))),
+    }
+}
+
+fn respond(status: u16, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}

@@ -1,0 +1,357 @@
+//! Each shard's open connections, for what no single connection task can
+//! do for itself: notice that it has waited too long, give memory back while
+//! it sleeps, be shed when the process runs out of file descriptors, and be
+//! cut at the shutdown deadline.
+//!
+//! A connection task registers at accept and gets a [`Connection`] handle;
+//! it tells the handle what it is doing (greeted or not, waiting on its
+//! socket or busy, holding an incomplete line) with plain `Cell` writes, no
+//! syscalls. The shard's sweeper ([`Connections::run_sweeper`]) looks at
+//! every entry each [`CONNECTION_SWEEP_INTERVAL_MS`] and asks a connection to
+//! close (with a [`CloseReason`]) or to trim its buffers; the task races its
+//! work against [`Connection::close_requested`] and its socket reads against
+//! [`Connection::trim_requested`]. The decisions ([`Connections::sweep`],
+//! [`Connections::shed_oldest`]) take the clock as an argument, so they are
+//! unit-tested without sockets.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::config::{CONNECTION_SWEEP_INTERVAL_MS, Config, IDLE_TRIM_MS};
+use crate::shard::lifecycle::Lifecycle;
+use crate::shard::notify::WaitList;
+
+/// Which port a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    Ingest,
+    Subscribe,
+}
+
+/// Why the server closes a connection that did nothing wrong in protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// No complete line (ingest) or `SUB` line within --idle-timeout-ms.
+    IdleTimeout,
+    /// A line stayed incomplete for --line-timeout-ms while spate waited.
+    LineTimeout,
+    /// The process ran out of file descriptors and this connection was the
+    /// oldest idle or pre-`SUB` one.
+    Shed,
+    /// The shutdown deadline passed.
+    ShutdownDeadline,
+}
+
+struct Entry {
+    face: Face,
+    accepted_at: Instant,
+    /// It sent its first complete line (ingest) or its `SUB` line.
+    greeted: Cell<bool>,
+    /// The line number that is incomplete and since when spate has waited
+    /// for the rest of it.
+    partial: Cell<Option<(u64, Instant)>>,
+    /// Since when the task waits for bytes from its socket; `None` while it
+    /// parses, writes, or is stalled on credits (time that is spate's, not
+    /// the peer's).
+    reading_since: Cell<Option<Instant>>,
+    /// It holds buffers above their idle size.
+    holds_spare_memory: Cell<bool>,
+    trim_requested: Cell<bool>,
+    close: Cell<Option<CloseReason>>,
+    waiters: WaitList,
+}
+
+impl Entry {
+    fn request_close(&self, reason: CloseReason) {
+        if self.close.get().is_none() {
+            self.close.set(Some(reason));
+            self.waiters.wake_all();
+        }
+    }
+}
+
+/// What one sweep asked for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sweep {
+    pub idle_timeouts: usize,
+    pub line_timeouts: usize,
+    pub deadline_cuts: usize,
+    pub trims: usize,
+}
+
+/// One shard's open connections.
+pub struct Connections {
+    entries: RefCell<Vec<Option<Rc<Entry>>>>,
+    free: RefCell<Vec<usize>>,
+    idle_timeout: Duration,
+    line_timeout: Duration,
+}
+
+impl Connections {
+    pub fn new(config: &Config) -> Rc<Connections> {
+        Rc::new(Connections {
+            entries: RefCell::default(),
+            free: RefCell::default(),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+            line_timeout: Duration::from_millis(config.line_timeout_ms),
+        })
+    }
+
+    /// Registers a connection just accepted on `face`.
+    pub fn register(self: &Rc<Self>, face: Face) -> Connection {
+        let entry = Rc::new(Entry {
+            face,
+            accepted_at: Instant::now(),
+            greeted: Cell::new(false),
+            partial: Cell::new(None),
+            reading_since: Cell::new(None),
+            holds_spare_memory: Cell::new(false),
+            trim_requested: Cell::new(false),
+            close: Cell::new(None),
+            waiters: WaitList::default(),
+        });
+        let mut entries = self.entries.borrow_mut();
+        let index = self.free.borrow_mut().pop().unwrap_or_else(|| {
+            entries.push(None);
+            entries.len() - 1
+        });
+        entries[index] = Some(entry.clone());
+        Connection { connections: self.clone(), index, entry }
+    }
+
+    /// Connections registered now.
+    #[cfg(test)]
+    pub fn count(&self) -> usize {
+        self.entries.borrow().len() - self.free.borrow().len()
+    }
+
+    /// Looks at every connection at `now`: asks those past a timeout (or
+    /// all, past the shutdown `deadline`) to close, and idle ones holding
+    /// spare memory to trim it.
+    pub fn sweep(&self, now: Instant, deadline: Option<Instant>) -> Sweep {
+        let mut sweep = Sweep::default();
+        let past_deadline = deadline.is_some_and(|deadline| now >= deadline);
+        for entry in self.entries.borrow().iter().flatten() {
+            if entry.close.get().is_some() {
+                continue;
+            }
+            let waited = |since: Instant| now.saturating_duration_since(since);
+            if past_deadline {
+                entry.request_close(CloseReason::ShutdownDeadline);
+                sweep.deadline_cuts += 1;
+            } else if !entry.greeted.get() && waited(entry.accepted_at) >= self.idle_timeout {
+                entry.request_close(CloseReason::IdleTimeout);
+                sweep.idle_timeouts += 1;
+            } else if let (Some((_, since)), Some(_)) = (entry.partial.get(), entry.reading_since.get())
+                && waited(since) >= self.line_timeout
+            {
+                entry.request_close(CloseReason::LineTimeout);
+                sweep.line_timeouts += 1;
+            } else if entry.holds_spare_memory.get()
+                && !entry.trim_requested.get()
+                && entry.reading_since.get().is_some_and(|since| waited(since) >= Duration::from_millis(IDLE_TRIM_MS))
+            {
+                entry.trim_requested.set(true);
+                entry.waiters.wake_all();
+                sweep.trims += 1;
+            }
+        }
+        sweep
+    }
+
+    /// Asks the oldest connection that has sent nothing yet (no line, no
+    /// `SUB`) to close, or else the ingest connection idle the longest;
+    /// returns its face, or `None` if no connection qualifies.
+    pub fn shed_oldest(&self) -> Option<Face> {
+        let entries = self.entries.borrow();
+        let open = || entries.iter().flatten().filter(|entry| entry.close.get().is_none());
+        let silent = open().filter(|entry| !entry.greeted.get()).min_by_key(|entry| entry.accepted_at);
+        let idle = || {
+            open()
+                .filter(|entry| entry.face == Face::Ingest && entry.partial.get().is_none())
+                .filter_map(|entry| entry.reading_since.get().map(|since| (since, entry)))
+                .min_by_key(|(since, _)| *since)
+                .map(|(_, entry)| entry)
+        };
+        let entry = silent.or_else(idle)?;
+        entry.request_close(CloseReason::Shed);
+        Some(entry.face)
+    }
+
+    /// The sweeper: runs [`Connections::sweep`] every
+    /// [`CONNECTION_SWEEP_INTERVAL_MS`] until the executor exits.
+    pub async fn run_sweeper(&self, lifecycle: &Lifecycle) {
+        let interval = Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS);
+        loop {
+            glommio::timer::sleep(interval).await;
+            self.sweep(Instant::now(), lifecycle.shutdown_deadline());
+        }
+    }
+}
+
+/// A connection task's handle on its registry entry; dropping it
+/// unregisters the connection.
+pub struct Connection {
+    connections: Rc<Connections>,
+    index: usize,
+    entry: Rc<Entry>,
+}
+
+impl Connection {
+    /// It sent its first complete line or its `SUB` line: no idle timeout.
+    pub fn greet(&self) {
+        self.entry.greeted.set(true);
+    }
+
+    /// The line numbered `line_number` is incomplete (`None`: no line is).
+    /// The line timeout runs from the first call for a line number.
+    pub fn set_partial_line(&self, line_number: Option<u64>, now: Instant) {
+        let partial = match (line_number, self.entry.partial.get()) {
+            (None, _) => None,
+            (Some(number), Some((current, since))) if number == current => Some((current, since)),
+            (Some(number), _) => Some((number, now)),
+        };
+        self.entry.partial.set(partial);
+    }
+
+    /// The task starts (`Some(now)`) or stops (`None`) waiting on its socket.
+    pub fn set_reading(&self, since: Option<Instant>) {
+        self.entry.reading_since.set(since);
+    }
+
+    /// Whether it holds buffers above their idle size (worth a trim).
+    pub fn set_holds_spare_memory(&self, holds: bool) {
+        self.entry.holds_spare_memory.set(holds);
+    }
+
+    /// Resolves with the reason once the server wants this connection closed.
+    pub async fn close_requested(&self) -> CloseReason {
+        self.entry.waiters.wait_until(|| self.entry.close.get().is_some()).await;
+        self.entry.close.get().unwrap_or(CloseReason::Shed)
+    }
+
+    /// Resolves once the sweeper asks the idle connection to trim.
+    pub async fn trim_requested(&self) {
+        self.entry.waiters.wait_until(|| self.entry.trim_requested.get()).await
+    }
+
+    /// Takes a trim request (so the next one needs a new idle period).
+    pub fn take_trim_request(&self) -> bool {
+        self.entry.trim_requested.replace(false)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.connections.entries.borrow_mut()[self.index] = None;
+        self.connections.free.borrow_mut().push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connections(idle_ms: u64, line_ms: u64) -> Rc<Connections> {
+        Rc::new(Connections {
+            entries: RefCell::default(),
+            free: RefCell::default(),
+            idle_timeout: Duration::from_millis(idle_ms),
+            line_timeout: Duration::from_millis(line_ms),
+        })
+    }
+
+    fn reason(connection: &Connection) -> Option<CloseReason> {
+        connection.entry.close.get()
+    }
+
+    /// A connection that sends nothing is closed after the idle timeout; one
+    /// that greeted is not, however long it idles.
+    #[test]
+    fn idle_timeout_spares_greeted_connections() {
+        let registry = connections(1000, 5000);
+        let silent = registry.register(Face::Subscribe);
+        let greeted = registry.register(Face::Ingest);
+        greeted.greet();
+        let start = silent.entry.accepted_at;
+        assert_eq!(registry.sweep(start + Duration::from_millis(999), None), Sweep::default());
+        let sweep = registry.sweep(start + Duration::from_secs(3600), None);
+        assert_eq!(sweep.idle_timeouts, 1);
+        assert_eq!(reason(&silent), Some(CloseReason::IdleTimeout));
+        assert_eq!(reason(&greeted), None);
+    }
+
+    /// The line timeout runs while spate waits on the socket for the same
+    /// incomplete line; a new line restarts it, and time spent busy (stalled
+    /// on credits) does not trigger it.
+    #[test]
+    fn line_timeout_counts_only_waiting_for_the_same_line() {
+        let registry = connections(1000, 2000);
+        let slow = registry.register(Face::Ingest);
+        slow.greet();
+        let start = Instant::now();
+        slow.set_partial_line(Some(5), start);
+        slow.set_partial_line(Some(5), start + Duration::from_millis(1500));
+        assert_eq!(registry.sweep(start + Duration::from_millis(2500), None).line_timeouts, 0, "busy, not reading");
+        slow.set_reading(Some(start + Duration::from_millis(1800)));
+        slow.set_partial_line(Some(6), start + Duration::from_millis(1900));
+        assert_eq!(registry.sweep(start + Duration::from_millis(3000), None).line_timeouts, 0, "a new line");
+        assert_eq!(registry.sweep(start + Duration::from_millis(3900), None).line_timeouts, 1);
+        assert_eq!(reason(&slow), Some(CloseReason::LineTimeout));
+    }
+
+    /// Shedding picks the oldest silent connection first, then the ingest
+    /// connection idle longest, never a busy one, and each only once.
+    #[test]
+    fn shedding_takes_silent_then_idle_connections() {
+        let registry = connections(60_000, 60_000);
+        let busy = registry.register(Face::Ingest);
+        busy.greet();
+        let idle = registry.register(Face::Ingest);
+        idle.greet();
+        idle.set_reading(Some(Instant::now()));
+        let silent_old = registry.register(Face::Subscribe);
+        let silent_new = registry.register(Face::Ingest);
+        assert_eq!(registry.shed_oldest(), Some(Face::Subscribe));
+        assert_eq!(reason(&silent_old), Some(CloseReason::Shed));
+        assert_eq!(registry.shed_oldest(), Some(Face::Ingest));
+        assert_eq!(reason(&silent_new), Some(CloseReason::Shed));
+        assert_eq!(registry.shed_oldest(), Some(Face::Ingest));
+        assert_eq!(reason(&idle), Some(CloseReason::Shed));
+        assert_eq!(registry.shed_oldest(), None, "a busy connection is not shed");
+        assert_eq!(reason(&busy), None);
+    }
+
+    /// Past the shutdown deadline every connection is asked to close;
+    /// dropped handles leave the registry.
+    #[test]
+    fn deadline_cuts_everyone_and_handles_unregister() {
+        let registry = connections(60_000, 60_000);
+        let handles: Vec<Connection> = (0..3).map(|_| registry.register(Face::Ingest)).collect();
+        let now = Instant::now();
+        assert_eq!(registry.sweep(now, Some(now + Duration::from_secs(1))).deadline_cuts, 0);
+        assert_eq!(registry.sweep(now + Duration::from_secs(1), Some(now)).deadline_cuts, 3);
+        assert!(handles.iter().all(|handle| reason(handle) == Some(CloseReason::ShutdownDeadline)));
+        assert_eq!(registry.count(), 3);
+        drop(handles);
+        assert_eq!(registry.count(), 0);
+    }
+
+    /// An idle connection holding spare memory is asked to trim once per
+    /// idle period.
+    #[test]
+    fn idle_connections_are_asked_to_trim() {
+        let registry = connections(60_000, 60_000);
+        let connection = registry.register(Face::Ingest);
+        connection.greet();
+        let now = Instant::now();
+        connection.set_reading(Some(now));
+        connection.set_holds_spare_memory(true);
+        assert_eq!(registry.sweep(now + Duration::from_millis(IDLE_TRIM_MS - 1), None).trims, 0);
+        assert_eq!(registry.sweep(now + Duration::from_millis(IDLE_TRIM_MS), None).trims, 1);
+        assert_eq!(registry.sweep(now + Duration::from_millis(IDLE_TRIM_MS * 2), None).trims, 0, "still pending");
+        assert!(connection.take_trim_request());
+        assert!(!connection.take_trim_request());
+    }
+}

@@ -1,0 +1,85 @@
+//! Socket options on accepted connections, and the last words to one being
+//! closed: bounded in time, so a peer that does not read cannot hold a file
+//! descriptor with them.
+
+use std::cell::Cell;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+
+use crate::config::{
+    GOODBYE_WRITE_TIMEOUT_MS, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, REFUSALS_IN_FLIGHT_MAX,
+};
+use crate::shard::notify::{Either, first};
+
+/// Turns TCP keepalive on for an accepted socket ([`KEEPALIVE_IDLE_S`],
+/// [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]).
+pub fn set_keepalive(stream: &TcpStream) -> std::io::Result<()> {
+    let fd = stream.as_raw_fd();
+    let options = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S as libc::c_int),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S as libc::c_int),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES as libc::c_int),
+    ];
+    for (level, name, value) in options {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `&value`,
+        // which lives across the call; `fd` is the open socket we own.
+        let status = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if status != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Writes a last message, waiting at most [`GOODBYE_WRITE_TIMEOUT_MS`] for
+/// the peer's window, then closes the socket. Errors are the peer's problem.
+pub async fn say_goodbye(mut stream: TcpStream, message: &[u8]) {
+    write_goodbye(&mut stream, message).await;
+    let _ = stream.close().await;
+}
+
+/// Writes a last message within [`GOODBYE_WRITE_TIMEOUT_MS`]; the caller
+/// closes (or drops) the socket.
+pub async fn write_goodbye(stream: &mut TcpStream, message: &[u8]) {
+    let timeout = glommio::timer::sleep(Duration::from_millis(GOODBYE_WRITE_TIMEOUT_MS));
+    if let Either::Left(Ok(())) = first(stream.write_all(message), timeout).await {
+        let _ = stream.flush().await;
+    }
+}
+
+/// Connections of one shard being refused with a message; past
+/// [`REFUSALS_IN_FLIGHT_MAX`] a refused connection is closed at once.
+#[derive(Default)]
+pub struct Refusals {
+    in_flight: Cell<usize>,
+}
+
+impl Refusals {
+    /// Refuses `stream`: spawns the goodbye if there is room for one more,
+    /// else drops (closes) it now.
+    pub fn refuse(self: &std::rc::Rc<Self>, stream: TcpStream, message: String) {
+        if self.in_flight.get() >= REFUSALS_IN_FLIGHT_MAX {
+            drop(stream);
+            return;
+        }
+        self.in_flight.set(self.in_flight.get() + 1);
+        let refusals = self.clone();
+        glommio::spawn_local(async move {
+            say_goodbye(stream, message.as_bytes()).await;
+            refusals.in_flight.set(refusals.in_flight.get() - 1);
+        })
+        .detach();
+    }
+}
