@@ -44,6 +44,7 @@ pub mod config;
 mod ingest;
 mod net;
 pub mod partition;
+pub mod process;
 pub mod protocol;
 pub mod pub_client;
 mod serve;
