@@ -160,7 +160,7 @@ pub const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 
 /// The peak-memory formula, as `spate serve --help` prints it.
 pub const MEMORY_FORMULA_HELP: &str = "\
-Peak memory (S = shards, P = partitions; C = S * connections_per_shard_max ingest connections
+Peak memory (S = shards, P = --partitions-max, all streams' partitions; C = S * connections_per_shard_max ingest connections
 and N = S * subscribers_per_shard_max subscriber connections, both counted process-wide; see
 README \"Limits and memory\"):
     C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB)                busy connections: read buffer,
@@ -193,10 +193,15 @@ pub struct Config {
     #[arg(long)]
     pub shards: Option<usize>,
 
-    /// Logical partitions; `partition = xxh3_64(key) % partitions`. Fixed for
-    /// the life of the data.
+    /// Partitions of the `default` stream; `partition = xxh3_64(key) %
+    /// partitions`. Fixed for the life of the data.
     #[arg(long, default_value_t = 256)]
     pub partitions: u32,
+
+    /// Partitions of all streams together (the capacity `POST /streams` draws
+    /// from); every per-partition term of the memory formula uses it.
+    #[arg(long, default_value_t = 1024)]
+    pub partitions_max: u32,
 
     /// Ingest address (line protocol). Every shard binds it (SO_REUSEPORT).
     #[arg(long, default_value = "0.0.0.0:9400")]
@@ -307,7 +312,7 @@ pub struct Config {
 
     /// With `--storage disk`: recent events each partition keeps in memory,
     /// in bytes, so live subscribers read without I/O.
-    #[arg(long, default_value_t = MIB)]
+    #[arg(long, default_value_t = 256 * KIB)]
     pub tail_cache_bytes: usize,
 
     /// Retention per partition in bytes [default: 1 GiB of files on disk, 8
@@ -403,6 +408,7 @@ pub enum ConfigError {
         shard_count_max: usize,
     },
     PartitionCount {
+        name: &'static str,
         partition_count: u32,
         partition_count_max: u32,
     },
@@ -440,8 +446,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::ShardCount { shard_count, shard_count_max } => {
                 write!(f, "--shards {shard_count}: must be 1..={shard_count_max}")
             }
-            ConfigError::PartitionCount { partition_count, partition_count_max } => {
-                write!(f, "--partitions {partition_count}: must be 1..={partition_count_max}")
+            ConfigError::PartitionCount { name, partition_count, partition_count_max } => {
+                write!(f, "{name} {partition_count}: must be 1..={partition_count_max}")
             }
             ConfigError::CreditWindowBelowLine { credit_window_bytes, line_record_size_max } => write!(
                 f,
@@ -566,10 +572,18 @@ impl Config {
         if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
             return Err(ConfigError::ShardCount { shard_count, shard_count_max: SHARD_COUNT_MAX });
         }
-        if self.partitions == 0 || self.partitions > PARTITION_COUNT_MAX {
+        if self.partitions_max == 0 || self.partitions_max > PARTITION_COUNT_MAX {
             return Err(ConfigError::PartitionCount {
-                partition_count: self.partitions,
+                name: "--partitions-max",
+                partition_count: self.partitions_max,
                 partition_count_max: PARTITION_COUNT_MAX,
+            });
+        }
+        if self.partitions == 0 || self.partitions > self.partitions_max {
+            return Err(ConfigError::PartitionCount {
+                name: "--partitions",
+                partition_count: self.partitions,
+                partition_count_max: self.partitions_max,
             });
         }
         let nonzero = [
@@ -656,6 +670,16 @@ impl Config {
         (self.tail_cache_bytes / 4).max(crate::protocol::record::LOG_HEADER_SIZE + 1)
     }
 
+    /// How the files of a partition of `spec` are written and kept (its
+    /// stream's retention).
+    pub fn disk_config_for(&self, spec: &crate::stream::StreamSpec) -> crate::partition::disk::DiskConfig {
+        crate::partition::disk::DiskConfig {
+            retention_bytes: spec.retention_bytes,
+            retention_ms: spec.retention_ms,
+            ..self.disk_config()
+        }
+    }
+
     /// How one partition's files are written and kept.
     pub fn disk_config(&self) -> crate::partition::disk::DiskConfig {
         use crate::storage::segment::{BLOCK_SIZE, SegmentConfig};
@@ -673,6 +697,16 @@ impl Config {
             },
             retention_bytes: self.retention_bytes() as u64,
             retention_ms: self.retention_ms,
+        }
+    }
+
+    /// What the stream catalog applies: the capacity and the defaults.
+    pub fn catalog_limits(&self) -> crate::stream::CatalogLimits {
+        crate::stream::CatalogLimits {
+            partitions_max: self.partitions_max,
+            retention_bytes: self.retention_bytes() as u64,
+            retention_ms: self.retention_ms,
+            segment_bytes: self.segment_bytes() as u64,
         }
     }
 
@@ -709,7 +743,7 @@ impl Config {
     /// and the write buffers (what waits for an fdatasync, and a second
     /// copy of what credits let in flight), but not the files.
     pub fn partition_log_bytes(&self) -> usize {
-        let partitions = self.partitions as usize;
+        let partitions = self.partitions_max as usize;
         match self.storage {
             Storage::Memory => partitions * (self.retention_bytes() + self.segment_bytes()),
             Storage::Disk => {
@@ -726,7 +760,7 @@ impl Config {
     /// The peak-memory formula for this configuration.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
-        let partitions = self.partitions as usize;
+        let partitions = self.partitions_max as usize;
         let connections = shards * self.connections_per_shard_max;
         let per_connection =
             self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
@@ -767,7 +801,7 @@ impl Config {
         let admin = ADMIN_CONNECTIONS_MAX + 1;
         let fixed = shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED;
         let files = match self.storage {
-            Storage::Disk => self.partitions as usize + subscribers * shards,
+            Storage::Disk => self.partitions_max as usize + subscribers * shards,
             Storage::Memory => 0,
         };
         let reserved = self.fds_reserved;
@@ -797,14 +831,18 @@ mod tests {
         let config = parse(&["--shards", "2"]);
         config.validate().unwrap();
         let bound = config.memory_bound();
-        assert_eq!(bound.retention, 256 * (1024 * MIB / 8192 + MIB + MIB / 4 + 4 * KIB) + 2 * 32 * MIB + 4 * 4 * MIB);
+        // Bounded by --partitions-max (1024): streams can be created up to it.
+        assert_eq!(
+            bound.retention,
+            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB) + 2 * 32 * MIB + 4 * 4 * MIB
+        );
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
-        assert_eq!(memory.memory_bound().retention, 256 * 9 * MIB);
+        assert_eq!(memory.memory_bound().retention, 1024 * 9 * MIB);
         assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
         let per_connection = 256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
         assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
-        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 256 * 64 + SUBSCRIBER_STATE_BYTES));
-        assert_eq!(bound.admin, 16 * (32 * KIB + 256 * 256 + 2 * 16 * KIB));
+        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 1024 * 64 + SUBSCRIBER_STATE_BYTES));
+        assert_eq!(bound.admin, 16 * (32 * KIB + 1024 * 256 + 2 * 16 * KIB));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);
         assert!(bound.total_worst_case > bound.total);
         let terms = [
@@ -826,7 +864,7 @@ mod tests {
         let config = parse(&["--shards", "2", "--connections-per-shard-max", "100", "--fds-reserved", "7"]);
         let budget = config.fd_budget();
         assert_eq!((budget.connections, budget.subscribers, budget.reserved), (200, 128, 7));
-        let files = 256 + 128 * 2;
+        let files = 1024 + 128 * 2;
         assert_eq!(budget.files, files, "with disk storage: active segments and reads in flight");
         assert_eq!(
             budget.total,

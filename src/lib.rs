@@ -49,6 +49,8 @@ pub mod pub_client;
 mod serve;
 mod shard;
 pub mod storage;
+pub mod stream;
+pub mod stream_client;
 mod subscribe;
 
 pub use client::{SubArgs, SubError, run_sub};

@@ -50,6 +50,7 @@ use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
 use crate::shard::source::Blocked;
+use crate::stream::{DEFAULT_STREAM, STREAM_NAME_SIZE_MAX, StreamRoute};
 
 /// Accepts ingest connections until shutdown, within the process-wide
 /// connection limit.
@@ -131,22 +132,19 @@ async fn serve_connection(
     connection: &Connection,
 ) -> std::io::Result<()> {
     let mut replies = Vec::new();
-    // Owners this connection sent events to since its last #SYNC: a SYNC
-    // waits only for them, so a stalled shard does not hold up connections
-    // that never write to it.
-    let mut touched = vec![false; usize::from(shard.shard_count)];
+    let mut target = Target::new(shard, DEFAULT_STREAM.as_bytes());
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     loop {
         loop {
-            match process_buffered(shard, lines, &mut replies, &mut touched) {
+            match process_buffered(shard, lines, &mut replies, &mut target) {
                 Progress::NeedMore => break,
                 Progress::Blocked(blocked) => {
                     shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
                 Progress::Action(Action::Sync { line_number, token }) => {
-                    let owners = touched.iter().enumerate().filter(|(_, touched)| **touched);
+                    let owners = target.touched.iter().enumerate().filter(|(_, touched)| **touched);
                     let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
-                    touched.fill(false);
+                    target.touched.fill(false);
                     shard.source.sync_barrier(owners.into_iter()).await;
                     reserve_reply(&mut replies);
                     write_ok(&mut replies, line_number, b"SYNC", &token);
@@ -278,12 +276,42 @@ async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream
     Ok(())
 }
 
+/// Where a connection's events go: its stream (set by `#STREAM`), and the
+/// owners it sent to since its last `#SYNC` (a SYNC waits only for them, so
+/// a stalled shard does not hold up connections that never write to it).
+struct Target {
+    /// `None` after a `#STREAM` naming no active stream: event lines are
+    /// rejected (counted, one `ERR` at the `#STREAM` line) until the next
+    /// valid one.
+    stream: Option<StreamRoute>,
+    touched: Vec<bool>,
+}
+
+impl Target {
+    fn new(shard: &Shard, stream: &[u8]) -> Target {
+        let stream = shard.streams.borrow().route_for(stream);
+        Target { stream, touched: vec![false; usize::from(shard.shard_count)] }
+    }
+
+    /// The stream to route to now: a stream deleted since `#STREAM` is
+    /// unknown from here on (checked once per chunk).
+    fn check(&mut self, shard: &Shard) -> Option<StreamRoute> {
+        if let Some(stream) = self.stream
+            && !shard.streams.borrow().is_active(stream.id)
+        {
+            self.stream = None;
+        }
+        self.stream
+    }
+}
+
 /// Parses and routes every complete buffered line, holding the shard's
 /// placement and router borrowed for the whole chunk (one borrow per chunk,
 /// not per event).
-fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>, touched: &mut [bool]) -> Progress {
+fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>, target: &mut Target) -> Progress {
     let config = &shard.config;
-    let mut route = shard.source.begin(&shard.placement, config.partitions);
+    let mut stream = target.check(shard);
+    let mut route = shard.source.begin(&shard.placement);
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
         if replies.len() + REPLY_LINE_SIZE_MAX > REPLY_BUFFER_BYTES_MAX {
@@ -300,9 +328,12 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
         };
         let line_size = line.len() as u64 + 1;
         match parse_line(line, config.line_size_max) {
-            Ok(Line::Event { key, payload }) => match route.route_event(key, payload) {
+            Ok(Line::Event { .. }) if stream.is_none() => {
+                ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+            }
+            Ok(Line::Event { key, payload }) => match route.route_event(stream.expect("checked"), key, payload) {
                 Ok(owner) => {
-                    touched[usize::from(owner)] = true;
+                    target.touched[usize::from(owner)] = true;
                     event_count += 1;
                     byte_count += line_size;
                 }
@@ -314,6 +345,11 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
             Ok(Line::Empty) => {}
             Ok(Line::Control(text)) => {
                 ShardMetrics::add(&shard.metrics.control_lines, 1);
+                if let Control::Stream { name } = parse_control(text) {
+                    switch_stream(shard, replies, line_number, name, target);
+                    stream = target.stream;
+                    continue;
+                }
                 if let Some(action) = control_line(shard, replies, line_number, text) {
                     break Progress::Action(action);
                 }
@@ -327,6 +363,19 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
     progress
 }
 
+/// `#STREAM name`: routes the lines after it to stream `name`, or, if no
+/// such stream is active, answers one `ERR unknown_stream` and rejects the
+/// event lines up to the next valid `#STREAM`.
+fn switch_stream(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, name: &[u8], target: &mut Target) {
+    target.stream = shard.streams.borrow().route_for(name);
+    if target.stream.is_none() {
+        ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+        reserve_reply(replies);
+        let shown = String::from_utf8_lossy(&name[..name.len().min(STREAM_NAME_SIZE_MAX + 1)]).into_owned();
+        write_err(replies, line_number, format!("unknown_stream: {shown}"));
+    }
+}
+
 /// Handles a control line; returns the ones the task must act on.
 fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Action> {
     reserve_reply(replies);
@@ -336,6 +385,8 @@ fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[
             write_ok(replies, line_number, b"PING", token);
             None
         }
+        // Handled by the caller, which owns the connection's target.
+        Control::Stream { .. } => None,
         Control::Unknown { command } => {
             ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
             write_err(replies, line_number, UnknownControl::new(command));

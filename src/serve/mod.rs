@@ -60,6 +60,8 @@ pub enum ServeError {
         shard_count: usize,
     },
     Admin(AdminError),
+    /// The stream catalog cannot be read or does not fit the flags.
+    Catalog(crate::stream::CatalogError),
     /// The data directory cannot be used (another server holds it, or it
     /// cannot be created).
     DataDir(crate::storage::dir::DirError),
@@ -101,6 +103,7 @@ impl std::fmt::Display for ServeError {
                 write!(f, "only {started} of {shard_count} shards started within {}s", START_TIMEOUT.as_secs())
             }
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
+            ServeError::Catalog(error) => write!(f, "{error}"),
             ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
@@ -124,6 +127,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         }
         crate::config::Storage::Memory => None,
     };
+    let catalog = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
@@ -135,6 +139,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         control: Arc::new(control_receivers),
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
+        catalog: Arc::new(catalog.clone()),
     };
     let cpu_count = std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1);
     let placement = if shard_count <= cpu_count {
@@ -157,6 +162,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             memory_bound: config.memory_bound(),
             started,
             counters: Default::default(),
+            catalog: tokio::sync::Mutex::new(catalog),
         })
         .map_err(ServeError::Admin)
     });
@@ -278,4 +284,15 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
         bound.total >> 20,
         bound.total_worst_case >> 20
     );
+}
+
+/// The stream catalog: from the data directory (created with `default` on
+/// first start), or just `default` in memory.
+fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
+    let limits = config.catalog_limits();
+    let catalog = match config.storage {
+        crate::config::Storage::Disk => crate::stream::Catalog::open(&config.data_dir, &limits, config.partitions),
+        crate::config::Storage::Memory => crate::stream::Catalog::with_default(&limits, config.partitions),
+    };
+    catalog.map_err(ServeError::Catalog)
 }

@@ -25,6 +25,8 @@ pub struct ShardContext {
     pub events: flume::Sender<ShardEvent>,
     /// The process-wide connection limits, shared by every shard.
     pub admission: Arc<Admission>,
+    /// The stream catalog at start.
+    pub catalog: Arc<crate::stream::Catalog>,
 }
 
 /// The body of one shard's executor.
@@ -35,7 +37,8 @@ pub async fn run_shard(context: ShardContext) {
     };
     let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
     let outbox = Rc::new(Outbox::new(senders));
-    let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone()));
+    let catalog = crate::stream::Catalog::clone(&context.catalog);
+    let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
     if shard.committer.is_some() {
         if let Err(failure) = open_storage(&shard).await {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });

@@ -45,16 +45,16 @@ async fn read_one(
     offset: u64,
     bytes_max: usize,
 ) -> Result<(), SegmentError> {
-    let (located, visible) = {
+    let (located, visible, local) = {
         let partitions = shard.partitions.borrow();
-        let Some(log) = partitions.get(partition_id).map(|partition| &partition.log) else { return Ok(()) };
-        let Some(disk) = log.disk() else { return Ok(()) };
-        (disk.locate(offset), log.visible_offset())
+        let Some(partition) = partitions.get(partition_id) else { return Ok(()) };
+        let Some(disk) = partition.log.disk() else { return Ok(()) };
+        (disk.locate(offset), partition.log.visible_offset(), partition_id - partition.stream_base)
     };
     let (path, position, readable_end) = match located {
         Located::File { path, position, readable_end } => (path, position, readable_end),
         Located::Gone { earliest } => {
-            write_truncated(&mut reply.data, partition_id, offset, earliest);
+            write_truncated(&mut reply.data, local, offset, earliest);
             reply.truncation_count += 1;
             set_cursor(reply, partition_id, earliest);
             return Ok(());
@@ -71,8 +71,7 @@ async fn read_one(
         frames.clear();
         let size = want.min(usize::try_from(readable_end - position).unwrap_or(usize::MAX));
         reader.read_into(position, size, &mut frames).await?;
-        let (next, written) =
-            write_lines_from_frames(&mut reply.data, partition_id, &frames, offset, visible, bytes_max);
+        let (next, written) = write_lines_from_frames(&mut reply.data, local, &frames, offset, visible, bytes_max);
         ShardMetrics::add(&shard.metrics.storage_read_bytes, frames.len() as u64);
         if written > 0 || size >= DISK_READ_BYTES_MAX || position + size as u64 >= readable_end {
             reply.event_count += written;
