@@ -91,8 +91,10 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))
 }
 
-/// `GET /streams`: each stream with its settings, bytes, events and the
-/// next offset of every partition.
+/// `GET /streams`: each stream with its settings, bytes, the events it
+/// holds (`events`: next minus earliest offset, over its partitions), the
+/// events this process ingested into it (`events_ingested`, from 0 at
+/// start) and the next offset of every partition.
 pub async fn list(state: &AdminState) -> Result<String, Failure> {
     let specs: Vec<StreamSpec> = state.catalog.lock().await.streams().to_vec();
     let partitions = collect_partitions(state).await?;
@@ -116,7 +118,8 @@ pub async fn list(state: &AdminState) -> Result<String, Failure> {
                 "retention_ms": spec.retention_ms,
                 "disk_bytes": infos.iter().map(|info| info.disk_bytes).sum::<u64>(),
                 "memory_bytes": infos.iter().map(|info| info.log_bytes).sum::<u64>(),
-                "events": infos.iter().map(|info| info.events_total).sum::<u64>(),
+                "events": infos.iter().map(|info| info.next_offset - info.earliest_offset).sum::<u64>(),
+                "events_ingested": infos.iter().map(|info| info.events_total).sum::<u64>(),
                 "next_offsets": next_offsets,
             })
         })

@@ -181,6 +181,62 @@ impl Server {
         self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}", self.log()))
     }
 
+    /// Sends an HTTP request with `method` (and a JSON `body`, if any) to the
+    /// admin port; returns the status and the body, whatever the status.
+    pub fn http(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(60)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let url = format!("http://{}{}", self.admin, path);
+        let response = match (method, body) {
+            ("POST", Some(body)) => agent.post(&url).header("content-type", "application/json").send(body.to_string()),
+            ("DELETE", None) => agent.delete(&url).call(),
+            ("GET", None) => agent.get(&url).call(),
+            other => panic!("unsupported request {other:?}"),
+        };
+        let mut response = response.unwrap_or_else(|error| panic!("{method} {path}: {error}\n{}", self.log()));
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    }
+
+    /// Creates a stream through `POST /streams` (panics unless 201 Created).
+    pub fn create_stream(&self, spec: serde_json::Value) -> serde_json::Value {
+        let (status, body) = self.http("POST", "/streams", Some(&spec));
+        assert_eq!(status, 201, "POST /streams {spec}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// `GET /streams`, as name -> stream object.
+    pub fn streams(&self) -> std::collections::HashMap<String, serde_json::Value> {
+        let listed: serde_json::Value = serde_json::from_str(&self.get("/streams")).unwrap();
+        listed["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|stream| (stream["name"].as_str().unwrap().to_string(), stream.clone()))
+            .collect()
+    }
+
+    /// The sum of a stream's next offsets: the events it holds, when nothing
+    /// was deleted by retention.
+    pub fn stream_end(&self, name: &str) -> u64 {
+        let streams = self.streams();
+        let stream = streams.get(name).unwrap_or_else(|| panic!("no stream {name}"));
+        stream["next_offsets"].as_array().unwrap().iter().map(|offset| offset.as_u64().unwrap()).sum()
+    }
+
+    /// One counter from `/metrics` (summed over its labels), 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        self.get("/metrics")
+            .lines()
+            .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+            .filter(|line| line[name.len()..].starts_with([' ', '{']))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub fn stats(&self) -> serde_json::Value {
         serde_json::from_str(&self.get("/stats")).unwrap()
     }
