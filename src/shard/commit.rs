@@ -297,15 +297,35 @@ fn put_back(shard: &Shard, partition_id: u32, writer: SegmentWriter) {
 }
 
 /// Seals a full segment (sync, sidecar index, close) and opens the next.
-async fn roll(shard: &Rc<Shard>, partition_id: u32, writer: SegmentWriter) -> Result<(), SegmentError> {
+/// On an error the full writer goes back to its partition, with everything
+/// it has not synced, and the next round tries the roll again.
+async fn roll(shard: &Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -> Result<(), SegmentError> {
     let (index_path, next_path) = {
         let partitions = shard.partitions.borrow();
         let disk = partitions.get(partition_id).and_then(|partition| partition.log.disk()).expect("disk partition");
         (disk.active_index_path(), disk.next_segment_path(writer.next_offset()))
     };
     let (log_id, next_offset, config) = (writer.log_id(), writer.next_offset(), writer.config());
-    let index = writer.seal(&index_path).await?;
-    let next = SegmentWriter::create(&next_path, log_id, next_offset, config).await?;
+    if let Err(error) = writer.write_seal(&index_path).await {
+        put_back(shard, partition_id, writer);
+        return Err(error);
+    }
+    // A create that failed half-way (the file made, its directory entry not
+    // synced) left an empty file: nothing was ever written to it.
+    if std::fs::metadata(&next_path).is_ok_and(|metadata| metadata.len() == 0) {
+        let _ = std::fs::remove_file(&next_path);
+    }
+    let next = match SegmentWriter::create(&next_path, log_id, next_offset, config).await {
+        Ok(next) => next,
+        Err(error) => {
+            put_back(shard, partition_id, writer);
+            return Err(error);
+        }
+    };
+    let (index, closed) = writer.close_sealed().await;
+    if let Err(error) = closed {
+        eprintln!("spate: shard {}: closing a sealed segment: {error} (it is synced and indexed)", shard.id);
+    }
     let mut partitions = shard.partitions.borrow_mut();
     let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
     let (_, disk) = partition.log.parts_mut();

@@ -643,11 +643,26 @@ impl SegmentWriter {
     /// Syncs, writes the index sidecar (atomically: temporary file, fdatasync,
     /// rename, directory sync) and closes the segment. Returns its index.
     pub async fn seal(mut self, index_path: &Path) -> Result<SegmentIndex, SegmentError> {
+        self.write_seal(index_path).await?;
+        let (index, closed) = self.close_sealed().await;
+        closed.map(|()| index)
+    }
+
+    /// The first half of [`SegmentWriter::seal`]: syncs and writes the index
+    /// sidecar. On an error (a full disk, say) the writer is unharmed and the
+    /// call can be retried; a sealer that consumed the writer on error would
+    /// lose the records it had not synced.
+    pub async fn write_seal(&mut self, index_path: &Path) -> Result<(), SegmentError> {
         self.sync().await?;
-        write_index_file(index_path, &self.index).await?;
+        write_index_file(index_path, &self.index).await
+    }
+
+    /// The second half of [`SegmentWriter::seal`]: closes the file and hands
+    /// back its index. After [`SegmentWriter::write_seal`] the segment is
+    /// durable and indexed, so the index comes back even if the close fails.
+    pub async fn close_sealed(self) -> (SegmentIndex, Result<(), SegmentError>) {
         let closed = self.file.close().await;
-        io_context(closed, "close segment", &self.path, self.durable_end)?;
-        Ok(self.index)
+        (self.index, io_context(closed, "close segment", &self.path, self.durable_end))
     }
 
     /// Closes the file without syncing: what was not synced may be lost.
