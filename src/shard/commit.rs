@@ -160,7 +160,14 @@ pub async fn run_committer(shard: Rc<Shard>) {
                 let interval = glommio::timer::sleep(committer.interval);
                 let _ = crate::shard::notify::first(committer.notify.notified(), interval).await;
             } else {
-                committer.notify.notified().await;
+                // Idle: wake once per retention check, so segments expire by
+                // age on a stream nobody writes to.
+                let check = glommio::timer::sleep(Duration::from_millis(RETENTION_CHECK_MS));
+                let _ = crate::shard::notify::first(committer.notify.notified(), check).await;
+                if !has_work(&shard) {
+                    expire_if_due(&shard);
+                    continue;
+                }
             }
         }
         // What this round covers is fixed at its start: the grants queued
@@ -437,6 +444,12 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
     ShardMetrics::add(&shard.metrics.commit_rounds, 1);
     committer.round_waiters.wake_all();
     shard.subscriptions.wake_parked();
+    expire_if_due(shard);
+}
+
+/// Runs retention if the last check is RETENTION_CHECK_MS old.
+fn expire_if_due(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
     if committer.last_expiry.get().elapsed() >= Duration::from_millis(RETENTION_CHECK_MS) {
         committer.last_expiry.set(Instant::now());
         expire_segments(shard);
