@@ -163,8 +163,8 @@ pub const MEMORY_FORMULA_HELP: &str = "\
 Peak memory (S = shards, P = --partitions-max, all streams' partitions; C = S * connections_per_shard_max ingest connections
 and N = S * subscribers_per_shard_max subscriber connections, both counted process-wide; see
 README \"Limits and memory\"):
-    C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB)                busy connections: read buffer,
-                                                                 replies, task state
+    C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB + 2 * key_size_max)   busy connections: read buffer,
+                                                                 replies, task state, parser scratch
   + S * 64 * 2 KiB                                               refusals being written
   + N * ((S + 1) * fetch_bytes_max + 64 * P + 20 KiB)            subscribers: fetch replies,
                                                                  cursors, state and notice
@@ -180,7 +180,7 @@ README \"Limits and memory\"):
   + S * S * mesh_channel_frames * frame size                     mesh rings
   + 16 * (2 * 16 KiB + 256 * P + 16 KiB * S)                     admin connections and responses
 plus, only if every connection holds a maximum-size line at once,
-    C * (line_size_max + 2 - read_buffer_bytes).
+    C * (line_size_max + 2 - read_buffer_bytes) + C * (line_size_max - 2 * key_size_max).
 An idle connection costs read_buffer_initial_bytes + 2 KiB (buffers grown in a burst are given
 back after 1 s idle). GET /stats shows the bound for the running configuration (memory_bound)
 next to the measured RSS.";
@@ -206,6 +206,36 @@ pub struct Config {
     /// Ingest address (line protocol). Every shard binds it (SO_REUSEPORT).
     #[arg(long, default_value = "0.0.0.0:9400")]
     pub ingest: SocketAddr,
+
+    /// JSON-lines ingest address, or `off` (one JSON value per line, the key
+    /// from --json-key, the line itself as the payload).
+    #[arg(long, default_value = "0.0.0.0:9403")]
+    pub ingest_json: Listen,
+
+    /// InfluxDB line protocol ingest address, or `off` (the key is the
+    /// series: measurement and sorted tags; the line is the payload). 9009
+    /// is where ILP clients (QuestDB's) send by default.
+    #[arg(long, default_value = "0.0.0.0:9009")]
+    pub ingest_ilp: Listen,
+
+    /// The field of a JSON line that holds its key: a top-level name
+    /// (`user_id`) or an RFC 6901 pointer (`/user/id`).
+    #[arg(long, default_value = "key", value_parser = parse_json_key)]
+    pub json_key: crate::protocol::json::JsonKeySpec,
+
+    /// The stream a JSON connection starts on (`#STREAM` switches it).
+    #[arg(long, default_value = "default")]
+    pub json_stream: String,
+
+    /// The stream an ILP connection starts on (`#STREAM` switches it).
+    #[arg(long, default_value = "default")]
+    pub ilp_stream: String,
+
+    /// Longest event key in bytes, in every format (ILP series keys are
+    /// often longer than a user id). At most 65535: a record's key size is
+    /// a u16.
+    #[arg(long, default_value_t = crate::protocol::KEY_SIZE_MAX)]
+    pub key_size_max: usize,
 
     /// Subscribe address.
     #[arg(long, default_value = "0.0.0.0:9401")]
@@ -382,6 +412,31 @@ pub struct Config {
 pub enum Storage {
     Disk,
     Memory,
+}
+
+/// A listener's address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+impl std::str::FromStr for Listen {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(text: &str) -> Result<Listen, Self::Err> {
+        if text == "off" { Ok(Listen(None)) } else { text.parse().map(|address| Listen(Some(address))) }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(address) => write!(f, "{address}"),
+            None => write!(f, "off"),
+        }
+    }
+}
+
+fn parse_json_key(text: &str) -> Result<crate::protocol::json::JsonKeySpec, String> {
+    crate::protocol::json::JsonKeySpec::parse(text).map_err(|error| error.to_string())
 }
 
 /// When written events are made durable (see `--fsync`).
@@ -605,7 +660,16 @@ impl Config {
     /// Sizes that reach fixed-width fields: a payload's `u32` size in every
     /// record, a record's `u32` position in a log segment.
     fn validate_format_limits(&self) -> Result<(), ConfigError> {
+        if self.key_size_max == 0 {
+            return Err(ConfigError::Zero { name: "--key-size-max" });
+        }
         let limits = [
+            (
+                "--key-size-max",
+                self.key_size_max,
+                crate::protocol::record::KEY_SIZE_LIMIT,
+                "a record's key size is a u16",
+            ),
             ("--line-size-max", self.line_size_max, PAYLOAD_SIZE_LIMIT, "a record's payload size is a u32"),
             ("--segment-bytes", self.segment_bytes(), SEGMENT_BYTES_LIMIT, "record positions in a segment are u32"),
         ];
@@ -644,6 +708,13 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// What a JSON or ILP connection's parser keeps between lines (its
+    /// scratch grows to the longest key or series it unescaped and is given
+    /// back once over this).
+    pub fn parser_scratch_bytes_max(&self) -> usize {
+        2 * self.key_size_max
     }
 
     /// Retention per partition, in bytes (the flag, or the storage's default).
@@ -762,11 +833,17 @@ impl Config {
         let shards = self.shard_count();
         let partitions = self.partitions_max as usize;
         let connections = shards * self.connections_per_shard_max;
-        let per_connection =
-            self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        let per_connection = self.read_buffer_bytes
+            + REPLY_BUFFER_BYTES_MAX
+            + REPLY_LINE_SIZE_MAX
+            + CONNECTION_STATE_BYTES
+            + self.parser_scratch_bytes_max();
         let connection_buffers =
             connections * per_connection + shards * REFUSALS_IN_FLIGHT_MAX * CONNECTION_STATE_BYTES;
-        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
+        // A long line may also grow a JSON or ILP parser's scratch to its
+        // size, for that line only.
+        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes)
+            + connections * self.line_size_max.saturating_sub(self.parser_scratch_bytes_max());
         let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
         let retention = self.partition_log_bytes();
         let per_subscriber =
@@ -839,7 +916,8 @@ mod tests {
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
         assert_eq!(memory.memory_bound().retention, 1024 * 9 * MIB);
         assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
-        let per_connection = 256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        let per_connection =
+            256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES + 2 * KIB;
         assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
         assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 1024 * 64 + SUBSCRIBER_STATE_BYTES));
         assert_eq!(bound.admin, 16 * (32 * KIB + 1024 * 256 + 2 * 16 * KIB));

@@ -10,7 +10,7 @@
 
 use crate::config::FETCH_BUFFER_BYTES_INITIAL_MAX;
 use crate::partition::PartitionManager;
-use crate::protocol::subscribe::{EVENT_LINE_OVERHEAD_MAX, write_event_line, write_truncated};
+use crate::protocol::subscribe::{event_line_size_max, write_event_line, write_truncated};
 
 /// Where a cursor stands before the owner has resolved it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,7 +168,7 @@ pub fn write_lines(
 ) -> (u64, u64) {
     let mut written = 0u64;
     let next = log.read_cached(offset, |offset, record| {
-        let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+        let line_size = event_line_size_max(record.key, record.payload);
         if written > 0 && out.len() + line_size > bytes_max {
             return false;
         }
@@ -199,7 +199,7 @@ pub fn write_lines_from_frames(
             if record.offset < next {
                 continue;
             }
-            let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+            let line_size = event_line_size_max(record.key, record.payload);
             if record.offset != next || next >= below || (written > 0 && out.len() + line_size > bytes_max) {
                 return (next, written);
             }

@@ -123,7 +123,8 @@ pub fn parse_subscribe(line: &[u8]) -> Result<SubscribeRequest<'_>, SubscribeErr
     Ok(SubscribeRequest { stream, partitions, start })
 }
 
-/// Appends one event line: `<partition> <offset> <key> <payload>\n`.
+/// Appends one event line: `<partition> <offset> <key> <payload>\n`, the
+/// key escaped (see [`unescape_key`]).
 #[inline]
 pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u8], payload: &[u8]) {
     let mut numbers = itoa::Buffer::new();
@@ -131,7 +132,11 @@ pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u
     out.push(b' ');
     out.extend_from_slice(numbers.format(offset).as_bytes());
     out.push(b' ');
-    out.extend_from_slice(key);
+    if key.iter().any(|&byte| needs_escape(byte)) {
+        write_escaped_key(out, key);
+    } else {
+        out.extend_from_slice(key);
+    }
     out.push(b' ');
     out.extend_from_slice(payload);
     out.push(b'\n');
@@ -140,6 +145,60 @@ pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u
 /// Bytes an event line takes besides its key and payload, at most (two
 /// numbers of up to 20 digits and three separators and the LF).
 pub const EVENT_LINE_OVERHEAD_MAX: usize = 10 + 20 + 4;
+
+/// The most bytes an event line of `key` and `payload` takes (an escaped
+/// key takes at most twice its size).
+#[inline]
+pub fn event_line_size_max(key: &[u8], payload: &[u8]) -> usize {
+    2 * key.len() + payload.len() + EVENT_LINE_OVERHEAD_MAX
+}
+
+/// Key bytes that cannot appear raw in an event line: the separator, the
+/// line end, and the escape character itself. Keys of the `KEY PAYLOAD`
+/// format have no space or LF; JSON and ILP keys may.
+#[inline]
+fn needs_escape(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\n' | b'\r' | b'\\')
+}
+
+fn write_escaped_key(out: &mut Vec<u8>, key: &[u8]) {
+    for &byte in key {
+        match byte {
+            b' ' => out.extend_from_slice(b"\\s"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            other => out.push(other),
+        }
+    }
+}
+
+/// The key of an event line as it was ingested: a subscriber line writes
+/// a key's `\`, space, LF and CR as `\\`, `\s`, `\n` and `\r` (so the key
+/// is one space-free field). Borrows when there is nothing to unescape; an
+/// unknown escape is kept as written.
+pub fn unescape_key(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !key.contains(&b'\\') {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut out = Vec::with_capacity(key.len());
+    let mut bytes = key.iter().copied();
+    while let Some(byte) = bytes.next() {
+        if byte != b'\\' {
+            out.push(byte);
+            continue;
+        }
+        match bytes.next() {
+            Some(b's') => out.push(b' '),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            Some(b'\\') => out.push(b'\\'),
+            Some(other) => out.extend_from_slice(&[b'\\', other]),
+            None => out.push(b'\\'),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
 
 /// Appends `TRUNCATED <partition> <requested> <earliest>\n`.
 pub fn write_truncated(out: &mut Vec<u8>, partition: u32, requested: u64, earliest: u64) {
@@ -210,6 +269,7 @@ pub enum SubscriberLine<'a> {
     Event {
         partition: u32,
         offset: u64,
+        /// The key as written on the line: escaped ([`unescape_key`]).
         key: &'a [u8],
         payload: &'a [u8],
     },
@@ -296,6 +356,26 @@ fn parse_number(text: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::strategy::Strategy;
+
+    /// Keys with spaces, line ends and backslashes (JSON and ILP keys) stay
+    /// one field and come back byte for byte.
+    #[test]
+    fn keys_are_escaped_and_unescaped() {
+        let keys: [&[u8]; 5] = [b"plain", b"a b", b"weather,city=Z\\ rich", b"line\nbreak\r", b"\\s"];
+        for key in keys {
+            let mut out = Vec::new();
+            write_event_line(&mut out, 1, 2, key, b"pay load");
+            let line = &out[..out.len() - 1];
+            assert!(!line.contains(&b'\n'));
+            let Ok(SubscriberLine::Event { key: written, payload, .. }) = parse_subscriber_line(line) else {
+                panic!("{line:?}")
+            };
+            assert_eq!((unescape_key(written).as_ref(), payload), (key, &b"pay load"[..]));
+        }
+        let mut out = Vec::new();
+        write_event_line(&mut out, 1, 2, b"a b\\", b"p");
+        assert_eq!(out, b"1 2 a\\sb\\\\ p\n");
+    }
 
     /// Every line the server writes to a subscriber parses back exactly.
     #[test]

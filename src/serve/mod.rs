@@ -272,10 +272,12 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
 fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
     let bound = config.memory_bound();
     eprintln!(
-        "spate: {shard_count} shards ({}), {} partitions; ingest {}, subscribe {}, admin http://{}",
+        "spate: {shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
         if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
         config.partitions,
         config.ingest,
+        config.ingest_json,
+        config.ingest_ilp,
         config.subscribe,
         config.admin
     );

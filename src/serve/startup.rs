@@ -9,6 +9,7 @@ use glommio::channels::channel_mesh::FullMesh;
 use glommio::net::TcpListener;
 
 use crate::config::Config;
+use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
@@ -66,8 +67,11 @@ pub async fn run_shard(context: ShardContext) {
     let sweeping = (net.clone(), shard.clone());
     glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(&sweeping.1.lifecycle).await }).detach();
     match bind_listeners(&context.config) {
-        Ok((ingest, subscribe)) => {
-            glommio::spawn_local(crate::ingest::accept_loop(shard.clone(), net.clone(), ingest)).detach();
+        Ok(Listeners { ingest, subscribe }) => {
+            for (listener, format) in ingest {
+                let (shard, net) = (shard.clone(), net.clone());
+                glommio::spawn_local(crate::ingest::accept_loop(shard, net, listener, format)).detach();
+            }
             glommio::spawn_local(crate::subscribe::accept_subscribers(shard.clone(), net, subscribe)).detach();
         }
         Err(failure) => {
@@ -127,9 +131,27 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
 }
 
-fn bind_listeners(config: &Config) -> Result<(TcpListener, TcpListener), ShardFailure> {
+/// A shard's listening sockets: one per ingest format that is on, and the
+/// subscribe port.
+struct Listeners {
+    ingest: Vec<(TcpListener, Format)>,
+    subscribe: TcpListener,
+}
+
+fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
     let bind = |name: &'static str, address| {
         TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
     };
-    Ok((bind("ingest", config.ingest)?, bind("subscribe", config.subscribe)?))
+    let formats = [
+        ("ingest", Some(config.ingest), Format::Lines),
+        ("ingest-json", config.ingest_json.0, Format::Json),
+        ("ingest-ilp", config.ingest_ilp.0, Format::Ilp),
+    ];
+    let mut ingest = Vec::new();
+    for (name, address, format) in formats {
+        if let Some(address) = address {
+            ingest.push((bind(name, address)?, format));
+        }
+    }
+    Ok(Listeners { ingest, subscribe: bind("subscribe", config.subscribe)? })
 }

@@ -12,6 +12,8 @@ use spate::protocol::SubscriberLine;
 pub struct Server {
     child: Option<Child>,
     pub ingest: SocketAddr,
+    pub ingest_json: SocketAddr,
+    pub ingest_ilp: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
     pub log_path: std::path::PathBuf,
@@ -35,6 +37,8 @@ fn free_port() -> u16 {
 #[derive(Debug, Clone, Copy)]
 pub struct Addresses {
     pub ingest: SocketAddr,
+    pub ingest_json: SocketAddr,
+    pub ingest_ilp: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
 }
@@ -43,7 +47,13 @@ impl Addresses {
     /// Three free loopback ports.
     pub fn free() -> Addresses {
         let address = || format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        Addresses { ingest: address(), subscribe: address(), admin: address() }
+        Addresses {
+            ingest: address(),
+            ingest_json: address(),
+            ingest_ilp: address(),
+            subscribe: address(),
+            admin: address(),
+        }
     }
 }
 
@@ -55,7 +65,7 @@ impl Server {
 
     /// Starts `spate serve` on `addresses` and waits until /stats answers.
     pub fn start_on(addresses: Addresses, args: &[&str]) -> Server {
-        let Addresses { ingest, subscribe, admin } = addresses;
+        let Addresses { ingest, ingest_json, ingest_ilp, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
         let owns_data_dir = given.is_none();
@@ -64,7 +74,18 @@ impl Server {
         if owns_data_dir {
             args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
         }
-        let mut server = Server { child: None, ingest, subscribe, admin, log_path, data_dir, owns_data_dir, args };
+        let mut server = Server {
+            child: None,
+            ingest,
+            ingest_json,
+            ingest_ilp,
+            subscribe,
+            admin,
+            log_path,
+            data_dir,
+            owns_data_dir,
+            args,
+        };
         server.spawn();
         server
     }
@@ -94,13 +115,25 @@ impl Server {
         command
             .arg("serve")
             .args(["--ingest", &addresses.ingest.to_string(), "--subscribe", &addresses.subscribe.to_string()])
+            .args([
+                "--ingest-json",
+                &addresses.ingest_json.to_string(),
+                "--ingest-ilp",
+                &addresses.ingest_ilp.to_string(),
+            ])
             .args(["--admin", &addresses.admin.to_string()])
             .args(args);
         command
     }
 
     pub fn addresses(&self) -> Addresses {
-        Addresses { ingest: self.ingest, subscribe: self.subscribe, admin: self.admin }
+        Addresses {
+            ingest: self.ingest,
+            ingest_json: self.ingest_json,
+            ingest_ilp: self.ingest_ilp,
+            subscribe: self.subscribe,
+            admin: self.admin,
+        }
     }
 
     /// Lowers the running server's `RLIMIT_NOFILE` (soft and hard) to `limit`.
@@ -393,7 +426,8 @@ impl Subscriber {
             let line = self.next_line()?;
             match spate::protocol::parse_subscriber_line(&line) {
                 Ok(SubscriberLine::Event { partition, offset, key, payload }) => {
-                    return Some(Delivered { partition, offset, key: key.to_vec(), payload: payload.to_vec() });
+                    let key = spate::protocol::unescape_key(key).into_owned();
+                    return Some(Delivered { partition, offset, key, payload: payload.to_vec() });
                 }
                 Ok(SubscriberLine::Truncated { .. }) => self.notices.push(String::from_utf8_lossy(&line).into_owned()),
                 Ok(
