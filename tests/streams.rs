@@ -229,3 +229,33 @@ fn retention_by_bytes_and_by_age_deletes_segments() {
     let (notices, first) = first_from_zero(&server, "kept");
     assert_eq!((notices.len(), first), (0, 0));
 }
+
+/// The default `--data-dir` is relative (`./spate-data`): a server started
+/// with a relative data dir comes up and writes its files there.
+#[test]
+fn a_relative_data_dir_works() {
+    let cwd = std::env::temp_dir().join(format!("spate-relative-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cwd);
+    std::fs::create_dir_all(&cwd).unwrap();
+    let addresses = Addresses::free();
+    let mut child = Server::command(addresses, &["--shards", "1", "--partitions", "2", "--data-dir", "spate-data"])
+        .current_dir(&cwd)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let url = format!("http://{}/stats", addresses.admin);
+    while ureq::get(&url).call().is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            panic!("spate exited ({status}) with a relative --data-dir: {stderr}");
+        }
+        assert!(Instant::now() < deadline, "spate did not become ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(cwd.join("spate-data").join("streams").join("default").join("0").is_dir());
+    let _ = std::fs::remove_dir_all(&cwd);
+}

@@ -113,7 +113,7 @@ impl std::fmt::Display for ServeError {
 impl std::error::Error for ServeError {}
 
 /// Runs a server until SIGINT or SIGTERM, then drains and returns.
-pub fn serve(config: Config) -> Result<(), ServeError> {
+pub fn serve(mut config: Config) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
     checks::check_io_uring(&config)?;
@@ -122,6 +122,11 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     // Held until the server exits: a second server on the data directory is
     // refused with the holder's pid.
     let _data_dir_lock = lock_data_dir(&config)?;
+    // Absolute from here on: glommio's DMA opens of a relative path fail
+    // (EBADF) on the shard threads, so `./spate-data` would not start.
+    if let Ok(absolute) = std::fs::canonicalize(&config.data_dir) {
+        config.data_dir = absolute;
+    }
     let catalog = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
