@@ -158,6 +158,10 @@ pub const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
 /// (a killed server's, which the kernel releases asynchronously), in ms.
 pub const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 
+/// How long a subscriber waits before asking again for a partition that is
+/// moving between owners, in ms.
+pub const FETCH_RETRY_DELAY_MS: u64 = 1;
+
 /// The peak-memory formula, as `spate serve --help` prints it.
 pub const MEMORY_FORMULA_HELP: &str = "\
 Peak memory (S = shards, P = --partitions-max, all streams' partitions; C = S * connections_per_shard_max ingest connections

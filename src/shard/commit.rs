@@ -60,6 +60,8 @@ pub struct Committer {
     rounds: Cell<u64>,
     synced_round: Cell<u64>,
     round_waiters: WaitList,
+    /// Rounds ended, successful or not ([`Committer::round_ended`]).
+    round_ends: Cell<u64>,
     last_sync: Cell<Instant>,
     /// Bytes written and not yet synced, over all partitions.
     unsynced_bytes: Cell<usize>,
@@ -88,6 +90,7 @@ impl Committer {
             rounds: Cell::new(0),
             synced_round: Cell::new(0),
             round_waiters: WaitList::default(),
+            round_ends: Cell::new(0),
             last_sync: Cell::new(Instant::now()),
             unsynced_bytes: Cell::new(0),
             failing: Cell::new(false),
@@ -123,6 +126,14 @@ impl Committer {
         self.sync_requested.set(true);
         self.notify.notify();
         self.round_waiters.wait_until(|| self.synced_round.get() >= target).await;
+    }
+
+    /// Waits until the round running now (or the next one) has ended,
+    /// successfully or not: a reader that found the active segment's writer
+    /// out waits here instead of asking again at once.
+    pub async fn round_ended(&self) {
+        let ends = self.round_ends.get();
+        self.round_waiters.wait_until(|| self.round_ends.get() > ends).await;
     }
 
     /// Whether a grant of a batch that carried a `#SYNC` needs a synced round.
@@ -179,6 +190,8 @@ pub async fn run_committer(shard: Rc<Shard>) {
         committer.in_round.set(true);
         let round = commit_round(&shard, requested).await;
         committer.in_round.set(false);
+        committer.round_ends.set(committer.round_ends.get() + 1);
+        committer.round_waiters.wake_all();
         match round {
             Ok(synced) => {
                 finish_round(&shard, grants_before, synced);

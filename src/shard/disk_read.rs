@@ -23,6 +23,10 @@ use crate::storage::segment::{SegmentError, SegmentReader};
 /// frame holds at most one record larger than the frame target).
 const DISK_READ_BYTES_MAX: usize = 8 << 20;
 
+/// The longest a read waits for the committer to give the active segment's
+/// writer back, in ms.
+const BUSY_WAIT_MS_MAX: u64 = 100;
+
 /// Completes a reply's disk reads, then sends it to `origin`.
 pub async fn complete_disk_reads(shard: Rc<Shard>, origin: u16, mut reply: FetchReply, bytes_max: usize) {
     for (partition_id, offset) in std::mem::take(&mut reply.disk_reads) {
@@ -59,9 +63,20 @@ async fn read_one(
             set_cursor(reply, partition_id, earliest);
             return Ok(());
         }
-        // The committer holds the active segment's writer: the next fetch
-        // comes back for it.
-        Located::Busy => return Ok(()),
+        // The committer holds the active segment's writer: wait for its
+        // round to end, and the next fetch comes back for the lines.
+        // Answering at once would have a local subscriber ask again at once,
+        // with nothing in between that yields: a spin that starves the
+        // committer it waits for (seen with 4 shards on 2 CPUs).
+        Located::Busy => {
+            if let Some(committer) = shard.committer.as_ref() {
+                // Bounded: a writer out for a move or a stream deletion has
+                // no round to wait for.
+                let limit = glommio::timer::sleep(std::time::Duration::from_millis(BUSY_WAIT_MS_MAX));
+                let _ = crate::shard::notify::first(committer.round_ended(), limit).await;
+            }
+            return Ok(());
+        }
     };
     let reader = SegmentReader::open(&path).await?;
     let budget = bytes_max.saturating_sub(reply.data.len());

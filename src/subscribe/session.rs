@@ -3,6 +3,7 @@
 //! server shuts down (then: what is ready, the `CLOSING` notice, the close).
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
@@ -196,6 +197,9 @@ impl Session<'_> {
     ) -> std::io::Result<()> {
         let mut ignored = [0u8; 512];
         loop {
+            // Replies from this shard's own partitions can arrive within the
+            // same poll: never run past the task's time slice on them.
+            glommio::yield_if_needed().await;
             self.send_fetches();
             let shutdown = self.shard.lifecycle.shutdown_requested();
             let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
@@ -211,8 +215,19 @@ impl Session<'_> {
                     if self.refuse_out_of_range(stream, &reply).await {
                         return Ok(());
                     }
+                    let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
                     self.apply_reply(reply);
                     self.write_held(stream, false).await?;
+                    if in_flight_between_owners {
+                        // A partition is moving: ask again shortly, not at
+                        // once. The owner may be this shard, which answers
+                        // within the same poll, so asking at once spins
+                        // without ever yielding and starves the very tasks
+                        // that finish the move (a livelock seen with 4
+                        // shards on 2 CPUs).
+                        let delay = Duration::from_millis(crate::config::FETCH_RETRY_DELAY_MS);
+                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle.shutdown_requested()).await;
+                    }
                 }
             }
         }

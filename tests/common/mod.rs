@@ -210,21 +210,8 @@ impl Server {
         response.body_mut().read_to_string().map_err(|error| error.to_string())
     }
 
-    /// `GET path`. A 503 (a shard did not answer the admin within its
-    /// timeout: on this two-core box, a four-shard server and its load
-    /// generators share two CPUs) is retried twice, and said so on stderr.
     pub fn get(&self, path: &str) -> String {
-        let mut attempt = 0;
-        loop {
-            match self.try_get(path) {
-                Ok(body) => return body,
-                Err(error) if error.contains("503") && attempt < 2 => {
-                    eprintln!("GET {path}: {error}; retrying");
-                    attempt += 1;
-                }
-                Err(error) => panic!("GET {path}: {error}\n{}", self.log()),
-            }
-        }
+        self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}", self.log()))
     }
 
     /// Sends an HTTP request with `method` (and a JSON `body`, if any) to the
