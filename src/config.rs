@@ -158,6 +158,14 @@ pub const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
 /// (a killed server's, which the kernel releases asynchronously), in ms.
 pub const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 
+/// The credit window per (source, owner) pair with memory storage.
+pub const CREDIT_WINDOW_BYTES_MEMORY: usize = 4 * MIB;
+/// With disk storage: what all sources together may have in flight to one
+/// owner (split evenly: the window per pair is this / shards).
+pub const CREDIT_WINDOW_BYTES_PER_OWNER_DISK: usize = 32 * MIB;
+/// The fewest batches in flight per (source, owner) pair by default.
+pub const CREDIT_WINDOW_BATCHES_MIN: usize = 64;
+
 /// How long a subscriber waits before asking again for a partition that is
 /// moving between owners, in ms.
 pub const FETCH_RETRY_DELAY_MS: u64 = 1;
@@ -308,13 +316,17 @@ pub struct Config {
     pub batch_flush_us: u64,
 
     /// Credit window, in bytes of batch records, that each owner shard grants
-    /// each source shard (including itself): events in flight between them.
-    #[arg(long, default_value_t = 4 * MIB)]
-    pub credit_window_bytes: usize,
+    /// each source shard (including itself): events in flight between them
+    /// [default: 4 MiB with --storage memory; with disk, 32 MiB / shards
+    /// and at least 4 MiB, so an owner has 32 MiB in flight while a commit
+    /// round runs].
+    #[arg(long)]
+    pub credit_window_bytes: Option<usize>,
 
-    /// Batches in flight per (source, owner) pair; bounds the mesh queue.
-    #[arg(long, default_value_t = 64)]
-    pub credit_window_batches: usize,
+    /// Batches in flight per (source, owner) pair; bounds the mesh queue
+    /// [default: the credit window / --batch-bytes, at least 64].
+    #[arg(long)]
+    pub credit_window_batches: Option<usize>,
 
     /// Where events are kept: `disk` (segment files in --data-dir, an
     /// acknowledged event survives kill -9) or `memory` (RAM only, bounded
@@ -649,7 +661,7 @@ impl Config {
             ("--line-size-max", self.line_size_max),
             ("--connections-per-shard-max", self.connections_per_shard_max),
             ("--batch-bytes", self.batch_bytes),
-            ("--credit-window-batches", self.credit_window_batches),
+            ("--credit-window-batches", self.credit_window_batches()),
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
@@ -687,9 +699,9 @@ impl Config {
 
     fn validate_relations(&self) -> Result<(), ConfigError> {
         let line_record_size_max = self.line_record_size_max();
-        if self.credit_window_bytes < line_record_size_max {
+        if self.credit_window_bytes() < line_record_size_max {
             return Err(ConfigError::CreditWindowBelowLine {
-                credit_window_bytes: self.credit_window_bytes,
+                credit_window_bytes: self.credit_window_bytes(),
                 line_record_size_max,
             });
         }
@@ -712,6 +724,24 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// The credit window per (source, owner) pair, in bytes (the flag, or
+    /// the storage's default: a commit round on disk takes milliseconds, and
+    /// what a source may have in flight meanwhile bounds its rate; measured
+    /// in the README, "Benchmarks").
+    pub fn credit_window_bytes(&self) -> usize {
+        self.credit_window_bytes.unwrap_or(match self.storage {
+            Storage::Memory => CREDIT_WINDOW_BYTES_MEMORY,
+            Storage::Disk => (CREDIT_WINDOW_BYTES_PER_OWNER_DISK / self.shard_count()).max(CREDIT_WINDOW_BYTES_MEMORY),
+        })
+    }
+
+    /// Batches in flight per (source, owner) pair (the flag, or enough
+    /// full batches to carry the credit window).
+    pub fn credit_window_batches(&self) -> usize {
+        self.credit_window_batches
+            .unwrap_or_else(|| (self.credit_window_bytes() / self.batch_bytes.max(1)).max(CREDIT_WINDOW_BATCHES_MIN))
     }
 
     /// What a JSON or ILP connection's parser keeps between lines (its
@@ -810,7 +840,7 @@ impl Config {
 
     /// Frames each mesh channel holds: every credited batch plus control.
     pub fn mesh_channel_frames(&self) -> usize {
-        self.credit_window_batches + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
+        self.credit_window_batches() + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
     }
 
     /// The partition-log term of the memory formula: all of retention in
@@ -827,7 +857,7 @@ impl Config {
                 let per_partition = self.tail_cache_bytes + self.tail_cache_segment_bytes() + index_bytes + 4 * KIB;
                 partitions * per_partition
                     + shards * self.fsync_pending_bytes_max
-                    + shards * shards * self.credit_window_bytes
+                    + shards * shards * self.credit_window_bytes()
             }
         }
     }
@@ -848,7 +878,7 @@ impl Config {
         // size, for that line only.
         let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes)
             + connections * self.line_size_max.saturating_sub(self.parser_scratch_bytes_max());
-        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
+        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes());
         let retention = self.partition_log_bytes();
         let per_subscriber =
             (shards + 1) * self.fetch_bytes_max + partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES;
@@ -915,11 +945,18 @@ mod tests {
         // Bounded by --partitions-max (1024): streams can be created up to it.
         assert_eq!(
             bound.retention,
-            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB) + 2 * 32 * MIB + 4 * 4 * MIB
+            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB) + 2 * 32 * MIB + 4 * 16 * MIB
         );
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
         assert_eq!(memory.memory_bound().retention, 1024 * 9 * MIB);
-        assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
+        // On disk each owner has 32 MiB in flight, 16 MiB from each of 2
+        // sources; in memory 4 MiB per pair.
+        assert_eq!((config.credit_window_bytes(), config.credit_window_batches()), (16 * MIB, 256));
+        assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 16 * MIB));
+        assert_eq!((memory.credit_window_bytes(), memory.credit_window_batches()), (4 * MIB, 64));
+        assert_eq!(memory.memory_bound().batches_and_credits, 4 * (64 * KIB + 4 * MIB));
+        let many = parse(&["--shards", "16"]);
+        assert_eq!(many.credit_window_bytes(), 4 * MIB, "never below the memory default");
         let per_connection =
             256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES + 2 * KIB;
         assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);

@@ -288,7 +288,7 @@ impl Source {
     ) -> Source {
         let shard_count = outbox.peer_count();
         let router =
-            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes, config.credit_window_batches);
+            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes(), config.credit_window_batches());
         Source {
             id,
             router: RefCell::new(router),
