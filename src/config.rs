@@ -659,6 +659,7 @@ impl Config {
         }
         let nonzero = [
             ("--line-size-max", self.line_size_max),
+            ("--key-size-max", self.key_size_max),
             ("--connections-per-shard-max", self.connections_per_shard_max),
             ("--batch-bytes", self.batch_bytes),
             ("--credit-window-batches", self.credit_window_batches()),
@@ -676,9 +677,6 @@ impl Config {
     /// Sizes that reach fixed-width fields: a payload's `u32` size in every
     /// record, a record's `u32` position in a log segment.
     fn validate_format_limits(&self) -> Result<(), ConfigError> {
-        if self.key_size_max == 0 {
-            return Err(ConfigError::Zero { name: "--key-size-max" });
-        }
         let limits = [
             (
                 "--key-size-max",

@@ -84,8 +84,9 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     if let Some(Err(error)) = dropped.into_iter().find(Result::is_err) {
         return Err(Failure { status: 500, message: format!("deleting stream {name}: {error}\n") });
     }
-    if state.config.storage == Storage::Disk {
-        let dir = state.config.data_dir.join("streams").join(name);
+    if state.config.storage == Storage::Disk
+        && let Ok(dir) = crate::storage::dir::stream_dir(&state.config.data_dir, name)
+    {
         let _ = std::fs::remove_dir_all(dir);
     }
     Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))

@@ -114,6 +114,16 @@ enum Rejection {
     Ilp(IlpError),
 }
 
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::Line(error) => error.fmt(f),
+            Rejection::Json(error) => error.fmt(f),
+            Rejection::Ilp(error) => error.fmt(f),
+        }
+    }
+}
+
 impl Parser {
     fn new(format: Format) -> Parser {
         Parser { format, json_scratch: Vec::new(), ilp_scratch: IlpScratch::default() }
@@ -126,28 +136,32 @@ impl Parser {
         // A long key or series may have grown a scratch buffer for one line:
         // give it back rather than keep it for the connection's life.
         let scratch_max = config.parser_scratch_bytes_max();
-        if self.json_scratch.capacity() > scratch_max {
-            self.json_scratch = Vec::new();
-        }
-        if self.ilp_scratch.capacity_bytes() > scratch_max {
-            self.ilp_scratch = IlpScratch::default();
-        }
         let parsed = match self.format {
             Format::Lines => {
                 return parse_line_with(line, config.line_size_max, config.key_size_max).map_err(Rejection::Line);
             }
-            Format::Json => match parse_json_line(line, &config.json_key, &mut self.json_scratch) {
-                Ok(JsonLine::Event { key, payload }) => Line::Event { key, payload },
-                Ok(JsonLine::Control(text)) => Line::Control(text),
-                Ok(JsonLine::Empty) => Line::Empty,
-                Err(error) => return Err(Rejection::Json(error)),
-            },
-            Format::Ilp => match parse_ilp_line(line, &mut self.ilp_scratch) {
-                Ok(IlpLine::Point(point)) => Line::Event { key: point.series_key(), payload: point.payload() },
-                Ok(IlpLine::Control(text)) => Line::Control(text),
-                Ok(IlpLine::Empty) => Line::Empty,
-                Err(error) => return Err(Rejection::Ilp(error)),
-            },
+            Format::Json => {
+                if self.json_scratch.capacity() > scratch_max {
+                    self.json_scratch = Vec::new();
+                }
+                match parse_json_line(line, &config.json_key, &mut self.json_scratch) {
+                    Ok(JsonLine::Event { key, payload }) => Line::Event { key, payload },
+                    Ok(JsonLine::Control(text)) => Line::Control(text),
+                    Ok(JsonLine::Empty) => Line::Empty,
+                    Err(error) => return Err(Rejection::Json(error)),
+                }
+            }
+            Format::Ilp => {
+                if self.ilp_scratch.capacity_bytes() > scratch_max {
+                    self.ilp_scratch = IlpScratch::default();
+                }
+                match parse_ilp_line(line, &mut self.ilp_scratch) {
+                    Ok(IlpLine::Point(point)) => Line::Event { key: point.series_key(), payload: point.payload() },
+                    Ok(IlpLine::Control(text)) => Line::Control(text),
+                    Ok(IlpLine::Empty) => Line::Empty,
+                    Err(error) => return Err(Rejection::Ilp(error)),
+                }
+            }
         };
         match parsed {
             Line::Event { key, .. } if key.len() > config.key_size_max => {
@@ -538,9 +552,5 @@ fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, rejection: Rej
     };
     ShardMetrics::add(counter, 1);
     reserve_reply(replies);
-    match rejection {
-        Rejection::Line(error) => write_err(replies, line_number, error),
-        Rejection::Json(error) => write_err(replies, line_number, error),
-        Rejection::Ilp(error) => write_err(replies, line_number, error),
-    }
+    write_err(replies, line_number, rejection);
 }

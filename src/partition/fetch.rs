@@ -113,9 +113,6 @@ pub fn serve_fetch(
     has_news.then_some(reply)
 }
 
-/// Writes one partition's lines from `position` into the reply, within the
-/// budget (at least one event when there is one, so a large event never
-/// stalls a reader); returns the cursor's new offset.
 /// A partition's global id (cursors, the engine) and its number in its
 /// stream (what a subscriber line says).
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +121,9 @@ struct PartitionIds {
     local: u32,
 }
 
+/// Writes one partition's lines from `position` into the reply, within the
+/// budget (at least one event when there is one, so a large event never
+/// stalls a reader); returns the cursor's new offset.
 fn read_into(
     reply: &mut FetchReply,
     ids: PartitionIds,

@@ -190,18 +190,24 @@ pub async fn run_committer(shard: Rc<Shard>) {
         committer.in_round.set(true);
         let round = commit_round(&shard, requested).await;
         committer.in_round.set(false);
-        committer.round_ends.set(committer.round_ends.get() + 1);
-        committer.round_waiters.wake_all();
-        match round {
+        let failed = match round {
             Ok(synced) => {
                 finish_round(&shard, grants_before, synced);
                 ShardMetrics::add(&shard.metrics.commit_seconds, started.elapsed().as_secs_f64());
+                false
             }
             Err(error) => {
                 committer.sync_requested.set(committer.sync_requested.get() || requested);
                 report_error(&shard, &error);
-                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+                true
             }
+        };
+        // One wake for every waiter: barriers (synced_round) and readers
+        // waiting for the writer to come back (round_ends).
+        committer.round_ends.set(committer.round_ends.get() + 1);
+        committer.round_waiters.wake_all();
+        if failed {
+            glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
         }
         glommio::yield_if_needed().await;
     }
@@ -455,7 +461,6 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
         committer.synced_round.set(committer.rounds.get());
     }
     ShardMetrics::add(&shard.metrics.commit_rounds, 1);
-    committer.round_waiters.wake_all();
     shard.subscriptions.wake_parked();
     expire_if_due(shard);
 }

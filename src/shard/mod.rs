@@ -97,9 +97,7 @@ impl Shard {
         let on_disk = config.storage == crate::config::Storage::Disk;
         if !on_disk {
             for spec in catalog.streams() {
-                for partition_id in owned_partitions_of(&placement, id, spec) {
-                    partitions.install(partition_id, Box::new(memory_partition(&config, spec)));
-                }
+                install_memory_partitions(&mut partitions, &placement, id, &config, spec);
             }
         }
         Shard {
@@ -135,13 +133,12 @@ impl Shard {
     /// Installs the partitions of `spec` this shard owns: in memory at once,
     /// on disk once their files are open (concurrently, one task each).
     pub async fn open_stream_partitions(self: &Rc<Self>, spec: &StreamSpec) -> Result<Vec<OpenReport>, SegmentError> {
-        let owned = owned_partitions_of(&self.placement.borrow(), self.id, spec);
         if self.committer.is_none() {
-            for partition_id in owned {
-                self.partitions.borrow_mut().install(partition_id, Box::new(memory_partition(&self.config, spec)));
-            }
+            let placement = self.placement.borrow();
+            install_memory_partitions(&mut self.partitions.borrow_mut(), &placement, self.id, &self.config, spec);
             return Ok(Vec::new());
         }
+        let owned = owned_partitions_of(&self.placement.borrow(), self.id, spec);
         let opens: Vec<_> = owned
             .into_iter()
             .map(|partition_id| glommio::spawn_local(open_partition(self.config.clone(), spec.clone(), partition_id)))
@@ -506,13 +503,22 @@ async fn open_partition(
     Ok((partition_id, partition, report))
 }
 
-/// A partition of `spec` held in memory only.
-fn memory_partition(config: &Config, spec: &StreamSpec) -> Partition {
+/// Installs the partitions of `spec` that shard `id` owns, held in memory
+/// only.
+fn install_memory_partitions(
+    partitions: &mut PartitionManager,
+    placement: &PlacementTable,
+    id: u16,
+    config: &Config,
+    spec: &StreamSpec,
+) {
     let retention_bytes = usize::try_from(spec.retention_bytes).unwrap_or(usize::MAX);
-    let log = PartitionLog::in_memory(retention_bytes.max(config.segment_bytes()), config.segment_bytes());
-    let mut partition = Partition::new(log, config.balance_config().ewma_half_life_ms);
-    partition.stream_base = spec.base;
-    partition
+    for partition_id in owned_partitions_of(placement, id, spec) {
+        let log = PartitionLog::in_memory(retention_bytes.max(config.segment_bytes()), config.segment_bytes());
+        let mut partition = Partition::new(log, config.balance_config().ewma_half_life_ms);
+        partition.stream_base = spec.base;
+        partitions.install(partition_id, Box::new(partition));
+    }
 }
 
 /// The global ids of `spec`'s partitions that shard `id` owns.

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 /// The stream producers write to when they name none.
 pub const DEFAULT_STREAM: &str = "default";
-/// Longest stream name.
-pub const STREAM_NAME_SIZE_MAX: usize = 64;
+/// The longest stream name (one path component in the data directory).
+pub use crate::storage::dir::STREAM_NAME_SIZE_MAX;
 /// Most streams at once (the catalog is a few hundred bytes per stream on
 /// every shard).
 pub const STREAMS_MAX: usize = 1024;
