@@ -5,12 +5,15 @@
 //! * [`control`]: ingest control lines (`#SYNC`, `#PING`) and the `OK`/`ERR`
 //!   replies;
 //! * [`subscribe`]: the `SUB` request and every line a subscriber reads;
+//! * [`group`]: the consumer-group conversation (`GROUP`, `COMMIT`, `PING`,
+//!   `LEAVE`; `ASSIGNED`, `REVOKED`, `OK COMMIT`, `ERR`) on the subscribe port;
 //! * [`record`]: binary event records (mesh batches and partition logs);
 //! * [`hash`]: the stable key hash that places a key in a partition.
 //! * [`json`]: JSON lines (the JSON listener), key from a field;
 //! * [`ilp`]: the InfluxDB line protocol (the ILP listener), key = series.
 
 pub mod control;
+pub mod group;
 pub mod hash;
 pub mod ilp;
 pub mod json;
