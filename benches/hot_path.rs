@@ -39,6 +39,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use spate::partition::fetch::write_lines;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
 use spate::protocol::{BatchIter, Line, LineBuffer, Next, encode_batch_record, parse_line, partition_of};
+use spate::stream::StreamRoute;
 use spate::{CreditGrant, DataBatch, Router, route};
 
 const KIB: usize = 1024;
@@ -384,7 +385,8 @@ fn source_path(
     loop {
         while let Next::Line { line, .. } = lines.next_line() {
             let Ok(Line::Event { key, payload }) = parse_line(line, LINE_SIZE_MAX) else { panic!("only events") };
-            let routed = route(placement, router, partition_count, key, payload, |owner, batch| {
+            let stream = StreamRoute { id: 0, base: 0, partitions: partition_count };
+            let routed = route(placement, router, stream, key, payload, |owner, batch| {
                 taken.push((owner, batch));
             });
             assert!(routed.is_ok(), "window blocked in steady state");

@@ -11,6 +11,9 @@ pub struct SubArgs {
     /// Subscribe address of the server.
     #[arg(long, default_value = "127.0.0.1:9401")]
     pub server: String,
+    /// Stream to read.
+    #[arg(long, default_value = "default")]
+    pub stream: String,
     /// Partition number, or `*` for all.
     #[arg(long, default_value = "*")]
     pub partition: String,
@@ -56,7 +59,7 @@ impl std::error::Error for SubError {}
 pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
     let mut stream =
         TcpStream::connect(&args.server).map_err(|error| SubError::Connect { server: args.server.clone(), error })?;
-    writeln!(stream, "SUB {} {}", args.partition, args.from).map_err(SubError::Send)?;
+    writeln!(stream, "SUB {} {} {}", args.stream, args.partition, args.from).map_err(SubError::Send)?;
     let reader = BufReader::with_capacity(1 << 20, stream);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

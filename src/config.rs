@@ -158,13 +158,25 @@ pub const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
 /// (a killed server's, which the kernel releases asynchronously), in ms.
 pub const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 
+/// The credit window per (source, owner) pair with memory storage.
+pub const CREDIT_WINDOW_BYTES_MEMORY: usize = 4 * MIB;
+/// With disk storage: what all sources together may have in flight to one
+/// owner (split evenly: the window per pair is this / shards).
+pub const CREDIT_WINDOW_BYTES_PER_OWNER_DISK: usize = 32 * MIB;
+/// The fewest batches in flight per (source, owner) pair by default.
+pub const CREDIT_WINDOW_BATCHES_MIN: usize = 64;
+
+/// How long a subscriber waits before asking again for a partition that is
+/// moving between owners, in ms.
+pub const FETCH_RETRY_DELAY_MS: u64 = 1;
+
 /// The peak-memory formula, as `spate serve --help` prints it.
 pub const MEMORY_FORMULA_HELP: &str = "\
-Peak memory (S = shards, P = partitions; C = S * connections_per_shard_max ingest connections
+Peak memory (S = shards, P = --partitions-max, all streams' partitions; C = S * connections_per_shard_max ingest connections
 and N = S * subscribers_per_shard_max subscriber connections, both counted process-wide; see
 README \"Limits and memory\"):
-    C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB)                busy connections: read buffer,
-                                                                 replies, task state
+    C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB + 2 * key_size_max)   busy connections: read buffer,
+                                                                 replies, task state, parser scratch
   + S * 64 * 2 KiB                                               refusals being written
   + N * ((S + 1) * fetch_bytes_max + 64 * P + 20 KiB)            subscribers: fetch replies,
                                                                  cursors, state and notice
@@ -180,7 +192,7 @@ README \"Limits and memory\"):
   + S * S * mesh_channel_frames * frame size                     mesh rings
   + 16 * (2 * 16 KiB + 256 * P + 16 KiB * S)                     admin connections and responses
 plus, only if every connection holds a maximum-size line at once,
-    C * (line_size_max + 2 - read_buffer_bytes).
+    C * (line_size_max + 2 - read_buffer_bytes) + C * (line_size_max - 2 * key_size_max).
 An idle connection costs read_buffer_initial_bytes + 2 KiB (buffers grown in a burst are given
 back after 1 s idle). GET /stats shows the bound for the running configuration (memory_bound)
 next to the measured RSS.";
@@ -193,14 +205,49 @@ pub struct Config {
     #[arg(long)]
     pub shards: Option<usize>,
 
-    /// Logical partitions; `partition = xxh3_64(key) % partitions`. Fixed for
-    /// the life of the data.
+    /// Partitions of the `default` stream; `partition = xxh3_64(key) %
+    /// partitions`. Fixed for the life of the data.
     #[arg(long, default_value_t = 256)]
     pub partitions: u32,
+
+    /// Partitions of all streams together (the capacity `POST /streams` draws
+    /// from); every per-partition term of the memory formula uses it.
+    #[arg(long, default_value_t = 1024)]
+    pub partitions_max: u32,
 
     /// Ingest address (line protocol). Every shard binds it (SO_REUSEPORT).
     #[arg(long, default_value = "0.0.0.0:9400")]
     pub ingest: SocketAddr,
+
+    /// JSON-lines ingest address, or `off` (one JSON value per line, the key
+    /// from --json-key, the line itself as the payload).
+    #[arg(long, default_value = "0.0.0.0:9403")]
+    pub ingest_json: Listen,
+
+    /// InfluxDB line protocol ingest address, or `off` (the key is the
+    /// series: measurement and sorted tags; the line is the payload). 9009
+    /// is where ILP clients (QuestDB's) send by default.
+    #[arg(long, default_value = "0.0.0.0:9009")]
+    pub ingest_ilp: Listen,
+
+    /// The field of a JSON line that holds its key: a top-level name
+    /// (`user_id`) or an RFC 6901 pointer (`/user/id`).
+    #[arg(long, default_value = "key", value_parser = parse_json_key)]
+    pub json_key: crate::protocol::json::JsonKeySpec,
+
+    /// The stream a JSON connection starts on (`#STREAM` switches it).
+    #[arg(long, default_value = "default")]
+    pub json_stream: String,
+
+    /// The stream an ILP connection starts on (`#STREAM` switches it).
+    #[arg(long, default_value = "default")]
+    pub ilp_stream: String,
+
+    /// Longest event key in bytes, in every format (ILP series keys are
+    /// often longer than a user id). At most 65535: a record's key size is
+    /// a u16.
+    #[arg(long, default_value_t = crate::protocol::KEY_SIZE_MAX)]
+    pub key_size_max: usize,
 
     /// Subscribe address.
     #[arg(long, default_value = "0.0.0.0:9401")]
@@ -269,13 +316,17 @@ pub struct Config {
     pub batch_flush_us: u64,
 
     /// Credit window, in bytes of batch records, that each owner shard grants
-    /// each source shard (including itself): events in flight between them.
-    #[arg(long, default_value_t = 4 * MIB)]
-    pub credit_window_bytes: usize,
+    /// each source shard (including itself): events in flight between them
+    /// [default: 4 MiB with --storage memory; with disk, 32 MiB / shards
+    /// and at least 4 MiB, so an owner has 32 MiB in flight while a commit
+    /// round runs].
+    #[arg(long)]
+    pub credit_window_bytes: Option<usize>,
 
-    /// Batches in flight per (source, owner) pair; bounds the mesh queue.
-    #[arg(long, default_value_t = 64)]
-    pub credit_window_batches: usize,
+    /// Batches in flight per (source, owner) pair; bounds the mesh queue
+    /// [default: the credit window / --batch-bytes, at least 64].
+    #[arg(long)]
+    pub credit_window_batches: Option<usize>,
 
     /// Where events are kept: `disk` (segment files in --data-dir, an
     /// acknowledged event survives kill -9) or `memory` (RAM only, bounded
@@ -307,7 +358,7 @@ pub struct Config {
 
     /// With `--storage disk`: recent events each partition keeps in memory,
     /// in bytes, so live subscribers read without I/O.
-    #[arg(long, default_value_t = MIB)]
+    #[arg(long, default_value_t = 256 * KIB)]
     pub tail_cache_bytes: usize,
 
     /// Retention per partition in bytes [default: 1 GiB of files on disk, 8
@@ -379,6 +430,31 @@ pub enum Storage {
     Memory,
 }
 
+/// A listener's address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+impl std::str::FromStr for Listen {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(text: &str) -> Result<Listen, Self::Err> {
+        if text == "off" { Ok(Listen(None)) } else { text.parse().map(|address| Listen(Some(address))) }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(address) => write!(f, "{address}"),
+            None => write!(f, "off"),
+        }
+    }
+}
+
+fn parse_json_key(text: &str) -> Result<crate::protocol::json::JsonKeySpec, String> {
+    crate::protocol::json::JsonKeySpec::parse(text).map_err(|error| error.to_string())
+}
+
 /// When written events are made durable (see `--fsync`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -403,6 +479,7 @@ pub enum ConfigError {
         shard_count_max: usize,
     },
     PartitionCount {
+        name: &'static str,
         partition_count: u32,
         partition_count_max: u32,
     },
@@ -440,8 +517,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::ShardCount { shard_count, shard_count_max } => {
                 write!(f, "--shards {shard_count}: must be 1..={shard_count_max}")
             }
-            ConfigError::PartitionCount { partition_count, partition_count_max } => {
-                write!(f, "--partitions {partition_count}: must be 1..={partition_count_max}")
+            ConfigError::PartitionCount { name, partition_count, partition_count_max } => {
+                write!(f, "{name} {partition_count}: must be 1..={partition_count_max}")
             }
             ConfigError::CreditWindowBelowLine { credit_window_bytes, line_record_size_max } => write!(
                 f,
@@ -566,17 +643,26 @@ impl Config {
         if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
             return Err(ConfigError::ShardCount { shard_count, shard_count_max: SHARD_COUNT_MAX });
         }
-        if self.partitions == 0 || self.partitions > PARTITION_COUNT_MAX {
+        if self.partitions_max == 0 || self.partitions_max > PARTITION_COUNT_MAX {
             return Err(ConfigError::PartitionCount {
-                partition_count: self.partitions,
+                name: "--partitions-max",
+                partition_count: self.partitions_max,
                 partition_count_max: PARTITION_COUNT_MAX,
+            });
+        }
+        if self.partitions == 0 || self.partitions > self.partitions_max {
+            return Err(ConfigError::PartitionCount {
+                name: "--partitions",
+                partition_count: self.partitions,
+                partition_count_max: self.partitions_max,
             });
         }
         let nonzero = [
             ("--line-size-max", self.line_size_max),
+            ("--key-size-max", self.key_size_max),
             ("--connections-per-shard-max", self.connections_per_shard_max),
             ("--batch-bytes", self.batch_bytes),
-            ("--credit-window-batches", self.credit_window_batches),
+            ("--credit-window-batches", self.credit_window_batches()),
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
@@ -592,6 +678,12 @@ impl Config {
     /// record, a record's `u32` position in a log segment.
     fn validate_format_limits(&self) -> Result<(), ConfigError> {
         let limits = [
+            (
+                "--key-size-max",
+                self.key_size_max,
+                crate::protocol::record::KEY_SIZE_LIMIT,
+                "a record's key size is a u16",
+            ),
             ("--line-size-max", self.line_size_max, PAYLOAD_SIZE_LIMIT, "a record's payload size is a u32"),
             ("--segment-bytes", self.segment_bytes(), SEGMENT_BYTES_LIMIT, "record positions in a segment are u32"),
         ];
@@ -605,9 +697,9 @@ impl Config {
 
     fn validate_relations(&self) -> Result<(), ConfigError> {
         let line_record_size_max = self.line_record_size_max();
-        if self.credit_window_bytes < line_record_size_max {
+        if self.credit_window_bytes() < line_record_size_max {
             return Err(ConfigError::CreditWindowBelowLine {
-                credit_window_bytes: self.credit_window_bytes,
+                credit_window_bytes: self.credit_window_bytes(),
                 line_record_size_max,
             });
         }
@@ -630,6 +722,31 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// The credit window per (source, owner) pair, in bytes (the flag, or
+    /// the storage's default: a commit round on disk takes milliseconds, and
+    /// what a source may have in flight meanwhile bounds its rate; measured
+    /// in the README, "Benchmarks").
+    pub fn credit_window_bytes(&self) -> usize {
+        self.credit_window_bytes.unwrap_or(match self.storage {
+            Storage::Memory => CREDIT_WINDOW_BYTES_MEMORY,
+            Storage::Disk => (CREDIT_WINDOW_BYTES_PER_OWNER_DISK / self.shard_count()).max(CREDIT_WINDOW_BYTES_MEMORY),
+        })
+    }
+
+    /// Batches in flight per (source, owner) pair (the flag, or enough
+    /// full batches to carry the credit window).
+    pub fn credit_window_batches(&self) -> usize {
+        self.credit_window_batches
+            .unwrap_or_else(|| (self.credit_window_bytes() / self.batch_bytes.max(1)).max(CREDIT_WINDOW_BATCHES_MIN))
+    }
+
+    /// What a JSON or ILP connection's parser keeps between lines (its
+    /// scratch grows to the longest key or series it unescaped and is given
+    /// back once over this).
+    pub fn parser_scratch_bytes_max(&self) -> usize {
+        2 * self.key_size_max
     }
 
     /// Retention per partition, in bytes (the flag, or the storage's default).
@@ -656,6 +773,16 @@ impl Config {
         (self.tail_cache_bytes / 4).max(crate::protocol::record::LOG_HEADER_SIZE + 1)
     }
 
+    /// How the files of a partition of `spec` are written and kept (its
+    /// stream's retention).
+    pub fn disk_config_for(&self, spec: &crate::stream::StreamSpec) -> crate::partition::disk::DiskConfig {
+        crate::partition::disk::DiskConfig {
+            retention_bytes: spec.retention_bytes,
+            retention_ms: spec.retention_ms,
+            ..self.disk_config()
+        }
+    }
+
     /// How one partition's files are written and kept.
     pub fn disk_config(&self) -> crate::partition::disk::DiskConfig {
         use crate::storage::segment::{BLOCK_SIZE, SegmentConfig};
@@ -673,6 +800,16 @@ impl Config {
             },
             retention_bytes: self.retention_bytes() as u64,
             retention_ms: self.retention_ms,
+        }
+    }
+
+    /// What the stream catalog applies: the capacity and the defaults.
+    pub fn catalog_limits(&self) -> crate::stream::CatalogLimits {
+        crate::stream::CatalogLimits {
+            partitions_max: self.partitions_max,
+            retention_bytes: self.retention_bytes() as u64,
+            retention_ms: self.retention_ms,
+            segment_bytes: self.segment_bytes() as u64,
         }
     }
 
@@ -701,7 +838,7 @@ impl Config {
 
     /// Frames each mesh channel holds: every credited batch plus control.
     pub fn mesh_channel_frames(&self) -> usize {
-        self.credit_window_batches + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
+        self.credit_window_batches() + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
     }
 
     /// The partition-log term of the memory formula: all of retention in
@@ -709,7 +846,7 @@ impl Config {
     /// and the write buffers (what waits for an fdatasync, and a second
     /// copy of what credits let in flight), but not the files.
     pub fn partition_log_bytes(&self) -> usize {
-        let partitions = self.partitions as usize;
+        let partitions = self.partitions_max as usize;
         match self.storage {
             Storage::Memory => partitions * (self.retention_bytes() + self.segment_bytes()),
             Storage::Disk => {
@@ -718,7 +855,7 @@ impl Config {
                 let per_partition = self.tail_cache_bytes + self.tail_cache_segment_bytes() + index_bytes + 4 * KIB;
                 partitions * per_partition
                     + shards * self.fsync_pending_bytes_max
-                    + shards * shards * self.credit_window_bytes
+                    + shards * shards * self.credit_window_bytes()
             }
         }
     }
@@ -726,14 +863,20 @@ impl Config {
     /// The peak-memory formula for this configuration.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
-        let partitions = self.partitions as usize;
+        let partitions = self.partitions_max as usize;
         let connections = shards * self.connections_per_shard_max;
-        let per_connection =
-            self.read_buffer_bytes + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        let per_connection = self.read_buffer_bytes
+            + REPLY_BUFFER_BYTES_MAX
+            + REPLY_LINE_SIZE_MAX
+            + CONNECTION_STATE_BYTES
+            + self.parser_scratch_bytes_max();
         let connection_buffers =
             connections * per_connection + shards * REFUSALS_IN_FLIGHT_MAX * CONNECTION_STATE_BYTES;
-        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes);
-        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes);
+        // A long line may also grow a JSON or ILP parser's scratch to its
+        // size, for that line only.
+        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes)
+            + connections * self.line_size_max.saturating_sub(self.parser_scratch_bytes_max());
+        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes());
         let retention = self.partition_log_bytes();
         let per_subscriber =
             (shards + 1) * self.fetch_bytes_max + partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES;
@@ -767,7 +910,7 @@ impl Config {
         let admin = ADMIN_CONNECTIONS_MAX + 1;
         let fixed = shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED;
         let files = match self.storage {
-            Storage::Disk => self.partitions as usize + subscribers * shards,
+            Storage::Disk => self.partitions_max as usize + subscribers * shards,
             Storage::Memory => 0,
         };
         let reserved = self.fds_reserved;
@@ -797,14 +940,26 @@ mod tests {
         let config = parse(&["--shards", "2"]);
         config.validate().unwrap();
         let bound = config.memory_bound();
-        assert_eq!(bound.retention, 256 * (1024 * MIB / 8192 + MIB + MIB / 4 + 4 * KIB) + 2 * 32 * MIB + 4 * 4 * MIB);
+        // Bounded by --partitions-max (1024): streams can be created up to it.
+        assert_eq!(
+            bound.retention,
+            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB) + 2 * 32 * MIB + 4 * 16 * MIB
+        );
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
-        assert_eq!(memory.memory_bound().retention, 256 * 9 * MIB);
-        assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 4 * MIB));
-        let per_connection = 256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES;
+        assert_eq!(memory.memory_bound().retention, 1024 * 9 * MIB);
+        // On disk each owner has 32 MiB in flight, 16 MiB from each of 2
+        // sources; in memory 4 MiB per pair.
+        assert_eq!((config.credit_window_bytes(), config.credit_window_batches()), (16 * MIB, 256));
+        assert_eq!(bound.batches_and_credits, 4 * (64 * KIB + 16 * MIB));
+        assert_eq!((memory.credit_window_bytes(), memory.credit_window_batches()), (4 * MIB, 64));
+        assert_eq!(memory.memory_bound().batches_and_credits, 4 * (64 * KIB + 4 * MIB));
+        let many = parse(&["--shards", "16"]);
+        assert_eq!(many.credit_window_bytes(), 4 * MIB, "never below the memory default");
+        let per_connection =
+            256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES + 2 * KIB;
         assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
-        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 256 * 64 + SUBSCRIBER_STATE_BYTES));
-        assert_eq!(bound.admin, 16 * (32 * KIB + 256 * 256 + 2 * 16 * KIB));
+        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 1024 * 64 + SUBSCRIBER_STATE_BYTES));
+        assert_eq!(bound.admin, 16 * (32 * KIB + 1024 * 256 + 2 * 16 * KIB));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);
         assert!(bound.total_worst_case > bound.total);
         let terms = [
@@ -826,7 +981,7 @@ mod tests {
         let config = parse(&["--shards", "2", "--connections-per-shard-max", "100", "--fds-reserved", "7"]);
         let budget = config.fd_budget();
         assert_eq!((budget.connections, budget.subscribers, budget.reserved), (200, 128, 7));
-        let files = 256 + 128 * 2;
+        let files = 1024 + 128 * 2;
         assert_eq!(budget.files, files, "with disk storage: active segments and reads in flight");
         assert_eq!(
             budget.total,

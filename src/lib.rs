@@ -1,7 +1,8 @@
 //! spate: a thread-per-core, shared-nothing event stream engine.
 //!
-//! Producers send `KEY PAYLOAD\n` lines over TCP; each event is routed by a
-//! stable hash of its key to one of a fixed number of partitions, and every
+//! Producers send `KEY PAYLOAD\n` lines (or JSON lines, or the InfluxDB line
+//! protocol) over TCP to a named stream; each event is routed by a stable
+//! hash of its key to one of the stream's partitions, and every
 //! partition is owned by exactly one shard (one glommio executor on one
 //! core). Shards share nothing: events cross between them in batches over
 //! glommio's channel mesh, bounded by credits, so overload becomes TCP
@@ -26,7 +27,12 @@
 //! 7. `net` (private): what every face does around its protocol: process-wide
 //!    connection limits, accept through file-descriptor exhaustion, idle and
 //!    line timeouts, keepalive, the shutdown deadline.
-//! 8. `serve` and `admin` (private): start-up, shutdown, the HTTP admin port.
+//! 8. `serve` and `admin` (private): start-up, shutdown, the HTTP admin port
+//!    (and the stream catalog's `/streams`).
+//! 9. [`storage`] and [`stream`]: the bytes on disk (frames, segments,
+//!    indexes, recovery, the data directory) and the named streams a
+//!    partition belongs to. A shard's committer (`shard::commit`) writes and
+//!    syncs each partition's new frames before it returns the credits.
 //!
 //! ```
 //! use spate::protocol::{Line, parse_line, partition_of};
@@ -50,6 +56,8 @@ pub mod pub_client;
 mod serve;
 mod shard;
 pub mod storage;
+pub mod stream;
+pub mod stream_client;
 mod subscribe;
 
 pub use client::{SubArgs, SubError, run_sub};

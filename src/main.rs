@@ -21,6 +21,8 @@ enum Command {
     /// each rejected line as FILE:LINE on stderr.
     #[command(after_help = spate::pub_client::EXIT_STATUS_HELP)]
     Pub(spate::pub_client::PubArgs),
+    /// Create, list or delete named streams (through the admin port).
+    Stream(spate::stream_client::StreamArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
@@ -35,6 +37,7 @@ fn main() {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
         Command::Sub(args) => spate::run_sub(&args).map_err(|error| error.to_string()),
         Command::Pub(args) => std::process::exit(spate::pub_client::run_pub(&args)),
+        Command::Stream(args) => spate::stream_client::run_stream(&args),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())

@@ -23,7 +23,7 @@ fn bad_lines_are_rejected_and_good_ones_survive() {
     input.extend_from_slice(b"good 2\n"); // line 3
     input.extend_from_slice(b"nospace\n"); // line 4: key with empty payload (valid)
     input.extend_from_slice(b" leading-space\n"); // line 5: empty key
-    input.extend_from_slice(&[b'k'; 300]); // line 6: key too long
+    input.extend_from_slice(&[b'k'; 1100]); // line 6: key too long
     input.extend_from_slice(b" v\n");
     input.extend_from_slice(b"bin \x00\x01\xff\xfe\r\n"); // line 7: binary payload, CRLF
     input.extend_from_slice(b"\xc3\x28key \x7f\n"); // line 8: binary key
@@ -35,7 +35,7 @@ fn bad_lines_are_rejected_and_good_ones_survive() {
     assert_eq!(replies.len(), 5, "four errors and the SYNC: {replies:?}");
     assert!(replies[0].starts_with("ERR 2 line_too_long"), "{}", replies[0]);
     assert!(replies[1].starts_with("ERR 5 key_empty"), "{}", replies[1]);
-    assert!(replies[2].starts_with("ERR 6 key_too_long: key is 300 bytes, limit 255"), "{}", replies[2]);
+    assert!(replies[2].starts_with("ERR 6 key_too_long: key is 1100 bytes, limit 1024"), "{}", replies[2]);
     assert!(replies[3].starts_with("ERR 11 unknown_control"), "{}", replies[3]);
     assert_eq!(replies[4], "OK 13 SYNC t1");
 

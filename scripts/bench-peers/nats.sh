@@ -34,4 +34,8 @@ nats-server "${args[@]}" &
 BP_PIDS+=($!)
 bp_wait_port "$port" "${BP_PIDS[0]}"
 
-python3 "$here/nats_blast.py" "$mode" --port "$port" --events "$events" --payload-bytes "$S"
+peer=(--peer "nats-$mode")
+if [[ $mode == jetstream && ${JS_STORAGE:-memory} == file ]]; then
+  peer=(--peer nats-jetstream-file)  # JS_STORAGE=file: the stream is on disk (bench-compare --durable)
+fi
+python3 "$here/nats_blast.py" "$mode" --port "$port" --events "$events" --payload-bytes "$S" "${peer[@]}"

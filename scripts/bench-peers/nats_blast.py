@@ -22,6 +22,7 @@ Prints one `RESULT ...` line on stdout (see lib.sh); progress on stderr.
 """
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -153,7 +154,7 @@ def main():
         cfg = {
             "name": a.stream,
             "subjects": ["ev.>"],
-            "storage": "memory",
+            "storage": os.environ.get("JS_STORAGE", "memory"),
             "retention": "limits",
             "discard": "old",
             "num_replicas": 1,
@@ -166,7 +167,7 @@ def main():
         r = conn.request(f"$JS.API.STREAM.CREATE.{a.stream}", json.dumps(cfg).encode(), inbox())
         if "error" in r:
             raise SystemExit(f"stream create failed: {r['error']}")
-        log(f"created memory stream {a.stream} over ev.> (max_bytes={cfg['max_bytes']})")
+        log(f"created {cfg['storage']} stream {a.stream} over ev.> (max_bytes={cfg['max_bytes']})")
 
     log(f"{peer}: server {version}, sending {n} x {s}-byte PUBs in {a.write_bytes}-byte writes")
     t0, frame_len = blast(conn, n, s, a.write_bytes)
@@ -199,7 +200,7 @@ def main():
             time.sleep(a.poll_interval)
         stored = last_count
         dropped = n - stored
-        note = (f"nats-server {version}; memory stream over ev.>, plain PUB (no acks); "
+        note = (f"nats-server {version}; {os.environ.get('JS_STORAGE', 'memory')} stream over ev.>, plain PUB (no acks); "
                 f"sent {n}, stored {stored}" + (f", DROPPED {dropped}" if dropped else "")
                 + "; timed to STREAM.INFO count")
     log(f"client finished writing after {t_sent - t0:.3f}s; frame {frame_len} bytes")

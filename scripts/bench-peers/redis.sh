@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Peer: Redis Streams (Debian's Redis 7), XADD pipelined 64 deep over 4 connections.
 #
+# REDIS_AOF=everysec|always turns the append-only file on with that appendfsync (the durable
+# comparison of `bench-compare --durable`); unset, no persistence.
+#
 # Driven as DESIGN.md section 6 says:
 #   redis-server --save "" --appendonly no              (in memory, no persistence: like the
 #                                                          NATS memory stream, nothing hits disk)
@@ -24,7 +27,12 @@ bp_need redis-server redis-benchmark redis-cli python3
 n=${REDIS_N:-$N}
 port=$(bp_free_port)
 # --bind 127.0.0.1 only; --dir in our temp dir so even a stray dump lands there and is removed.
-redis-server --save "" --appendonly no --port "$port" --bind 127.0.0.1 \
+persistence=(--appendonly no)
+if [[ -n ${REDIS_AOF:-} ]]; then
+  persistence=(--appendonly yes --appendfsync "$REDIS_AOF")
+  bp_log "AOF on, appendfsync $REDIS_AOF"
+fi
+redis-server --save "" "${persistence[@]}" --port "$port" --bind 127.0.0.1 \
   --dir "$BP_TMP" --logfile "$BP_TMP/redis.log" --daemonize no &
 BP_PIDS+=($!)
 bp_wait_port "$port" "${BP_PIDS[0]}"
@@ -37,9 +45,10 @@ t1=$(date +%s.%N)
 xlen=$(redis-cli -p "$port" XLEN mystream)
 version=$(redis-cli -p "$port" INFO server | sed -n 's/^redis_version:\([^[:space:]]*\).*/\1/p')
 
-python3 - "$BP_TMP/bench.csv" "$n" "$xlen" "$t0" "$t1" "$version" <<'PY'
+peer=redis-streams${REDIS_AOF:+-aof-$REDIS_AOF}
+python3 - "$BP_TMP/bench.csv" "$n" "$xlen" "$t0" "$t1" "$version" "$peer" <<'PY'
 import csv, os, sys
-path, n, xlen, t0, t1, version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+path, n, xlen, t0, t1, version, peer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7]
 S = int(os.environ["S"])
 rows = [r for r in csv.reader(open(path)) if r and r[0] != "test"]
 if not rows:
@@ -53,6 +62,6 @@ if xlen < n:
 secs = n / rps
 note = (f"redis {version}; XADD -P 64 -c 4, value {S-4} B; XLEN={xlen}; "
         f"rate from redis-benchmark, wall incl. connect {t1-t0:.2f}s")
-print(f'RESULT peer=redis-streams events={n} seconds={secs:.3f} events_per_s={rps:.0f} '
+print(f'RESULT peer={peer} events={n} seconds={secs:.3f} events_per_s={rps:.0f} '
       f'mb_per_s={n*S/secs/1e6:.1f} note="{note}"')
 PY

@@ -26,6 +26,7 @@
 mod http;
 mod render;
 mod routes;
+mod streams;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -49,6 +50,9 @@ pub struct AdminState {
     pub started: Instant,
     /// The admin server's own counters (`/metrics`).
     pub counters: AdminCounters,
+    /// The stream catalog: the one copy that changes, held for the whole of
+    /// a create or delete, so they run one at a time.
+    pub catalog: tokio::sync::Mutex<crate::stream::Catalog>,
 }
 
 /// What the admin server counts about itself.
@@ -149,6 +153,15 @@ async fn ask_all<T>(
     state: &AdminState,
     make: impl Fn(flume::Sender<T>) -> ControlRequest,
 ) -> Result<Vec<T>, ShardUnavailable> {
+    ask_all_within(state, make, SHARD_REPLY_TIMEOUT).await
+}
+
+/// Like [`ask_all`], with a timeout per shard's answer.
+async fn ask_all_within<T>(
+    state: &AdminState,
+    make: impl Fn(flume::Sender<T>) -> ControlRequest,
+    timeout: Duration,
+) -> Result<Vec<T>, ShardUnavailable> {
     let replies: Vec<_> = state
         .controls
         .iter()
@@ -166,7 +179,7 @@ async fn ask_all<T>(
             Err(true) => return Err(ShardUnavailable::Timeout { shard }),
             Err(false) => return Err(ShardUnavailable::NotRunning { shard }),
         }
-        match tokio::time::timeout(SHARD_REPLY_TIMEOUT, receiver.recv_async()).await {
+        match tokio::time::timeout(timeout, receiver.recv_async()).await {
             Ok(Ok(answer)) => answers.push(answer),
             Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }),
             Err(_) => return Err(ShardUnavailable::Timeout { shard }),

@@ -102,6 +102,7 @@ fn lines_rejected(counters: &Counters) -> u64 {
         + counters.lines_rejected_key_too_long
         + counters.lines_rejected_line_too_long
         + counters.lines_rejected_unterminated
+        + counters.lines_rejected_unknown_stream
 }
 
 /// `/stats`: every shard's metrics and their totals.

@@ -7,7 +7,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::admin::{AdminState, collect_partitions, collect_stats, render};
+use crate::admin::{AdminState, collect_partitions, collect_stats, render, streams};
 use crate::config::ADMIN_BODY_BYTES_MAX;
 
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -17,7 +17,7 @@ const TEXT: &str = "text/plain";
 /// Answers one request.
 pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<Full<Bytes>> {
     let (parts, body) = request.into_parts();
-    let _body = match read_body(body).await {
+    let body = match read_body(body).await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -35,9 +35,21 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
             Ok(partitions) => respond(200, JSON, render::partitions_json(&partitions)),
             Err(error) => respond(503, TEXT, error.to_string()),
         },
-        (&Method::GET, "/") => respond(200, TEXT, "spate admin: GET /metrics, /stats, /partitions\n".to_string()),
-        (&Method::GET, _) => respond(404, TEXT, format!("not found: {path}\n")),
-        _ => respond(405, TEXT, "only GET is supported\n".to_string()),
+        (&Method::GET, "/streams") => stream_response(200, streams::list(state).await),
+        (&Method::POST, "/streams") => stream_response(201, streams::create(state, &body).await),
+        (&Method::DELETE, _) if path.starts_with("/streams/") => {
+            stream_response(200, streams::delete(state, &path["/streams/".len()..]).await)
+        }
+        (&Method::GET, "/") => respond(
+            200,
+            TEXT,
+            "spate admin: GET /metrics, /stats, /partitions, /streams; POST /streams; DELETE /streams/NAME\n"
+                .to_string(),
+        ),
+        (&Method::GET, _) | (&Method::POST, _) | (&Method::DELETE, _) => {
+            respond(404, TEXT, format!("not found: {path}\n"))
+        }
+        _ => respond(405, TEXT, "only GET, POST and DELETE are supported\n".to_string()),
     }
 }
 
@@ -50,6 +62,13 @@ async fn read_body(body: Incoming) -> Result<Bytes, Response<Full<Bytes>>> {
             Err(respond(413, TEXT, format!("request body over {ADMIN_BODY_BYTES_MAX} bytes\n")))
         }
         Err(error) => Err(respond(400, TEXT, format!("cannot read the request body: {error}\n"))),
+    }
+}
+
+fn stream_response(status: u16, result: Result<String, streams::Failure>) -> Response<Full<Bytes>> {
+    match result {
+        Ok(body) => respond(status, JSON, body),
+        Err(failure) => respond(failure.status, TEXT, failure.message),
     }
 }
 

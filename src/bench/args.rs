@@ -255,101 +255,25 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Checks the flags against their limits and returns the plan in the
+    /// units the code uses; the first bad flag is the error.
     pub fn from_args(args: &BenchArgs) -> Result<Plan, BenchError> {
-        let invalid =
-            |flag: &'static str, value: String, reason: &'static str| BenchError::Invalid { flag, value, reason };
-        if args.connections == 0 || args.connections > CONNECTION_COUNT_MAX {
-            return Err(invalid("--connections", args.connections.to_string(), "must be between 1 and 1024"));
-        }
         let subscriber = !args.no_subscriber;
-        if subscriber && args.payload_bytes < STAMP_WIDTH {
-            return Err(invalid(
-                "--payload-bytes",
-                args.payload_bytes.to_string(),
-                "must be at least 16 (the send-time stamp) unless --no-subscriber",
-            ));
-        }
-        if args.payload_bytes > PAYLOAD_BYTES_MAX {
-            return Err(invalid("--payload-bytes", args.payload_bytes.to_string(), "must be at most 65536"));
-        }
+        check_connections(args)?;
+        check_payload_bytes(args, subscriber)?;
         let sweep_rates = match &args.sweep {
             Some(rates) => Some(check_sweep(rates)?),
             None => None,
         };
-        let warmup_s = args.warmup_s.unwrap_or(if sweep_rates.is_some() { SWEEP_WARMUP_S_DEFAULT } else { 0.0 });
-        if !(warmup_s.is_finite() && (0.0..1e6).contains(&warmup_s)) {
-            return Err(invalid("--warmup-s", warmup_s.to_string(), "must be a number of seconds >= 0"));
-        }
-        let warmup = Duration::from_secs_f64(warmup_s);
-        let stop = match (args.events, args.duration_s) {
-            (Some(0), _) => return Err(invalid("--events", "0".into(), "must be at least 1")),
-            (Some(events), _) => Stop::Events(events),
-            (None, duration_s) => {
-                let default_s = if sweep_rates.is_some() { SWEEP_DURATION_S_DEFAULT } else { DURATION_S_DEFAULT };
-                let duration_s = duration_s.unwrap_or(default_s);
-                if !(duration_s.is_finite() && duration_s > 0.0 && duration_s < 1e6) {
-                    return Err(invalid("--duration-s", duration_s.to_string(), "must be a number of seconds > 0"));
-                }
-                // The warm-up comes first, then the measured --duration-s.
-                Stop::Duration(warmup + Duration::from_secs_f64(duration_s))
-            }
-        };
+        let warmup = check_warmup(args, sweep_rates.is_some())?;
+        let stop = check_stop(args, sweep_rates.is_some(), warmup)?;
         if args.target == Target::Nats {
-            if let Stop::Duration(duration) = stop
-                && duration.as_secs_f64() > NATS_RUN_S_MAX
-            {
-                return Err(invalid(
-                    "--duration-s",
-                    duration.as_secs_f64().to_string(),
-                    "a run against NATS must stay under 200 s (producers do not answer the server's PINGs)",
-                ));
-            }
-            if args.start_server {
-                return Err(invalid(
-                    "--start-server",
-                    "nats".into(),
-                    "spate bench starts only spate; start nats-server yourself",
-                ));
-            }
-            if subscriber && args.sub_from == SubFrom::Earliest {
-                return Err(invalid("--sub-from", "earliest".into(), "NATS core keeps no history: use latest"));
-            }
+            check_nats(args, stop, subscriber)?;
         }
-        if let Some(rate) = args.rate
-            && !(rate.is_finite() && rate >= 1.0)
-        {
-            return Err(invalid("--rate", rate.to_string(), "must be at least 1 event/s"));
-        }
-        if args.tick_us == 0 || args.tick_us > TICK_US_MAX {
-            return Err(invalid("--tick-us", args.tick_us.to_string(), "must be between 1 and 100000"));
-        }
-        if args.pacer_threads == 0 {
-            return Err(invalid("--pacer-threads", "0".into(), "must be at least 1"));
-        }
-        if args.write_bytes < 4096 || args.write_bytes > WRITE_BYTES_MAX {
-            return Err(invalid("--write-bytes", args.write_bytes.to_string(), "must be between 4 KiB and 64 MiB"));
-        }
-        if !(args.drain_timeout_s.is_finite() && args.drain_timeout_s >= 0.0 && args.drain_timeout_s < 1e6) {
-            return Err(invalid("--drain-timeout-s", args.drain_timeout_s.to_string(), "must be a number of seconds"));
-        }
-        if args.start_server && (args.server_shards == 0 || args.server_shards > crate::config::SHARD_COUNT_MAX) {
-            return Err(invalid("--server-shards", args.server_shards.to_string(), "must be between 1 and 256"));
-        }
-        let distribution = match args.key_dist {
-            KeyDist::Uniform => KeyDistribution::Uniform,
-            KeyDist::Zipf => KeyDistribution::Zipf { exponent: args.zipf_s },
-            KeyDist::Hotspot => {
-                if !(args.shift_every_s.is_finite() && args.shift_every_s > 0.0 && args.shift_every_s < 1e6) {
-                    return Err(invalid("--shift-every-s", args.shift_every_s.to_string(), "must be > 0"));
-                }
-                KeyDistribution::Hotspot {
-                    hot_key_count: args.hot_keys,
-                    hot_share: args.hot_share,
-                    shift_every_ns: (args.shift_every_s * 1e9) as u64,
-                }
-            }
-        };
-        let sampler = KeySampler::new(distribution, args.keys).map_err(BenchError::Keys)?;
+        check_sending(args)?;
+        check_drain_timeout(args)?;
+        check_server_shards(args)?;
+        let sampler = key_sampler(args)?;
         Ok(Plan {
             target: args.target,
             connection_count: args.connections,
@@ -387,6 +311,35 @@ impl Plan {
     }
 }
 
+/// The error for a flag whose `value` breaks `reason`.
+fn invalid(flag: &'static str, value: String, reason: &'static str) -> BenchError {
+    BenchError::Invalid { flag, value, reason }
+}
+
+/// Checks `--connections`.
+fn check_connections(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.connections == 0 || args.connections > CONNECTION_COUNT_MAX {
+        return Err(invalid("--connections", args.connections.to_string(), "must be between 1 and 1024"));
+    }
+    Ok(())
+}
+
+/// Checks `--payload-bytes`: room for the send-time stamp when a subscriber
+/// reads it, and far below the server's line limit.
+fn check_payload_bytes(args: &BenchArgs, subscriber: bool) -> Result<(), BenchError> {
+    if subscriber && args.payload_bytes < STAMP_WIDTH {
+        return Err(invalid(
+            "--payload-bytes",
+            args.payload_bytes.to_string(),
+            "must be at least 16 (the send-time stamp) unless --no-subscriber",
+        ));
+    }
+    if args.payload_bytes > PAYLOAD_BYTES_MAX {
+        return Err(invalid("--payload-bytes", args.payload_bytes.to_string(), "must be at most 65536"));
+    }
+    Ok(())
+}
+
 /// Checks the rates of `--sweep`.
 fn check_sweep(rates: &[f64]) -> Result<Vec<f64>, BenchError> {
     let invalid = |value: String, reason| BenchError::Invalid { flag: "--sweep", value, reason };
@@ -397,6 +350,113 @@ fn check_sweep(rates: &[f64]) -> Result<Vec<f64>, BenchError> {
         return Err(invalid(rate.to_string(), "every rate must be at least 1 event/s"));
     }
     Ok(rates.to_vec())
+}
+
+/// The warm-up: `--warmup-s`, else 1 s for a sweep and none for a single run.
+fn check_warmup(args: &BenchArgs, sweep: bool) -> Result<Duration, BenchError> {
+    let warmup_s = args.warmup_s.unwrap_or(if sweep { SWEEP_WARMUP_S_DEFAULT } else { 0.0 });
+    if !(warmup_s.is_finite() && (0.0..1e6).contains(&warmup_s)) {
+        return Err(invalid("--warmup-s", warmup_s.to_string(), "must be a number of seconds >= 0"));
+    }
+    Ok(Duration::from_secs_f64(warmup_s))
+}
+
+/// When the producers stop: after `--events`, else after the warm-up plus
+/// `--duration-s` (default 10 s, or 5 s per sweep point).
+fn check_stop(args: &BenchArgs, sweep: bool, warmup: Duration) -> Result<Stop, BenchError> {
+    match (args.events, args.duration_s) {
+        (Some(0), _) => Err(invalid("--events", "0".into(), "must be at least 1")),
+        (Some(events), _) => Ok(Stop::Events(events)),
+        (None, duration_s) => {
+            let default_s = if sweep { SWEEP_DURATION_S_DEFAULT } else { DURATION_S_DEFAULT };
+            let duration_s = duration_s.unwrap_or(default_s);
+            if !(duration_s.is_finite() && duration_s > 0.0 && duration_s < 1e6) {
+                return Err(invalid("--duration-s", duration_s.to_string(), "must be a number of seconds > 0"));
+            }
+            // The warm-up comes first, then the measured --duration-s.
+            Ok(Stop::Duration(warmup + Duration::from_secs_f64(duration_s)))
+        }
+    }
+}
+
+/// What a run against NATS cannot do: run long (see [`NATS_RUN_S_MAX`]),
+/// start the server, or replay history.
+fn check_nats(args: &BenchArgs, stop: Stop, subscriber: bool) -> Result<(), BenchError> {
+    if let Stop::Duration(duration) = stop
+        && duration.as_secs_f64() > NATS_RUN_S_MAX
+    {
+        return Err(invalid(
+            "--duration-s",
+            duration.as_secs_f64().to_string(),
+            "a run against NATS must stay under 200 s (producers do not answer the server's PINGs)",
+        ));
+    }
+    if args.start_server {
+        return Err(invalid(
+            "--start-server",
+            "nats".into(),
+            "spate bench starts only spate; start nats-server yourself",
+        ));
+    }
+    if subscriber && args.sub_from == SubFrom::Earliest {
+        return Err(invalid("--sub-from", "earliest".into(), "NATS core keeps no history: use latest"));
+    }
+    Ok(())
+}
+
+/// Checks how the producers send: `--rate`, `--tick-us`, `--pacer-threads`
+/// and `--write-bytes`.
+fn check_sending(args: &BenchArgs) -> Result<(), BenchError> {
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && rate >= 1.0)
+    {
+        return Err(invalid("--rate", rate.to_string(), "must be at least 1 event/s"));
+    }
+    if args.tick_us == 0 || args.tick_us > TICK_US_MAX {
+        return Err(invalid("--tick-us", args.tick_us.to_string(), "must be between 1 and 100000"));
+    }
+    if args.pacer_threads == 0 {
+        return Err(invalid("--pacer-threads", "0".into(), "must be at least 1"));
+    }
+    if args.write_bytes < 4096 || args.write_bytes > WRITE_BYTES_MAX {
+        return Err(invalid("--write-bytes", args.write_bytes.to_string(), "must be between 4 KiB and 64 MiB"));
+    }
+    Ok(())
+}
+
+/// Checks `--drain-timeout-s`.
+fn check_drain_timeout(args: &BenchArgs) -> Result<(), BenchError> {
+    if !(args.drain_timeout_s.is_finite() && args.drain_timeout_s >= 0.0 && args.drain_timeout_s < 1e6) {
+        return Err(invalid("--drain-timeout-s", args.drain_timeout_s.to_string(), "must be a number of seconds"));
+    }
+    Ok(())
+}
+
+/// Checks `--server-shards` when the bench starts the server.
+fn check_server_shards(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.start_server && (args.server_shards == 0 || args.server_shards > crate::config::SHARD_COUNT_MAX) {
+        return Err(invalid("--server-shards", args.server_shards.to_string(), "must be between 1 and 256"));
+    }
+    Ok(())
+}
+
+/// The key sampler of `--key-dist` and its parameters, over `--keys` keys.
+fn key_sampler(args: &BenchArgs) -> Result<KeySampler, BenchError> {
+    let distribution = match args.key_dist {
+        KeyDist::Uniform => KeyDistribution::Uniform,
+        KeyDist::Zipf => KeyDistribution::Zipf { exponent: args.zipf_s },
+        KeyDist::Hotspot => {
+            if !(args.shift_every_s.is_finite() && args.shift_every_s > 0.0 && args.shift_every_s < 1e6) {
+                return Err(invalid("--shift-every-s", args.shift_every_s.to_string(), "must be > 0"));
+            }
+            KeyDistribution::Hotspot {
+                hot_key_count: args.hot_keys,
+                hot_share: args.hot_share,
+                shift_every_ns: (args.shift_every_s * 1e9) as u64,
+            }
+        }
+    };
+    KeySampler::new(distribution, args.keys).map_err(BenchError::Keys)
 }
 
 // Bench keys must be valid protocol keys.

@@ -64,8 +64,8 @@ mod sweep;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -404,15 +404,7 @@ fn drive(
     clock: BenchClock,
     subscriber: Option<SubscriberThread>,
 ) -> Result<Measured, BenchError> {
-    let shared = Arc::new(Shared {
-        clock,
-        ready_barrier: Barrier::new(plan.producer_thread_count() + 1),
-        start_barrier: Barrier::new(plan.producer_thread_count() + 1),
-        start_ns: AtomicU64::new(0),
-        abort: AtomicBool::new(false),
-        events_sent: AtomicU64::new(0),
-        line_bytes_sent: AtomicU64::new(0),
-    });
+    let shared = Arc::new(Shared::new(clock, plan.producer_thread_count()));
     let producers = spawn_producers(plan, session, layout, &shared)?;
     let warmup_ns = u64::try_from(plan.warmup.as_nanos()).unwrap_or(u64::MAX);
     shared.ready_barrier.wait();
@@ -443,12 +435,7 @@ fn drive(
     let mark_end = CpuMark::take(session, &shared);
     let events_sent = mark_end.events_sent;
     let subscriber = match subscriber {
-        Some((subscriber_shared, handle)) => {
-            subscriber_shared.events_expected.store(events_sent, Ordering::SeqCst);
-            wait_drained(&subscriber_shared, events_sent, plan.drain_timeout);
-            subscriber_shared.stop.store(true, Ordering::SeqCst);
-            Some(join(handle)??)
-        }
+        Some(subscriber) => Some(finish_subscriber(subscriber, events_sent, plan.drain_timeout)?),
         None => None,
     };
     sampler_stop.store(true, Ordering::SeqCst);
@@ -462,6 +449,19 @@ fn drive(
 }
 
 type SubscriberThread = (Arc<SubscriberShared>, (String, JoinHandle<Result<SubscriberOutcome, BenchError>>));
+
+/// Tells the subscriber how many events were sent, waits until it has them
+/// (see [`wait_drained`]), stops it and returns what it measured.
+fn finish_subscriber(
+    (shared, handle): SubscriberThread,
+    events_sent: u64,
+    drain_timeout: Duration,
+) -> Result<SubscriberOutcome, BenchError> {
+    shared.events_expected.store(events_sent, Ordering::SeqCst);
+    wait_drained(&shared, events_sent, drain_timeout);
+    shared.stop.store(true, Ordering::SeqCst);
+    join(handle)?
+}
 
 /// Subscribes and waits until the server has the subscription, so that it
 /// sees every event sent afterwards: spate counts it in `/stats` (and

@@ -34,6 +34,9 @@ const TITLE_HEIGHT: u32 = 60;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// A chart with log scales on both axes.
+type LogChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
 /// Fills the plot white, writes a title and a smaller subtitle line (SVG
 /// text has no line breaks) and returns the area below them.
 fn titled<'a>(root: &Area<'a>, title: &str, subtitle: &str) -> Result<Area<'a>, String> {
@@ -256,12 +259,25 @@ fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<()
     let body = titled(&root, "end-to-end latency and server CPU against offered rate (open loop)", subtitle)?;
     let split_at = (f64::from(body.dim_in_pixel().1) * LATENCY_PANEL_SHARE) as u32;
     let (top, bottom) = body.split_vertically(split_at);
-    let mut chart = ChartBuilder::on(&top)
+    draw_sweep_latency(&top, sweeps, x_range.clone(), y_range)?;
+    draw_sweep_cpu(&bottom, sweeps, x_range)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The upper panel: latency percentiles against offered rate, with the goals
+/// and a legend.
+fn draw_sweep_latency(
+    area: &Area<'_>,
+    sweeps: &[SweepSummary],
+    x_range: std::ops::Range<f64>,
+    y_range: std::ops::Range<f64>,
+) -> Result<(), String> {
+    let mut chart = ChartBuilder::on(area)
         .margin(20)
         .margin_right(40)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d(x_range.clone().log_scale(), y_range.clone().log_scale())
+        .build_cartesian_2d(x_range.clone().log_scale(), y_range.log_scale())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
@@ -273,6 +289,22 @@ fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<()
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(|e| e.to_string())?;
+    draw_latency_goals(&mut chart, &x_range)?;
+    for (sweep_index, sweep) in sweeps.iter().enumerate() {
+        draw_sweep_percentiles(&mut chart, sweeps.len(), sweep_index, sweep)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
+/// The p99 and p99.9 goals as labelled dashed lines across the rate axis.
+fn draw_latency_goals(chart: &mut LogChart<'_, '_>, x_range: &std::ops::Range<f64>) -> Result<(), String> {
     for (goal_us, name) in [(GOAL_P99_US, "p99 goal 1 ms"), (GOAL_P999_US, "p99.9 goal 5 ms")] {
         let line = [(x_range.start, goal_us), (x_range.end, goal_us)];
         chart
@@ -285,40 +317,40 @@ fn draw_sweep(path: &Path, sweeps: &[SweepSummary], subtitle: &str) -> Result<()
         );
         chart.draw_series(std::iter::once(label)).map_err(|e| e.to_string())?;
     }
-    for (sweep_index, sweep) in sweeps.iter().enumerate() {
-        for (percentile_index, &(name, pick, width, dashed)) in SWEEP_PERCENTILES.iter().enumerate() {
-            let colour = sweep_colour(sweeps.len(), sweep_index, percentile_index);
-            let style = colour.stroke_width(width);
-            let line: Vec<(f64, f64)> = sweep
-                .points
-                .iter()
-                .filter_map(|point| point.latency_us.map(|latency| (point.rate_offered_per_s, pick(&latency))))
-                .filter(|(_, us)| *us > 0.0)
-                .collect();
-            let label = format!("{} {name}", sweep.label);
-            let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], style);
-            if dashed {
-                chart.draw_series(DashedLineSeries::new(line.clone(), 6, 4, style)).map_err(|e| e.to_string())?;
-            } else {
-                chart.draw_series(LineSeries::new(line.clone(), style)).map_err(|e| e.to_string())?;
-            }
-            chart
-                .draw_series(line.into_iter().map(|point| Circle::new(point, 3, colour.filled())))
-                .map_err(|e| e.to_string())?
-                .label(label)
-                .legend(legend);
+    Ok(())
+}
+
+/// One sweep's [`SWEEP_PERCENTILES`], each a line with a dot per point and
+/// a legend entry; `sweep_index` of `sweep_count` picks the colours.
+fn draw_sweep_percentiles(
+    chart: &mut LogChart<'_, '_>,
+    sweep_count: usize,
+    sweep_index: usize,
+    sweep: &SweepSummary,
+) -> Result<(), String> {
+    for (percentile_index, &(name, pick, width, dashed)) in SWEEP_PERCENTILES.iter().enumerate() {
+        let colour = sweep_colour(sweep_count, sweep_index, percentile_index);
+        let style = colour.stroke_width(width);
+        let line: Vec<(f64, f64)> = sweep
+            .points
+            .iter()
+            .filter_map(|point| point.latency_us.map(|latency| (point.rate_offered_per_s, pick(&latency))))
+            .filter(|(_, us)| *us > 0.0)
+            .collect();
+        let label = format!("{} {name}", sweep.label);
+        let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], style);
+        if dashed {
+            chart.draw_series(DashedLineSeries::new(line.clone(), 6, 4, style)).map_err(|e| e.to_string())?;
+        } else {
+            chart.draw_series(LineSeries::new(line.clone(), style)).map_err(|e| e.to_string())?;
         }
+        chart
+            .draw_series(line.into_iter().map(|point| Circle::new(point, 3, colour.filled())))
+            .map_err(|e| e.to_string())?
+            .label(label)
+            .legend(legend);
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(|e| e.to_string())?;
-    draw_sweep_cpu(&bottom, sweeps, x_range)?;
-    root.present().map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// The lower panel: server CPU µs per event against offered rate.

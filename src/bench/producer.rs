@@ -251,6 +251,22 @@ pub struct Shared {
     pub line_bytes_sent: AtomicU64,
 }
 
+impl Shared {
+    /// Shared state for `producer_thread_count` producer threads; the
+    /// barriers also wait for the main thread.
+    pub fn new(clock: BenchClock, producer_thread_count: usize) -> Shared {
+        Shared {
+            clock,
+            ready_barrier: Barrier::new(producer_thread_count + 1),
+            start_barrier: Barrier::new(producer_thread_count + 1),
+            start_ns: AtomicU64::new(0),
+            abort: AtomicBool::new(false),
+            events_sent: AtomicU64::new(0),
+            line_bytes_sent: AtomicU64::new(0),
+        }
+    }
+}
+
 /// What one connection does.
 pub struct ProducerTask {
     pub index: usize,

@@ -359,10 +359,23 @@ pub fn render_run_info(run: &RunInfo) -> String {
 /// The final table.
 pub fn render_report(report: &Report) -> String {
     let mut out = String::new();
-    let row = |out: &mut String, name: &str, value: String| {
-        let _ = writeln!(out, "  {name:<22} {value}");
-    };
     out.push_str("result\n");
+    render_throughput(&mut out, report);
+    render_latency(&mut out, report);
+    render_subscriber(&mut out, report);
+    render_shards(&mut out, report);
+    render_counts(&mut out, report);
+    render_cpu(&mut out, report);
+    out
+}
+
+/// One row of the table: a name column, then the value.
+fn row(out: &mut String, name: &str, value: String) {
+    let _ = writeln!(out, "  {name:<22} {value}");
+}
+
+/// Events (checked against the server's count), seconds, events/s and MB/s.
+fn render_throughput(out: &mut String, report: &Report) {
     let events = match report.events_stored_delta {
         Some(stored) => {
             let confirm = if stored == report.events { "matches" } else { "DIFFERS" };
@@ -370,14 +383,18 @@ pub fn render_report(report: &Report) -> String {
         }
         None => format!("{} (answered PING with PONG; NATS stores nothing)", format_count(report.events)),
     };
-    row(&mut out, "events", events);
-    row(&mut out, "seconds", format!("{:.3} (first byte to last SYNC OK)", report.seconds));
-    row(&mut out, "events/s", format_count(report.events_per_s.round() as u64));
-    row(&mut out, "MB/s", format!("{:.1} payload, {:.1} line", report.mb_per_s, report.line_mb_per_s));
+    row(out, "events", events);
+    row(out, "seconds", format!("{:.3} (first byte to last SYNC OK)", report.seconds));
+    row(out, "events/s", format_count(report.events_per_s.round() as u64));
+    row(out, "MB/s", format!("{:.1} payload, {:.1} line", report.mb_per_s, report.line_mb_per_s));
+}
+
+/// Latency percentiles, what they mean, and the worst second.
+fn render_latency(out: &mut String, report: &Report) {
     match &report.latency_us {
         Some(latency) => {
             row(
-                &mut out,
+                out,
                 "latency µs",
                 format!(
                     "p50 {:.0}  p90 {:.0}  p99 {:.0}  p999 {:.0}  max {:.0}  (mean {:.0}, n {})",
@@ -391,14 +408,14 @@ pub fn render_report(report: &Report) -> String {
                 ),
             );
         }
-        None => row(&mut out, "latency µs", "not measured (no subscriber)".into()),
+        None => row(out, "latency µs", "not measured (no subscriber)".into()),
     }
     if let Some(note) = report.latency_note {
-        row(&mut out, "", format!("({note})"));
+        row(out, "", format!("({note})"));
     }
     if let Some(worst) = SecondLatency::worst(&report.latency_by_second) {
         row(
-            &mut out,
+            out,
             "worst second",
             format!(
                 "p99 {:.0} µs, max {:.0} µs in second {} of {} (by intended send time after the warm-up)",
@@ -409,30 +426,41 @@ pub fn render_report(report: &Report) -> String {
             ),
         );
     }
-    if let Some(subscriber) = &report.subscriber {
-        row(
-            &mut out,
-            "subscriber",
-            format!(
-                "received {} in {:.3} s ({}/s), missing {}, foreign lines {}, TRUNCATED notices {} ({} events skipped)",
-                format_count(subscriber.events_received),
-                subscriber.seconds,
-                format_rate(subscriber.events_per_s),
-                format_count(subscriber.events_missing),
-                format_count(subscriber.foreign_lines),
-                subscriber.truncated_notices,
-                format_count(subscriber.events_truncated)
-            ),
-        );
-    }
-    render_shards(&mut out, report);
-    row(&mut out, "writes", format!("{} ({:.0} bytes each)", format_count(report.writes), report.bytes_per_write));
+}
+
+/// What the subscriber received, missed and was told was truncated.
+fn render_subscriber(out: &mut String, report: &Report) {
+    let Some(subscriber) = &report.subscriber else { return };
+    row(
+        out,
+        "subscriber",
+        format!(
+            "received {} in {:.3} s ({}/s), missing {}, foreign lines {}, TRUNCATED notices {} ({} events skipped)",
+            format_count(subscriber.events_received),
+            subscriber.seconds,
+            format_rate(subscriber.events_per_s),
+            format_count(subscriber.events_missing),
+            format_count(subscriber.foreign_lines),
+            subscriber.truncated_notices,
+            format_count(subscriber.events_truncated)
+        ),
+    );
+}
+
+/// Producer writes, partition migrations (spate only) and `ERR` lines (only
+/// if there were any).
+fn render_counts(out: &mut String, report: &Report) {
+    row(out, "writes", format!("{} ({:.0} bytes each)", format_count(report.writes), report.bytes_per_write));
     if let Some(migrations) = report.migrations_completed {
-        row(&mut out, "migrations", format!("{migrations} partitions moved during the run"));
+        row(out, "migrations", format!("{migrations} partitions moved during the run"));
     }
     if report.error_lines > 0 {
-        row(&mut out, "ERR lines", report.error_lines.to_string());
+        row(out, "ERR lines", report.error_lines.to_string());
     }
+}
+
+/// CPU of the server and of the bench over the measured window.
+fn render_cpu(out: &mut String, report: &Report) {
     let cpu = &report.cpu;
     let server_cpu = match (cpu.server_cpu_s, cpu.server_ns_per_event, cpu.server_cores) {
         (Some(seconds), Some(per_event), Some(cores)) => {
@@ -441,7 +469,7 @@ pub fn render_report(report: &Report) -> String {
         _ => "server not measured".into(),
     };
     row(
-        &mut out,
+        out,
         "cpu",
         format!(
             "{server_cpu}, bench {:.2} s ({:.0} ns/event, {:.2} cores), over {:.3} s and {} events{}",
@@ -453,7 +481,6 @@ pub fn render_report(report: &Report) -> String {
             if report.run.warmup_s > 0.0 { " after the warm-up" } else { "" }
         ),
     );
-    out
 }
 
 /// Per-shard rows (spate only: NATS has no `/stats`).
@@ -461,9 +488,6 @@ fn render_shards(out: &mut String, report: &Report) {
     if report.per_shard.is_empty() {
         return;
     }
-    let row = |out: &mut String, name: &str, value: String| {
-        let _ = writeln!(out, "  {name:<22} {value}");
-    };
     let _ = writeln!(
         out,
         "  {:<6} {:>14} {:>14} {:>7} {:>9} {:>9}",

@@ -60,6 +60,13 @@ impl ServerProcess {
         {
             args.extend([flag.to_string(), addr.clone()]);
         }
+        // The other ingest listeners are off unless asked for: their default
+        // ports would collide between servers started side by side.
+        for flag in ["--ingest-json", "--ingest-ilp"] {
+            if !extra_args.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}="))) {
+                args.extend([flag.to_string(), "off".to_string()]);
+            }
+        }
         args.extend(extra_args.iter().cloned());
         let data_dir = std::env::temp_dir().join(format!("spate-bench-data-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data_dir);

@@ -1,5 +1,20 @@
-//! The ingest face: TCP connections carrying the line protocol
-//! ([`crate::protocol::line`]).
+//! The ingest face: TCP connections carrying events in one of three
+//! formats, one listener each ([`Format`]): `KEY PAYLOAD` lines
+//! ([`crate::protocol::line`], `--ingest`), JSON lines
+//! ([`crate::protocol::json`], `--ingest-json`: the key from `--json-key`,
+//! the line as the payload) and the InfluxDB line protocol
+//! ([`crate::protocol::ilp`], `--ingest-ilp`: the series as the key, the line
+//! as the payload). Everything below is the same for all three: control
+//! lines (`#SYNC`, `#PING`, `#STREAM`), `ERR` replies, credits, limits and
+//! timeouts; each format's events go through [`crate::shard::source::route`].
+//! Keys longer than `--key-size-max` are rejected in every format.
+//!
+//! ILP clients do not read replies. On an ILP connection a batch of replies
+//! is written only if the socket's send buffer has room for all of it, and
+//! is otherwise dropped and counted (`spate_replies_dropped_total`): a
+//! client that never reads cannot stall its own ingest, and no reply line is
+//! ever torn. The other formats' replies are written in full (a producer
+//! that never reads them is pushed back, like one that never drains).
 //!
 //! Every shard accepts on the ingest port (the kernel spreads connections
 //! with `SO_REUSEPORT`). A connection task reads large chunks into its
@@ -42,20 +57,126 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::config::{REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX};
 use crate::net::accept::Acceptor;
-use crate::net::socket::{set_keepalive, write_goodbye};
+use crate::net::socket::{send_space, set_keepalive, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
 use crate::protocol::control::{UnknownControl, write_err, write_ok};
-use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line};
+use crate::protocol::ilp::{IlpError, IlpLine, IlpScratch, parse_ilp_line};
+use crate::protocol::json::{JsonError, JsonLine, parse_json_line};
+use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line_with};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
 use crate::shard::source::Blocked;
+use crate::stream::{DEFAULT_STREAM, STREAM_NAME_SIZE_MAX, StreamRoute};
 
-/// Accepts ingest connections until shutdown, within the process-wide
-/// connection limit.
-pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {
+/// The format a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `KEY PAYLOAD` lines (`--ingest`).
+    Lines,
+    /// JSON lines (`--ingest-json`).
+    Json,
+    /// InfluxDB line protocol (`--ingest-ilp`).
+    Ilp,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Lines => "ingest",
+            Format::Json => "ingest-json",
+            Format::Ilp => "ingest-ilp",
+        }
+    }
+
+    /// The stream a new connection of this format starts on.
+    fn start_stream(self, config: &crate::config::Config) -> &[u8] {
+        match self {
+            Format::Lines => DEFAULT_STREAM.as_bytes(),
+            Format::Json => config.json_stream.as_bytes(),
+            Format::Ilp => config.ilp_stream.as_bytes(),
+        }
+    }
+}
+
+/// A connection's format and the buffers its parser reuses (they grow to
+/// the longest key or series seen, then parsing allocates nothing).
+struct Parser {
+    format: Format,
+    json_scratch: Vec<u8>,
+    ilp_scratch: IlpScratch,
+}
+
+/// Why a line was rejected, in any format.
+enum Rejection {
+    Line(LineError),
+    Json(JsonError),
+    Ilp(IlpError),
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::Line(error) => error.fmt(f),
+            Rejection::Json(error) => error.fmt(f),
+            Rejection::Ilp(error) => error.fmt(f),
+        }
+    }
+}
+
+impl Parser {
+    fn new(format: Format) -> Parser {
+        Parser { format, json_scratch: Vec::new(), ilp_scratch: IlpScratch::default() }
+    }
+
+    /// Parses one line into the line format's terms: an event (key and
+    /// payload), a control line or an empty line.
+    #[inline]
+    fn parse<'a>(&'a mut self, line: &'a [u8], config: &crate::config::Config) -> Result<Line<'a>, Rejection> {
+        // A long key or series may have grown a scratch buffer for one line:
+        // give it back rather than keep it for the connection's life.
+        let scratch_max = config.parser_scratch_bytes_max();
+        let parsed = match self.format {
+            Format::Lines => {
+                return parse_line_with(line, config.line_size_max, config.key_size_max).map_err(Rejection::Line);
+            }
+            Format::Json => {
+                if self.json_scratch.capacity() > scratch_max {
+                    self.json_scratch = Vec::new();
+                }
+                match parse_json_line(line, &config.json_key, &mut self.json_scratch) {
+                    Ok(JsonLine::Event { key, payload }) => Line::Event { key, payload },
+                    Ok(JsonLine::Control(text)) => Line::Control(text),
+                    Ok(JsonLine::Empty) => Line::Empty,
+                    Err(error) => return Err(Rejection::Json(error)),
+                }
+            }
+            Format::Ilp => {
+                if self.ilp_scratch.capacity_bytes() > scratch_max {
+                    self.ilp_scratch = IlpScratch::default();
+                }
+                match parse_ilp_line(line, &mut self.ilp_scratch) {
+                    Ok(IlpLine::Point(point)) => Line::Event { key: point.series_key(), payload: point.payload() },
+                    Ok(IlpLine::Control(text)) => Line::Control(text),
+                    Ok(IlpLine::Empty) => Line::Empty,
+                    Err(error) => return Err(Rejection::Ilp(error)),
+                }
+            }
+        };
+        match parsed {
+            Line::Event { key, .. } if key.len() > config.key_size_max => {
+                Err(Rejection::Line(LineError::KeyTooLong { key_size: key.len(), key_size_max: config.key_size_max }))
+            }
+            parsed => Ok(parsed),
+        }
+    }
+}
+
+/// Accepts connections of `format` until shutdown, within the process-wide
+/// ingest connection limit (shared by all formats).
+pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener, format: Format) {
     let metrics = &shard.metrics;
-    let mut acceptor = Acceptor::new(listener, "ingest", shard.id, &shard.lifecycle, &net.connections, metrics);
+    let mut acceptor = Acceptor::new(listener, format.name(), shard.id, &shard.lifecycle, &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without keepalive still works.
         let _ = set_keepalive(&stream);
@@ -71,7 +192,7 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
         let connection = net.connections.register(Face::Ingest);
         let shard = shard.clone();
         glommio::spawn_local(async move {
-            run_connection(&shard, stream, &connection).await;
+            run_connection(&shard, stream, &connection, format).await;
             drop((connection, slot));
             shard.lifecycle.connection_closed();
         })
@@ -81,10 +202,10 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
 
 /// Serves one connection until it ends or the server closes it (a timeout,
 /// shedding, the shutdown deadline), telling the peer why when it can.
-async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection) {
+async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection, format: Format) {
     let config = &shard.config;
     let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
-    let served = serve_connection(shard, &mut stream, &mut lines, connection);
+    let served = serve_connection(shard, &mut stream, &mut lines, connection, format);
     let reason = match first(served, connection.close_requested()).await {
         Either::Left(_) => return,
         Either::Right(reason) => reason,
@@ -129,32 +250,31 @@ async fn serve_connection(
     stream: &mut TcpStream,
     lines: &mut LineBuffer,
     connection: &Connection,
+    format: Format,
 ) -> std::io::Result<()> {
     let mut replies = Vec::new();
-    // Owners this connection sent events to since its last #SYNC: a SYNC
-    // waits only for them, so a stalled shard does not hold up connections
-    // that never write to it.
-    let mut touched = vec![false; usize::from(shard.shard_count)];
+    let mut parser = Parser::new(format);
+    let mut target = Target::new(shard, format.start_stream(&shard.config));
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     loop {
         loop {
-            match process_buffered(shard, lines, &mut replies, &mut touched) {
+            match process_buffered(shard, lines, &mut replies, &mut target, &mut parser) {
                 Progress::NeedMore => break,
                 Progress::Blocked(blocked) => {
                     shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
                 Progress::Action(Action::Sync { line_number, token }) => {
-                    let owners = touched.iter().enumerate().filter(|(_, touched)| **touched);
+                    let owners = target.touched.iter().enumerate().filter(|(_, touched)| **touched);
                     let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
-                    touched.fill(false);
+                    target.touched.fill(false);
                     shard.source.sync_barrier(owners.into_iter()).await;
                     reserve_reply(&mut replies);
                     write_ok(&mut replies, line_number, b"SYNC", &token);
                 }
-                Progress::RepliesFull => write_replies(stream, &mut replies).await?,
+                Progress::RepliesFull => write_replies(shard, stream, &mut replies, format).await?,
             }
         }
-        write_replies(stream, &mut replies).await?;
+        write_replies(shard, stream, &mut replies, format).await?;
         // Parsing may have given a long line's buffer back.
         buffer_gauge.set(lines.capacity());
         if shard.lifecycle.is_shutting_down() {
@@ -216,13 +336,25 @@ async fn read_more(
     read
 }
 
-/// Writes the buffered replies; a buffer that grew past its retained size
-/// in a burst is given back.
-async fn write_replies(stream: &mut TcpStream, replies: &mut Vec<u8>) -> std::io::Result<()> {
+/// Writes the buffered replies (on ILP, only if they fit in the socket's
+/// send buffer now; else they are dropped and counted); a buffer that grew
+/// past its retained size in a burst is given back.
+async fn write_replies(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    replies: &mut Vec<u8>,
+    format: Format,
+) -> std::io::Result<()> {
     if replies.is_empty() {
         return Ok(());
     }
-    stream.write_all(replies).await?;
+    let fits = format != Format::Ilp || send_space(stream).is_none_or(|space| replies.len() <= space);
+    if fits {
+        stream.write_all(replies).await?;
+    } else {
+        let dropped = replies.iter().filter(|&&byte| byte == b'\n').count();
+        ShardMetrics::add(&shard.metrics.replies_dropped, dropped as u64);
+    }
     replies.clear();
     if replies.capacity() > REPLY_BUFFER_RETAINED_BYTES {
         *replies = Vec::new();
@@ -278,12 +410,48 @@ async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream
     Ok(())
 }
 
+/// Where a connection's events go: its stream (set by `#STREAM`), and the
+/// owners it sent to since its last `#SYNC` (a SYNC waits only for them, so
+/// a stalled shard does not hold up connections that never write to it).
+struct Target {
+    /// `None` after a `#STREAM` naming no active stream: event lines are
+    /// rejected (counted, one `ERR` at the `#STREAM` line) until the next
+    /// valid one.
+    stream: Option<StreamRoute>,
+    touched: Vec<bool>,
+}
+
+impl Target {
+    fn new(shard: &Shard, stream: &[u8]) -> Target {
+        let stream = shard.streams.borrow().route_for(stream);
+        Target { stream, touched: vec![false; usize::from(shard.shard_count)] }
+    }
+
+    /// The stream to route to now: a stream deleted since `#STREAM` is
+    /// unknown from here on (checked once per chunk).
+    fn check(&mut self, shard: &Shard) -> Option<StreamRoute> {
+        if let Some(stream) = self.stream
+            && !shard.streams.borrow().is_active(stream.id)
+        {
+            self.stream = None;
+        }
+        self.stream
+    }
+}
+
 /// Parses and routes every complete buffered line, holding the shard's
 /// placement and router borrowed for the whole chunk (one borrow per chunk,
 /// not per event).
-fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>, touched: &mut [bool]) -> Progress {
+fn process_buffered(
+    shard: &Shard,
+    lines: &mut LineBuffer,
+    replies: &mut Vec<u8>,
+    target: &mut Target,
+    parser: &mut Parser,
+) -> Progress {
     let config = &shard.config;
-    let mut route = shard.source.begin(&shard.placement, config.partitions);
+    let mut stream = target.check(shard);
+    let mut route = shard.source.begin(&shard.placement);
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
         if replies.len() + REPLY_LINE_SIZE_MAX > REPLY_BUFFER_BYTES_MAX {
@@ -293,16 +461,19 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
             Next::Line { line, line_number } => (line, line_number),
             Next::TooLong { line_number, line_size } => {
                 let error = LineError::LineTooLong { line_size, line_size_max: config.line_size_max };
-                reject(shard, replies, line_number, error);
+                reject(shard, replies, line_number, Rejection::Line(error));
                 continue;
             }
             Next::NeedMore => break Progress::NeedMore,
         };
         let line_size = line.len() as u64 + 1;
-        match parse_line(line, config.line_size_max) {
-            Ok(Line::Event { key, payload }) => match route.route_event(key, payload) {
+        match parser.parse(line, config) {
+            Ok(Line::Event { .. }) if stream.is_none() => {
+                ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+            }
+            Ok(Line::Event { key, payload }) => match route.route_event(stream.expect("checked"), key, payload) {
                 Ok(owner) => {
-                    touched[usize::from(owner)] = true;
+                    target.touched[usize::from(owner)] = true;
                     event_count += 1;
                     byte_count += line_size;
                 }
@@ -314,6 +485,11 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
             Ok(Line::Empty) => {}
             Ok(Line::Control(text)) => {
                 ShardMetrics::add(&shard.metrics.control_lines, 1);
+                if let Control::Stream { name } = parse_control(text) {
+                    switch_stream(shard, replies, line_number, name, target);
+                    stream = target.stream;
+                    continue;
+                }
                 if let Some(action) = control_line(shard, replies, line_number, text) {
                     break Progress::Action(action);
                 }
@@ -327,6 +503,19 @@ fn process_buffered(shard: &Shard, lines: &mut LineBuffer, replies: &mut Vec<u8>
     progress
 }
 
+/// `#STREAM name`: routes the lines after it to stream `name`, or, if no
+/// such stream is active, answers one `ERR unknown_stream` and rejects the
+/// event lines up to the next valid `#STREAM`.
+fn switch_stream(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, name: &[u8], target: &mut Target) {
+    target.stream = shard.streams.borrow().route_for(name);
+    if target.stream.is_none() {
+        ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+        reserve_reply(replies);
+        let shown = String::from_utf8_lossy(&name[..name.len().min(STREAM_NAME_SIZE_MAX + 1)]).into_owned();
+        write_err(replies, line_number, format!("unknown_stream: {shown}"));
+    }
+}
+
 /// Handles a control line; returns the ones the task must act on.
 fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Action> {
     reserve_reply(replies);
@@ -336,6 +525,8 @@ fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[
             write_ok(replies, line_number, b"PING", token);
             None
         }
+        // Handled by the caller, which owns the connection's target.
+        Control::Stream { .. } => None,
         Control::Unknown { command } => {
             ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
             write_err(replies, line_number, UnknownControl::new(command));
@@ -349,14 +540,17 @@ fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[
     }
 }
 
-fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, error: LineError) {
+fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, rejection: Rejection) {
     let metrics = &shard.metrics;
-    let counter = match error {
-        LineError::KeyEmpty => &metrics.lines_rejected_key_empty,
-        LineError::KeyTooLong { .. } => &metrics.lines_rejected_key_too_long,
-        LineError::LineTooLong { .. } => &metrics.lines_rejected_line_too_long,
+    let counter = match &rejection {
+        Rejection::Line(LineError::KeyEmpty) => &metrics.lines_rejected_key_empty,
+        Rejection::Line(LineError::KeyTooLong { .. }) => &metrics.lines_rejected_key_too_long,
+        Rejection::Line(LineError::LineTooLong { .. }) => &metrics.lines_rejected_line_too_long,
+        Rejection::Json(JsonError::Invalid { .. } | JsonError::TooDeep { .. }) => &metrics.lines_rejected_invalid_json,
+        Rejection::Json(_) => &metrics.lines_rejected_json_key,
+        Rejection::Ilp(_) => &metrics.lines_rejected_invalid_ilp,
     };
     ShardMetrics::add(counter, 1);
     reserve_reply(replies);
-    write_err(replies, line_number, error);
+    write_err(replies, line_number, rejection);
 }

@@ -43,6 +43,26 @@ pub fn set_keepalive(stream: &TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Bytes that can be written to `stream` now without blocking: its send
+/// buffer's size less what is queued in it (`SO_SNDBUF` and `TIOCOUTQ`).
+/// `None` if either is unknown.
+pub fn send_space(stream: &TcpStream) -> Option<usize> {
+    let fd = stream.as_raw_fd();
+    let mut size: libc::c_int = 0;
+    let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `length` bytes into `size`.
+    let got = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&raw mut size).cast(), &mut length) };
+    let mut queued: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one c_int.
+    let asked = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+    if got != 0 || asked != 0 {
+        return None;
+    }
+    // The kernel reports twice the size asked for (half is bookkeeping).
+    let usable = usize::try_from(size).ok()? / 2;
+    Some(usable.saturating_sub(usize::try_from(queued).ok()?))
+}
+
 /// Writes a last message, waiting at most [`GOODBYE_WRITE_TIMEOUT_MS`] for
 /// the peer's window, then closes the socket. Errors are the peer's problem.
 pub async fn say_goodbye(mut stream: TcpStream, message: &[u8]) {

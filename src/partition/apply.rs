@@ -41,6 +41,8 @@ pub struct Applied {
     pub stored: u64,
     /// Log record bytes appended.
     pub stored_bytes: u64,
+    /// Records of deleted streams' partitions, dropped.
+    pub discarded: u64,
 }
 
 /// A batch as the owner applies it: records, the markers behind them, and
@@ -72,6 +74,9 @@ pub fn apply_batch<B: Batch>(
         if let Some(bytes) = partitions.append(partition_id, &record) {
             applied.stored += 1;
             applied.stored_bytes += bytes;
+        } else if partitions.is_retired(partition_id) {
+            // In flight when its stream was deleted.
+            applied.discarded += 1;
         } else if let Some(pending) = migrations.pending_mut(partition_id) {
             pending.push(record.log_record);
             if !held_for.contains(&partition_id) {
@@ -99,7 +104,7 @@ pub fn install_handoff(
     mut partition: Box<Partition>,
     pending: PendingRecords,
 ) -> Applied {
-    let mut applied = Applied { stored: pending.count, stored_bytes: 0 };
+    let mut applied = Applied { stored: pending.count, stored_bytes: 0, discarded: 0 };
     let mut position = 0;
     while position < pending.bytes.len() {
         let record = decode_log_record(&pending.bytes[position..]).expect("pending holds whole records");

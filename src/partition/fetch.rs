@@ -10,7 +10,7 @@
 
 use crate::config::FETCH_BUFFER_BYTES_INITIAL_MAX;
 use crate::partition::PartitionManager;
-use crate::protocol::subscribe::{EVENT_LINE_OVERHEAD_MAX, write_event_line, write_truncated};
+use crate::protocol::subscribe::{event_line_size_max, write_event_line, write_truncated};
 
 /// Where a cursor stands before the owner has resolved it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,8 @@ pub struct FetchReply {
     /// Requested offsets past the end of their partition, with the
     /// partition's next offset (the subscriber is refused).
     pub out_of_range: Vec<(u32, u64)>,
+    /// Requested partitions whose stream was deleted (the subscription ends).
+    pub deleted: Vec<u32>,
 }
 
 /// Serves a fetch from the owner's logs. `None` means there is nothing to
@@ -76,11 +78,14 @@ pub fn serve_fetch(
         waiting: Vec::new(),
         disk_reads: Vec::new(),
         out_of_range: Vec::new(),
+        deleted: Vec::new(),
     };
     let mut resolved_any = false;
     for &(partition_id, position) in &request.cursors {
         let Some(partition) = partitions.get(partition_id) else {
-            if is_incoming(partition_id) {
+            if partitions.is_retired(partition_id) {
+                reply.deleted.push(partition_id);
+            } else if is_incoming(partition_id) {
                 reply.waiting.push(partition_id);
             } else {
                 reply.moved.push(partition_id);
@@ -94,13 +99,26 @@ pub fn serve_fetch(
             reply.out_of_range.push((partition_id, partition.log.next_offset()));
             continue;
         }
-        let offset = read_into(&mut reply, partition_id, &partition.log, position, request.bytes_max);
+        let ids = PartitionIds { global: partition_id, local: partition_id - partition.stream_base };
+        let offset = read_into(&mut reply, ids, &partition.log, position, request.bytes_max);
         reply.cursors.push((partition_id, offset));
     }
-    let has_news =
-        force || !reply.data.is_empty() || !reply.moved.is_empty() || !reply.disk_reads.is_empty() || resolved_any;
+    let has_news = force
+        || !reply.data.is_empty()
+        || !reply.moved.is_empty()
+        || !reply.disk_reads.is_empty()
+        || !reply.deleted.is_empty()
+        || resolved_any;
     debug_assert!(reply.out_of_range.is_empty() || has_news, "a refusal is news");
     has_news.then_some(reply)
+}
+
+/// A partition's global id (cursors, the engine) and its number in its
+/// stream (what a subscriber line says).
+#[derive(Debug, Clone, Copy)]
+struct PartitionIds {
+    global: u32,
+    local: u32,
 }
 
 /// Writes one partition's lines from `position` into the reply, within the
@@ -108,7 +126,7 @@ pub fn serve_fetch(
 /// stalls a reader); returns the cursor's new offset.
 fn read_into(
     reply: &mut FetchReply,
-    partition_id: u32,
+    ids: PartitionIds,
     log: &crate::partition::PartitionLog,
     position: Position,
     bytes_max: usize,
@@ -125,15 +143,15 @@ fn read_into(
         reply.data.reserve(bytes_max.min(FETCH_BUFFER_BYTES_INITIAL_MAX));
     }
     if offset < log.earliest_offset() {
-        write_truncated(&mut reply.data, partition_id, offset, log.earliest_offset());
+        write_truncated(&mut reply.data, ids.local, offset, log.earliest_offset());
         reply.truncation_count += 1;
         offset = log.earliest_offset();
     }
     if offset < log.cached_from() {
-        reply.disk_reads.push((partition_id, offset));
+        reply.disk_reads.push((ids.global, offset));
         return offset;
     }
-    let (next, written) = write_lines(&mut reply.data, partition_id, log, offset, bytes_max);
+    let (next, written) = write_lines(&mut reply.data, ids.local, log, offset, bytes_max);
     reply.event_count += written;
     next
 }
@@ -143,18 +161,18 @@ fn read_into(
 /// when there is one). Returns the next offset and the events written.
 pub fn write_lines(
     out: &mut Vec<u8>,
-    partition_id: u32,
+    local_partition: u32,
     log: &crate::partition::PartitionLog,
     offset: u64,
     bytes_max: usize,
 ) -> (u64, u64) {
     let mut written = 0u64;
     let next = log.read_cached(offset, |offset, record| {
-        let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+        let line_size = event_line_size_max(record.key, record.payload);
         if written > 0 && out.len() + line_size > bytes_max {
             return false;
         }
-        write_event_line(out, partition_id, offset, record.key, record.payload);
+        write_event_line(out, local_partition, offset, record.key, record.payload);
         written += 1;
         true
     });
@@ -168,7 +186,7 @@ pub fn write_lines(
 /// whole valid frame (the caller read a bounded chunk).
 pub fn write_lines_from_frames(
     out: &mut Vec<u8>,
-    partition_id: u32,
+    local_partition: u32,
     frames: &[u8],
     from_offset: u64,
     below: u64,
@@ -181,11 +199,11 @@ pub fn write_lines_from_frames(
             if record.offset < next {
                 continue;
             }
-            let line_size = record.key.len() + record.payload.len() + EVENT_LINE_OVERHEAD_MAX;
+            let line_size = event_line_size_max(record.key, record.payload);
             if record.offset != next || next >= below || (written > 0 && out.len() + line_size > bytes_max) {
                 return (next, written);
             }
-            write_event_line(out, partition_id, record.offset, record.key, record.payload);
+            write_event_line(out, local_partition, record.offset, record.key, record.payload);
             next += 1;
             written += 1;
         }

@@ -134,6 +134,13 @@ impl<G, P: Default> Migrations<G, P> {
         self.incoming.contains_key(&partition)
     }
 
+    /// Whether `partition` is moving into or out of this shard.
+    pub fn is_moving(&self, partition: u32) -> bool {
+        self.incoming.contains_key(&partition)
+            || self.outgoing.as_ref().is_some_and(|outgoing| outgoing.partition == partition)
+            || self.handing_off == Some(partition)
+    }
+
     /// The partition this shard is handing over, if any.
     pub fn outgoing_partition(&self) -> Option<u32> {
         self.outgoing.as_ref().map(|outgoing| outgoing.partition)

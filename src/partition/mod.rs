@@ -37,6 +37,9 @@ use crate::protocol::RecordRef;
 #[derive(Debug)]
 pub struct Partition {
     pub log: PartitionLog,
+    /// The global id of its stream's first partition: subscriber lines
+    /// carry `global - stream_base`, the partition's number in its stream.
+    pub stream_base: u32,
     pub events_total: u64,
     pub bytes_total: u64,
     /// Events/s and payload bytes/s, averaged over the balancer's half-life.
@@ -53,6 +56,7 @@ impl Partition {
     pub fn new(log: PartitionLog, rate_half_life_ms: u64) -> Partition {
         Partition {
             log,
+            stream_base: 0,
             events_total: 0,
             bytes_total: 0,
             events_rate: Ewma::new(rate_half_life_ms),
@@ -90,6 +94,7 @@ impl Partition {
 #[derive(Debug)]
 pub struct MovedPartition {
     memory: MemoryLog,
+    stream_base: u32,
     disk: Option<disk::MovedDisk>,
     events_total: u64,
     bytes_total: u64,
@@ -115,6 +120,7 @@ impl Partition {
         let disk = disk.map(|disk| disk.into_moved(active_index.expect("an index for the active segment")));
         MovedPartition {
             memory,
+            stream_base: self.stream_base,
             disk,
             events_total: self.events_total,
             bytes_total: self.bytes_total,
@@ -136,6 +142,7 @@ impl Partition {
         };
         Partition {
             log,
+            stream_base: moved.stream_base,
             events_total: moved.events_total,
             bytes_total: moved.bytes_total,
             events_rate: moved.events_rate,
@@ -155,6 +162,9 @@ pub struct PartitionManager {
     owned_count: u32,
     dirty: Vec<u32>,
     dirty_flags: Vec<bool>,
+    /// Partitions of deleted streams: records still in flight for them are
+    /// discarded (the stream is gone), and fetches are told so.
+    retired: Vec<bool>,
 }
 
 impl PartitionManager {
@@ -165,6 +175,7 @@ impl PartitionManager {
             owned_count: 0,
             dirty: Vec::new(),
             dirty_flags: vec![false; count],
+            retired: vec![false; count],
         }
     }
 
@@ -176,6 +187,15 @@ impl PartitionManager {
         let bytes = partition.append(record);
         self.mark_dirty(partition_id);
         Some(bytes)
+    }
+
+    /// Marks a partition of a deleted stream (after removing it, if owned).
+    pub fn retire(&mut self, partition_id: u32) {
+        self.retired[partition_id as usize] = true;
+    }
+
+    pub fn is_retired(&self, partition_id: u32) -> bool {
+        self.retired.get(partition_id as usize).copied().unwrap_or(false)
     }
 
     /// Notes that `partition_id` has records its files may not have.

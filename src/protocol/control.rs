@@ -21,6 +21,8 @@ pub enum Control<'a> {
     Sync { token: &'a [u8] },
     /// `#PING [token]`: answer at once.
     Ping { token: &'a [u8] },
+    /// `#STREAM name`: the lines after it go to stream `name`.
+    Stream { name: &'a [u8] },
     /// Anything else: the command word, for the error reply.
     Unknown { command: &'a [u8] },
     /// A known command whose token is longer than [`CONTROL_TOKEN_SIZE_MAX`].
@@ -28,7 +30,7 @@ pub enum Control<'a> {
 }
 
 /// The control commands a server knows, for the `unknown_control` reply.
-pub const CONTROL_COMMANDS: &str = "#SYNC, #PING";
+pub const CONTROL_COMMANDS: &str = "#SYNC, #PING, #STREAM";
 
 /// Parses the text of a control line (after its `#`).
 pub fn parse_control(text: &[u8]) -> Control<'_> {
@@ -43,6 +45,7 @@ pub fn parse_control(text: &[u8]) -> Control<'_> {
     match command {
         b"SYNC" => Control::Sync { token: argument },
         b"PING" => Control::Ping { token: argument },
+        b"STREAM" => Control::Stream { name: argument },
         _ => Control::Unknown { command },
     }
 }
@@ -156,6 +159,7 @@ mod tests {
         assert_eq!(parse_control(b"SYNC"), Control::Sync { token: b"" });
         assert_eq!(parse_control(b"SYNC t 1"), Control::Sync { token: b"t 1" });
         assert_eq!(parse_control(b"PING x"), Control::Ping { token: b"x" });
+        assert_eq!(parse_control(b"STREAM clicks"), Control::Stream { name: b"clicks" });
         assert_eq!(parse_control(b"sync"), Control::Unknown { command: b"sync" });
         assert_eq!(parse_control(b""), Control::Unknown { command: b"" });
         let long = [b"PING ".as_slice(), &[b'x'; CONTROL_TOKEN_SIZE_MAX + 1]].concat();
@@ -206,6 +210,10 @@ mod tests {
                     proptest::prop_assert!(known && !fits);
                     proptest::prop_assert_eq!(error.token_size, token.len());
                 }
+                Control::Stream { name } => {
+                    proptest::prop_assert_eq!(command.as_slice(), b"STREAM".as_slice());
+                    proptest::prop_assert_eq!(name, token.as_slice());
+                }
                 Control::Unknown { command: parsed } => {
                     proptest::prop_assert!(!known);
                     proptest::prop_assert_eq!(parsed, command.as_slice());
@@ -226,7 +234,7 @@ mod tests {
         assert_eq!(
             text,
             "OK 3 SYNC done\nOK 4 PING\nERR 5 key_empty: line starts with a space\n\
-             ERR 6 unknown_control: #NOPE (known: #SYNC, #PING)\n"
+             ERR 6 unknown_control: #NOPE (known: #SYNC, #PING, #STREAM)\n"
         );
         let replies: Vec<Reply<'_>> = out.split(|&byte| byte == b'\n').filter_map(parse_reply).collect();
         assert_eq!(replies[0], Reply::Ok { line_number: 3, command: b"SYNC", token: b"done" });

@@ -1,6 +1,7 @@
 //! The ingest line format: `KEY SP PAYLOAD LF`.
 //!
-//! * The key is the bytes before the first space, 1 to [`KEY_SIZE_MAX`] bytes.
+//! * The key is the bytes before the first space, 1 to `--key-size-max`
+//!   bytes (default [`KEY_SIZE_MAX`]).
 //! * The payload is the rest of the line: any bytes but LF. One trailing CR is
 //!   dropped, so CRLF clients work unchanged.
 //! * A line with no space is a key with an empty payload.
@@ -15,8 +16,9 @@
 //! (up to the line limit) and shrinks back once that line is gone; an idle
 //! connection gives a grown buffer back with [`LineBuffer::trim`].
 
-/// Longest key, in bytes (a `u8` length in every wire and log record).
-pub const KEY_SIZE_MAX: usize = 255;
+/// The default longest key, in bytes (`--key-size-max`; records hold keys
+/// of up to a `u16`). Long enough for ILP series keys with a few tags.
+pub const KEY_SIZE_MAX: usize = 1024;
 
 /// One parsed line, borrowing from the read buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,7 +36,7 @@ pub enum Line<'a> {
 pub enum LineError {
     /// The line starts with a space: the key would be empty.
     KeyEmpty,
-    /// The key is longer than [`KEY_SIZE_MAX`].
+    /// The key is longer than the key size limit.
     KeyTooLong { key_size: usize, key_size_max: usize },
     /// The line (without LF) is longer than the configured limit.
     LineTooLong { line_size: usize, line_size_max: usize },
@@ -67,9 +69,16 @@ impl std::fmt::Display for LineError {
     }
 }
 
-/// Parses one line (without its LF; a trailing CR is dropped here).
+/// Parses one line (without its LF; a trailing CR is dropped here), with
+/// keys of up to [`KEY_SIZE_MAX`] bytes.
 #[inline]
 pub fn parse_line(line: &[u8], line_size_max: usize) -> Result<Line<'_>, LineError> {
+    parse_line_with(line, line_size_max, KEY_SIZE_MAX)
+}
+
+/// [`parse_line`] with a key size limit (`--key-size-max`).
+#[inline]
+pub fn parse_line_with(line: &[u8], line_size_max: usize, key_size_max: usize) -> Result<Line<'_>, LineError> {
     let line = match line.last() {
         Some(b'\r') => &line[..line.len() - 1],
         _ => line,
@@ -87,8 +96,8 @@ pub fn parse_line(line: &[u8], line_size_max: usize) -> Result<Line<'_>, LineErr
         Some(space) => (&line[..space], &line[space + 1..]),
         None => (line, &line[line.len()..]),
     };
-    if key.len() > KEY_SIZE_MAX {
-        return Err(LineError::KeyTooLong { key_size: key.len(), key_size_max: KEY_SIZE_MAX });
+    if key.len() > key_size_max {
+        return Err(LineError::KeyTooLong { key_size: key.len(), key_size_max });
     }
     debug_assert!(!key.is_empty());
     Ok(Line::Event { key, payload })
@@ -301,9 +310,14 @@ mod tests {
         assert_eq!(parse_line(b"\r", 100), Ok(Line::Empty));
         assert_eq!(parse_line(b"#SYNC 7", 100), Ok(Line::Control(b"SYNC 7")));
         assert_eq!(parse_line(b" nokey", 100), Err(LineError::KeyEmpty));
-        let long_key = vec![b'k'; 256];
-        assert_eq!(parse_line(&long_key, 1000), Err(LineError::KeyTooLong { key_size: 256, key_size_max: 255 }));
-        assert_eq!(parse_line(&long_key[..255], 1000), event(&long_key[..255], b""));
+        let long_key = vec![b'k'; KEY_SIZE_MAX + 1];
+        let too_long = LineError::KeyTooLong { key_size: KEY_SIZE_MAX + 1, key_size_max: KEY_SIZE_MAX };
+        assert_eq!(parse_line(&long_key, 2000), Err(too_long));
+        assert_eq!(parse_line(&long_key[..KEY_SIZE_MAX], 2000), event(&long_key[..KEY_SIZE_MAX], b""));
+        assert_eq!(
+            parse_line_with(&long_key[..300], 2000, 255),
+            Err(LineError::KeyTooLong { key_size: 300, key_size_max: 255 })
+        );
         assert_eq!(parse_line(b"k 12345", 6), Err(LineError::LineTooLong { line_size: 7, line_size_max: 6 }));
         assert_eq!(parse_line(b"k 1234\r", 6), event(b"k", b"1234"));
     }

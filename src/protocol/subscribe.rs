@@ -44,11 +44,25 @@ pub enum StartOffset {
     At(u64),
 }
 
-/// A parsed `SUB` line.
+/// A parsed `SUB` line: `SUB [<stream>] <partition|*> <offset|earliest|latest>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubscribeRequest {
+pub struct SubscribeRequest<'a> {
+    /// The stream named, or `default` in the two-argument form.
+    pub stream: &'a str,
     pub partitions: PartitionSelector,
     pub start: StartOffset,
+}
+
+impl SubscribeRequest<'_> {
+    /// Checks the partition against the stream's partition count.
+    pub fn check(&self, partition_count: u32) -> Result<(), SubscribeError> {
+        match self.partitions {
+            PartitionSelector::One(partition) if partition >= partition_count => {
+                Err(SubscribeError::PartitionOutOfRange { partition: u64::from(partition), partition_count })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Why a `SUB` line was rejected; the text goes back as `ERR <reason>`.
@@ -58,14 +72,16 @@ pub enum SubscribeError {
     BadPartition { text: String },
     PartitionOutOfRange { partition: u64, partition_count: u32 },
     BadOffset { text: String },
+    UnknownStream { stream: String },
 }
 
 impl std::fmt::Display for SubscribeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SubscribeError::NotSub => {
-                write!(f, "bad_request: expected SUB <partition|*> <offset|earliest|latest>")
+                write!(f, "bad_request: expected SUB [<stream>] <partition|*> <offset|earliest|latest>")
             }
+            SubscribeError::UnknownStream { stream } => write!(f, "unknown_stream: {stream}"),
             SubscribeError::BadPartition { text } => {
                 write!(f, "bad_partition: {text:?} is not a partition number or *")
             }
@@ -79,23 +95,24 @@ impl std::fmt::Display for SubscribeError {
     }
 }
 
-/// Parses a `SUB` line (without LF; a trailing CR is tolerated).
-pub fn parse_subscribe(line: &[u8], partition_count: u32) -> Result<SubscribeRequest, SubscribeError> {
+/// Parses a `SUB` line (without LF; a trailing CR is tolerated). The
+/// partition is checked against its stream by [`SubscribeRequest::check`].
+pub fn parse_subscribe(line: &[u8]) -> Result<SubscribeRequest<'_>, SubscribeError> {
     let text = std::str::from_utf8(line).map_err(|_| SubscribeError::NotSub)?;
-    let mut words = text.trim_end_matches('\r').split_ascii_whitespace();
-    let (Some("SUB"), Some(partition), Some(offset), None) = (words.next(), words.next(), words.next(), words.next())
-    else {
-        return Err(SubscribeError::NotSub);
+    let words: Vec<&str> = text.trim_end_matches('\r').split_ascii_whitespace().take(5).collect();
+    let (stream, partition, offset) = match words.as_slice() {
+        ["SUB", partition, offset] => (crate::stream::DEFAULT_STREAM, *partition, *offset),
+        ["SUB", stream, partition, offset] => (*stream, *partition, *offset),
+        _ => return Err(SubscribeError::NotSub),
     };
     let partitions = match partition {
         "*" => PartitionSelector::All,
         number => {
             let partition: u64 =
                 number.parse().map_err(|_| SubscribeError::BadPartition { text: number.to_string() })?;
-            if partition >= u64::from(partition_count) {
-                return Err(SubscribeError::PartitionOutOfRange { partition, partition_count });
-            }
-            PartitionSelector::One(partition as u32)
+            let partition = u32::try_from(partition)
+                .map_err(|_| SubscribeError::PartitionOutOfRange { partition, partition_count: u32::MAX })?;
+            PartitionSelector::One(partition)
         }
     };
     let start = match offset {
@@ -103,10 +120,11 @@ pub fn parse_subscribe(line: &[u8], partition_count: u32) -> Result<SubscribeReq
         "latest" => StartOffset::Latest,
         number => StartOffset::At(number.parse().map_err(|_| SubscribeError::BadOffset { text: number.to_string() })?),
     };
-    Ok(SubscribeRequest { partitions, start })
+    Ok(SubscribeRequest { stream, partitions, start })
 }
 
-/// Appends one event line: `<partition> <offset> <key> <payload>\n`.
+/// Appends one event line: `<partition> <offset> <key> <payload>\n`, the
+/// key escaped (see [`unescape_key`]).
 #[inline]
 pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u8], payload: &[u8]) {
     let mut numbers = itoa::Buffer::new();
@@ -114,7 +132,11 @@ pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u
     out.push(b' ');
     out.extend_from_slice(numbers.format(offset).as_bytes());
     out.push(b' ');
-    out.extend_from_slice(key);
+    if key.iter().any(|&byte| needs_escape(byte)) {
+        write_escaped_key(out, key);
+    } else {
+        out.extend_from_slice(key);
+    }
     out.push(b' ');
     out.extend_from_slice(payload);
     out.push(b'\n');
@@ -123,6 +145,60 @@ pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u
 /// Bytes an event line takes besides its key and payload, at most (two
 /// numbers of up to 20 digits and three separators and the LF).
 pub const EVENT_LINE_OVERHEAD_MAX: usize = 10 + 20 + 4;
+
+/// The most bytes an event line of `key` and `payload` takes (an escaped
+/// key takes at most twice its size).
+#[inline]
+pub fn event_line_size_max(key: &[u8], payload: &[u8]) -> usize {
+    2 * key.len() + payload.len() + EVENT_LINE_OVERHEAD_MAX
+}
+
+/// Key bytes that cannot appear raw in an event line: the separator, the
+/// line end, and the escape character itself. Keys of the `KEY PAYLOAD`
+/// format have no space or LF; JSON and ILP keys may.
+#[inline]
+fn needs_escape(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\n' | b'\r' | b'\\')
+}
+
+fn write_escaped_key(out: &mut Vec<u8>, key: &[u8]) {
+    for &byte in key {
+        match byte {
+            b' ' => out.extend_from_slice(b"\\s"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            other => out.push(other),
+        }
+    }
+}
+
+/// The key of an event line as it was ingested: a subscriber line writes
+/// a key's `\`, space, LF and CR as `\\`, `\s`, `\n` and `\r` (so the key
+/// is one space-free field). Borrows when there is nothing to unescape; an
+/// unknown escape is kept as written.
+pub fn unescape_key(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !key.contains(&b'\\') {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut out = Vec::with_capacity(key.len());
+    let mut bytes = key.iter().copied();
+    while let Some(byte) = bytes.next() {
+        if byte != b'\\' {
+            out.push(byte);
+            continue;
+        }
+        match bytes.next() {
+            Some(b's') => out.push(b' '),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            Some(b'\\') => out.push(b'\\'),
+            Some(other) => out.extend_from_slice(&[b'\\', other]),
+            None => out.push(b'\\'),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
 
 /// Appends `TRUNCATED <partition> <requested> <earliest>\n`.
 pub fn write_truncated(out: &mut Vec<u8>, partition: u32, requested: u64, earliest: u64) {
@@ -193,6 +269,7 @@ pub enum SubscriberLine<'a> {
     Event {
         partition: u32,
         offset: u64,
+        /// The key as written on the line: escaped ([`unescape_key`]).
         key: &'a [u8],
         payload: &'a [u8],
     },
@@ -280,6 +357,26 @@ mod tests {
     use super::*;
     use proptest::strategy::Strategy;
 
+    /// Keys with spaces, line ends and backslashes (JSON and ILP keys) stay
+    /// one field and come back byte for byte.
+    #[test]
+    fn keys_are_escaped_and_unescaped() {
+        let keys: [&[u8]; 5] = [b"plain", b"a b", b"weather,city=Z\\ rich", b"line\nbreak\r", b"\\s"];
+        for key in keys {
+            let mut out = Vec::new();
+            write_event_line(&mut out, 1, 2, key, b"pay load");
+            let line = &out[..out.len() - 1];
+            assert!(!line.contains(&b'\n'));
+            let Ok(SubscriberLine::Event { key: written, payload, .. }) = parse_subscriber_line(line) else {
+                panic!("{line:?}")
+            };
+            assert_eq!((unescape_key(written).as_ref(), payload), (key, &b"pay load"[..]));
+        }
+        let mut out = Vec::new();
+        write_event_line(&mut out, 1, 2, b"a b\\", b"p");
+        assert_eq!(out, b"1 2 a\\sb\\\\ p\n");
+    }
+
     /// Every line the server writes to a subscriber parses back exactly.
     #[test]
     fn subscriber_lines_round_trip() {
@@ -310,19 +407,27 @@ mod tests {
     /// Valid requests parse; each kind of bad request gets its own error.
     #[test]
     fn subscribe_requests_parse_and_fail_clearly() {
-        let all = parse_subscribe(b"SUB * earliest\r", 256).unwrap();
-        assert_eq!(all, SubscribeRequest { partitions: PartitionSelector::All, start: StartOffset::Earliest });
-        let one = parse_subscribe(b"SUB 17 42", 256).unwrap();
-        assert_eq!(one, SubscribeRequest { partitions: PartitionSelector::One(17), start: StartOffset::At(42) });
-        assert_eq!(parse_subscribe(b"SUB 3 latest", 4).unwrap().start, StartOffset::Latest);
-        assert_eq!(parse_subscribe(b"GET / HTTP/1.1", 4), Err(SubscribeError::NotSub));
-        assert_eq!(parse_subscribe(b"SUB 1", 4), Err(SubscribeError::NotSub));
-        assert_eq!(parse_subscribe(b"SUB 1 2 3", 4), Err(SubscribeError::NotSub));
-        assert!(matches!(parse_subscribe(b"SUB x 0", 4), Err(SubscribeError::BadPartition { .. })));
-        assert!(matches!(parse_subscribe(b"SUB 4 0", 4), Err(SubscribeError::PartitionOutOfRange { .. })));
-        assert!(matches!(parse_subscribe(b"SUB 1 -5", 4), Err(SubscribeError::BadOffset { .. })));
-        assert_eq!(parse_subscribe(b"\xff\xfe", 4), Err(SubscribeError::NotSub));
-        let past_end = parse_subscribe(b"SUB * 18446744073709551615", 4).unwrap();
+        let all = parse_subscribe(b"SUB * earliest\r").unwrap();
+        let partitions = PartitionSelector::All;
+        assert_eq!(all, SubscribeRequest { stream: "default", partitions, start: StartOffset::Earliest });
+        let one = parse_subscribe(b"SUB 17 42").unwrap();
+        let partitions = PartitionSelector::One(17);
+        assert_eq!(one, SubscribeRequest { stream: "default", partitions, start: StartOffset::At(42) });
+        let named = parse_subscribe(b"SUB clicks 3 latest").unwrap();
+        let partitions = PartitionSelector::One(3);
+        assert_eq!(named, SubscribeRequest { stream: "clicks", partitions, start: StartOffset::Latest });
+        assert_eq!(parse_subscribe(b"GET / HTTP/1.1"), Err(SubscribeError::NotSub));
+        assert_eq!(parse_subscribe(b"SUB 1"), Err(SubscribeError::NotSub));
+        assert_eq!(parse_subscribe(b"SUB s 1 2 3"), Err(SubscribeError::NotSub));
+        assert!(matches!(parse_subscribe(b"SUB x 0"), Err(SubscribeError::BadPartition { .. })));
+        assert!(matches!(
+            parse_subscribe(b"SUB 4 0").unwrap().check(4),
+            Err(SubscribeError::PartitionOutOfRange { .. })
+        ));
+        assert!(parse_subscribe(b"SUB 3 0").unwrap().check(4).is_ok());
+        assert!(matches!(parse_subscribe(b"SUB 1 -5"), Err(SubscribeError::BadOffset { .. })));
+        assert_eq!(parse_subscribe(b"\xff\xfe"), Err(SubscribeError::NotSub));
+        let past_end = parse_subscribe(b"SUB * 18446744073709551615").unwrap();
         assert_eq!(past_end.start, StartOffset::At(u64::MAX), "the largest offset parses (the owner refuses it)");
     }
 
@@ -378,21 +483,24 @@ mod tests {
                 StartOffset::At(offset) => offset.to_string(),
             };
             let line = format!("SUB {partition_text} {start_text}\r");
-            match (parse_subscribe(line.as_bytes(), partition_count), partition) {
+            let checked = parse_subscribe(line.as_bytes()).and_then(|request| request.check(partition_count).map(|()| request));
+            match (checked, partition) {
                 (Ok(request), None) => {
-                    proptest::prop_assert_eq!(request, SubscribeRequest { partitions: PartitionSelector::All, start });
+                    let all = PartitionSelector::All;
+                    proptest::prop_assert_eq!(request, SubscribeRequest { stream: "default", partitions: all, start });
                 }
                 (Ok(request), Some(partition)) => {
                     proptest::prop_assert!(partition < u64::from(partition_count));
                     let partitions = PartitionSelector::One(partition as u32);
-                    proptest::prop_assert_eq!(request, SubscribeRequest { partitions, start });
+                    proptest::prop_assert_eq!(request, SubscribeRequest { stream: "default", partitions, start });
                 }
-                (Err(error), Some(partition)) => {
-                    proptest::prop_assert_eq!(error, SubscribeError::PartitionOutOfRange { partition, partition_count });
+                (Err(SubscribeError::PartitionOutOfRange { partition: refused, partition_count: count }), Some(partition)) => {
+                    proptest::prop_assert_eq!(refused, partition);
+                    proptest::prop_assert!(count == partition_count || (count == u32::MAX && partition > u64::from(u32::MAX)));
                 }
-                (Err(error), None) => proptest::prop_assert!(false, "{error}"),
+                (Err(error), _) => proptest::prop_assert!(false, "{error}"),
             }
-            let _ = parse_subscribe(&noise, partition_count);
+            let _ = parse_subscribe(&noise);
             let _ = parse_subscriber_line(&noise);
         }
     }

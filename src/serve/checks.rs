@@ -70,9 +70,17 @@ pub fn check_io_uring(config: &Config) -> Result<(), ServeError> {
 /// Every address must be free, or held only by an earlier server's
 /// leftovers ([`crate::serve::ports`]).
 pub fn check_addresses(config: &Config) -> Result<(), ServeError> {
-    let addresses = [("ingest", config.ingest), ("subscribe", config.subscribe), ("admin", config.admin)];
+    let addresses = [
+        ("ingest", Some(config.ingest)),
+        ("ingest-json", config.ingest_json.0),
+        ("ingest-ilp", config.ingest_ilp.0),
+        ("subscribe", Some(config.subscribe)),
+        ("admin", Some(config.admin)),
+    ];
     for (name, address) in addresses {
-        crate::serve::ports::check_address(name, address)?;
+        if let Some(address) = address {
+            crate::serve::ports::check_address(name, address)?;
+        }
     }
     Ok(())
 }

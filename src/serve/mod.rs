@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
+use glommio::{LocalExecutorPoolBuilder, PoolPlacement, PoolThreadHandles};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
 use crate::config::{CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS};
@@ -60,6 +60,8 @@ pub enum ServeError {
         shard_count: usize,
     },
     Admin(AdminError),
+    /// The stream catalog cannot be read or does not fit the flags.
+    Catalog(crate::stream::CatalogError),
     /// The data directory cannot be used (another server holds it, or it
     /// cannot be created).
     DataDir(crate::storage::dir::DirError),
@@ -101,6 +103,7 @@ impl std::fmt::Display for ServeError {
                 write!(f, "only {started} of {shard_count} shards started within {}s", START_TIMEOUT.as_secs())
             }
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
+            ServeError::Catalog(error) => write!(f, "{error}"),
             ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
@@ -110,7 +113,7 @@ impl std::fmt::Display for ServeError {
 impl std::error::Error for ServeError {}
 
 /// Runs a server until SIGINT or SIGTERM, then drains and returns.
-pub fn serve(config: Config) -> Result<(), ServeError> {
+pub fn serve(mut config: Config) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
     checks::check_io_uring(&config)?;
@@ -118,12 +121,13 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     checks::check_addresses(&config)?;
     // Held until the server exits: a second server on the data directory is
     // refused with the holder's pid.
-    let _data_dir_lock = match config.storage {
-        crate::config::Storage::Disk => {
-            Some(crate::storage::dir::lock_data_dir(&config.data_dir).map_err(ServeError::DataDir)?)
-        }
-        crate::config::Storage::Memory => None,
-    };
+    let _data_dir_lock = lock_data_dir(&config)?;
+    // Absolute from here on: glommio's DMA opens of a relative path fail
+    // (EBADF) on the shard threads, so `./spate-data` would not start.
+    if let Ok(absolute) = std::fs::canonicalize(&config.data_dir) {
+        config.data_dir = absolute;
+    }
+    let catalog = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
@@ -135,31 +139,13 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         control: Arc::new(control_receivers),
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
+        catalog: Arc::new(catalog.clone()),
     };
-    let cpu_count = std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1);
-    let placement = if shard_count <= cpu_count {
-        PoolPlacement::MaxSpread(shard_count, None)
-    } else {
-        PoolPlacement::Unbound(shard_count)
-    };
-    let pool = LocalExecutorPoolBuilder::new(placement)
-        .name("spate-shard")
-        .io_memory(config.io_memory_bytes)
-        .spin_before_park(Duration::from_micros(config.spin_before_park_us))
-        .on_all_shards(move || run_shard(context))
-        .map_err(ServeError::Executors)?;
+    let pinned = shard_count <= cpu_count();
+    let pool = start_shards(&config, shard_count, pinned, context)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
-    let admin = startup.and_then(|()| {
-        AdminServer::start(AdminState {
-            controls: controls.clone(),
-            config: config.clone(),
-            memory_bound: config.memory_bound(),
-            started,
-            counters: Default::default(),
-        })
-        .map_err(ServeError::Admin)
-    });
+    let admin = startup.and_then(|()| start_admin(&controls, &config, started, catalog));
     let admin = match admin {
         Ok(admin) => admin,
         Err(error) => {
@@ -168,23 +154,87 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             return Err(error);
         }
     };
-    print_banner(&config, shard_count, shard_count <= cpu_count);
+    print_banner(&config, shard_count, pinned);
     spawn_signal_thread(&controls, Duration::from_millis(config.shutdown_timeout_ms))?;
     let complete = wait_for_drain(&events, shard_count);
-    broadcast(&controls, || ControlRequest::Exit);
+    stop_shards(&controls, pool);
+    admin.stop();
+    print_stopped(started.elapsed(), complete);
+    Ok(())
+}
+
+/// Locks the data directory with disk storage; `None` in memory.
+fn lock_data_dir(config: &Config) -> Result<Option<crate::storage::dir::DataDirLock>, ServeError> {
+    match config.storage {
+        crate::config::Storage::Disk => {
+            Ok(Some(crate::storage::dir::lock_data_dir(&config.data_dir).map_err(ServeError::DataDir)?))
+        }
+        crate::config::Storage::Memory => Ok(None),
+    }
+}
+
+/// CPUs this process may run on (1 if unknown).
+fn cpu_count() -> usize {
+    std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1)
+}
+
+/// Starts one executor per shard, each running [`run_shard`]: spread over
+/// the CPUs, one shard per CPU, when `pinned` (there are enough CPUs), else
+/// left to the kernel's scheduler.
+fn start_shards(
+    config: &Config,
+    shard_count: usize,
+    pinned: bool,
+    context: ShardContext,
+) -> Result<PoolThreadHandles<()>, ServeError> {
+    let placement =
+        if pinned { PoolPlacement::MaxSpread(shard_count, None) } else { PoolPlacement::Unbound(shard_count) };
+    LocalExecutorPoolBuilder::new(placement)
+        .name("spate-shard")
+        .io_memory(config.io_memory_bytes)
+        .spin_before_park(Duration::from_micros(config.spin_before_park_us))
+        .on_all_shards(move || run_shard(context))
+        .map_err(ServeError::Executors)
+}
+
+/// Starts the admin HTTP server, which reaches the shards through `controls`.
+fn start_admin(
+    controls: &[flume::Sender<ControlRequest>],
+    config: &Arc<Config>,
+    started: Instant,
+    catalog: crate::stream::Catalog,
+) -> Result<AdminServer, ServeError> {
+    AdminServer::start(AdminState {
+        controls: controls.to_vec(),
+        config: config.clone(),
+        memory_bound: config.memory_bound(),
+        started,
+        counters: Default::default(),
+        catalog: tokio::sync::Mutex::new(catalog),
+    })
+    .map_err(ServeError::Admin)
+}
+
+/// Tells every shard to exit and waits for the executors; a shard that ended
+/// with an error is reported, and the others are still waited for.
+fn stop_shards(controls: &[flume::Sender<ControlRequest>], pool: PoolThreadHandles<()>) {
+    broadcast(controls, || ControlRequest::Exit);
     for result in pool.join_all() {
         if let Err(error) = result {
             eprintln!("spate: shard ended with an error: {error}");
         }
     }
-    admin.stop();
-    let elapsed = started.elapsed().as_secs_f64();
+}
+
+/// The last line the server prints: how long it ran, and whether the drain
+/// had to cut connections.
+fn print_stopped(elapsed: Duration, complete: bool) {
+    let elapsed = elapsed.as_secs_f64();
     if complete {
         eprintln!("spate: stopped cleanly after {elapsed:.1}s");
     } else {
         eprintln!("spate: stopped after {elapsed:.1}s; connections still open at the shutdown deadline were cut");
     }
-    Ok(())
 }
 
 fn broadcast(controls: &[flume::Sender<ControlRequest>], make: impl Fn() -> ControlRequest) {
@@ -266,10 +316,12 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
 fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
     let bound = config.memory_bound();
     eprintln!(
-        "spate: {shard_count} shards ({}), {} partitions; ingest {}, subscribe {}, admin http://{}",
+        "spate: {shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
         if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
         config.partitions,
         config.ingest,
+        config.ingest_json,
+        config.ingest_ilp,
         config.subscribe,
         config.admin
     );
@@ -278,4 +330,15 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
         bound.total >> 20,
         bound.total_worst_case >> 20
     );
+}
+
+/// The stream catalog: from the data directory (created with `default` on
+/// first start), or just `default` in memory.
+fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
+    let limits = config.catalog_limits();
+    let catalog = match config.storage {
+        crate::config::Storage::Disk => crate::stream::Catalog::open(&config.data_dir, &limits, config.partitions),
+        crate::config::Storage::Memory => crate::stream::Catalog::with_default(&limits, config.partitions),
+    };
+    catalog.map_err(ServeError::Catalog)
 }

@@ -9,6 +9,7 @@ use glommio::channels::channel_mesh::FullMesh;
 use glommio::net::TcpListener;
 
 use crate::config::Config;
+use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
@@ -25,6 +26,8 @@ pub struct ShardContext {
     pub events: flume::Sender<ShardEvent>,
     /// The process-wide connection limits, shared by every shard.
     pub admission: Arc<Admission>,
+    /// The stream catalog at start.
+    pub catalog: Arc<crate::stream::Catalog>,
 }
 
 /// The body of one shard's executor.
@@ -35,7 +38,8 @@ pub async fn run_shard(context: ShardContext) {
     };
     let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
     let outbox = Rc::new(Outbox::new(senders));
-    let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone()));
+    let catalog = crate::stream::Catalog::clone(&context.catalog);
+    let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
     if shard.committer.is_some() {
         if let Err(failure) = open_storage(&shard).await {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
@@ -63,8 +67,11 @@ pub async fn run_shard(context: ShardContext) {
     let sweeping = (net.clone(), shard.clone());
     glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(&sweeping.1.lifecycle).await }).detach();
     match bind_listeners(&context.config) {
-        Ok((ingest, subscribe)) => {
-            glommio::spawn_local(crate::ingest::accept_loop(shard.clone(), net.clone(), ingest)).detach();
+        Ok(Listeners { ingest, subscribe }) => {
+            for (listener, format) in ingest {
+                let (shard, net) = (shard.clone(), net.clone());
+                glommio::spawn_local(crate::ingest::accept_loop(shard, net, listener, format)).detach();
+            }
             glommio::spawn_local(crate::subscribe::accept_subscribers(shard.clone(), net, subscribe)).detach();
         }
         Err(failure) => {
@@ -124,9 +131,27 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
 }
 
-fn bind_listeners(config: &Config) -> Result<(TcpListener, TcpListener), ShardFailure> {
+/// A shard's listening sockets: one per ingest format that is on, and the
+/// subscribe port.
+struct Listeners {
+    ingest: Vec<(TcpListener, Format)>,
+    subscribe: TcpListener,
+}
+
+fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
     let bind = |name: &'static str, address| {
         TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
     };
-    Ok((bind("ingest", config.ingest)?, bind("subscribe", config.subscribe)?))
+    let formats = [
+        ("ingest", Some(config.ingest), Format::Lines),
+        ("ingest-json", config.ingest_json.0, Format::Json),
+        ("ingest-ilp", config.ingest_ilp.0, Format::Ilp),
+    ];
+    let mut ingest = Vec::new();
+    for (name, address, format) in formats {
+        if let Some(address) = address {
+            ingest.push((bind(name, address)?, format));
+        }
+    }
+    Ok(Listeners { ingest, subscribe: bind("subscribe", config.subscribe)? })
 }

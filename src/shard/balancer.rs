@@ -166,6 +166,7 @@ impl Balancer {
     pub fn answer_steal(
         &mut self,
         partitions: &PartitionManager,
+        movable: impl Fn(u32) -> bool,
         migrations_busy: bool,
         thief: u16,
         thief_events_per_s: f64,
@@ -180,9 +181,14 @@ impl Balancer {
             return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
         }
         // The loads are from the last sample: drop partitions that left
-        // since (a partition is only ever moved by its owner).
-        let owned: Vec<PartitionLoad> =
-            self.loads.iter().filter(|load| partitions.get(load.partition).is_some()).cloned().collect();
+        // since (a partition is only ever moved by its owner), and those
+        // that may not move (their stream is being created or deleted).
+        let owned: Vec<PartitionLoad> = self
+            .loads
+            .iter()
+            .filter(|load| partitions.get(load.partition).is_some() && movable(load.partition))
+            .cloned()
+            .collect();
         let choice = pick_partition(
             &owned,
             self.events_per_s,

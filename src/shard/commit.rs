@@ -60,6 +60,8 @@ pub struct Committer {
     rounds: Cell<u64>,
     synced_round: Cell<u64>,
     round_waiters: WaitList,
+    /// Rounds ended, successful or not ([`Committer::round_ended`]).
+    round_ends: Cell<u64>,
     last_sync: Cell<Instant>,
     /// Bytes written and not yet synced, over all partitions.
     unsynced_bytes: Cell<usize>,
@@ -88,6 +90,7 @@ impl Committer {
             rounds: Cell::new(0),
             synced_round: Cell::new(0),
             round_waiters: WaitList::default(),
+            round_ends: Cell::new(0),
             last_sync: Cell::new(Instant::now()),
             unsynced_bytes: Cell::new(0),
             failing: Cell::new(false),
@@ -125,6 +128,14 @@ impl Committer {
         self.round_waiters.wait_until(|| self.synced_round.get() >= target).await;
     }
 
+    /// Waits until the round running now (or the next one) has ended,
+    /// successfully or not: a reader that found the active segment's writer
+    /// out waits here instead of asking again at once.
+    pub async fn round_ended(&self) {
+        let ends = self.round_ends.get();
+        self.round_waiters.wait_until(|| self.round_ends.get() > ends).await;
+    }
+
     /// Whether a grant of a batch that carried a `#SYNC` needs a synced round.
     fn waits_for_sync(&self) -> bool {
         self.policy != FsyncPolicy::Never
@@ -160,7 +171,14 @@ pub async fn run_committer(shard: Rc<Shard>) {
                 let interval = glommio::timer::sleep(committer.interval);
                 let _ = crate::shard::notify::first(committer.notify.notified(), interval).await;
             } else {
-                committer.notify.notified().await;
+                // Idle: wake once per retention check, so segments expire by
+                // age on a stream nobody writes to.
+                let check = glommio::timer::sleep(Duration::from_millis(RETENTION_CHECK_MS));
+                let _ = crate::shard::notify::first(committer.notify.notified(), check).await;
+                if !has_work(&shard) {
+                    expire_if_due(&shard);
+                    continue;
+                }
             }
         }
         // What this round covers is fixed at its start: the grants queued
@@ -172,16 +190,24 @@ pub async fn run_committer(shard: Rc<Shard>) {
         committer.in_round.set(true);
         let round = commit_round(&shard, requested).await;
         committer.in_round.set(false);
-        match round {
+        let failed = match round {
             Ok(synced) => {
                 finish_round(&shard, grants_before, synced);
                 ShardMetrics::add(&shard.metrics.commit_seconds, started.elapsed().as_secs_f64());
+                false
             }
             Err(error) => {
                 committer.sync_requested.set(committer.sync_requested.get() || requested);
                 report_error(&shard, &error);
-                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+                true
             }
+        };
+        // One wake for every waiter: barriers (synced_round) and readers
+        // waiting for the writer to come back (round_ends).
+        committer.round_ends.set(committer.round_ends.get() + 1);
+        committer.round_waiters.wake_all();
+        if failed {
+            glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
         }
         glommio::yield_if_needed().await;
     }
@@ -297,15 +323,35 @@ fn put_back(shard: &Shard, partition_id: u32, writer: SegmentWriter) {
 }
 
 /// Seals a full segment (sync, sidecar index, close) and opens the next.
-async fn roll(shard: &Rc<Shard>, partition_id: u32, writer: SegmentWriter) -> Result<(), SegmentError> {
+/// On an error the full writer goes back to its partition, with everything
+/// it has not synced, and the next round tries the roll again.
+async fn roll(shard: &Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -> Result<(), SegmentError> {
     let (index_path, next_path) = {
         let partitions = shard.partitions.borrow();
         let disk = partitions.get(partition_id).and_then(|partition| partition.log.disk()).expect("disk partition");
         (disk.active_index_path(), disk.next_segment_path(writer.next_offset()))
     };
     let (log_id, next_offset, config) = (writer.log_id(), writer.next_offset(), writer.config());
-    let index = writer.seal(&index_path).await?;
-    let next = SegmentWriter::create(&next_path, log_id, next_offset, config).await?;
+    if let Err(error) = writer.write_seal(&index_path).await {
+        put_back(shard, partition_id, writer);
+        return Err(error);
+    }
+    // A create that failed half-way (the file made, its directory entry not
+    // synced) left an empty file: nothing was ever written to it.
+    if std::fs::metadata(&next_path).is_ok_and(|metadata| metadata.len() == 0) {
+        let _ = std::fs::remove_file(&next_path);
+    }
+    let next = match SegmentWriter::create(&next_path, log_id, next_offset, config).await {
+        Ok(next) => next,
+        Err(error) => {
+            put_back(shard, partition_id, writer);
+            return Err(error);
+        }
+    };
+    let (index, closed) = writer.close_sealed().await;
+    if let Err(error) = closed {
+        eprintln!("spate: shard {}: closing a sealed segment: {error} (it is synced and indexed)", shard.id);
+    }
     let mut partitions = shard.partitions.borrow_mut();
     let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
     let (_, disk) = partition.log.parts_mut();
@@ -415,8 +461,13 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
         committer.synced_round.set(committer.rounds.get());
     }
     ShardMetrics::add(&shard.metrics.commit_rounds, 1);
-    committer.round_waiters.wake_all();
     shard.subscriptions.wake_parked();
+    expire_if_due(shard);
+}
+
+/// Runs retention if the last check is RETENTION_CHECK_MS old.
+fn expire_if_due(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
     if committer.last_expiry.get().elapsed() >= Duration::from_millis(RETENTION_CHECK_MS) {
         committer.last_expiry.set(Instant::now());
         expire_segments(shard);

@@ -21,11 +21,14 @@ use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
 use crate::shard::notify::{Either, first};
+use crate::stream::StreamSpec;
 
 /// Requests from the control plane to one shard.
 pub enum ControlRequest {
     Stats(flume::Sender<ShardStats>),
     Partitions(flume::Sender<Vec<PartitionInfo>>),
+    /// Stream lifecycle ([`crate::shard::streams`]): each answers once done.
+    Stream(StreamRequest),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
     Shutdown {
         deadline: Instant,
@@ -69,10 +72,29 @@ pub enum ShardEvent {
     },
 }
 
+/// A change to the stream catalog, in the order the admin side runs them:
+/// create = `Install` on every shard, then `Activate` on every shard;
+/// delete = `Deactivate` everywhere, then `Drop` everywhere.
+pub enum StreamRequest {
+    /// Open the partitions of a new stream that this shard owns.
+    Install { spec: StreamSpec, reply: flume::Sender<Result<(), String>> },
+    /// Let ingest route to it (every shard has installed it).
+    Activate { id: u32, reply: flume::Sender<()> },
+    /// Stop routing to it.
+    Deactivate { id: u32, reply: flume::Sender<()> },
+    /// Remove its partitions (no shard routes to it any more) and delete
+    /// their files.
+    Drop { id: u32, reply: flume::Sender<Result<(), String>> },
+}
+
 /// One partition as its owner sees it (for `/partitions`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PartitionInfo {
+    /// Its global id.
     pub partition: u32,
+    /// Its stream and its number in the stream.
+    pub stream: String,
+    pub stream_partition: u32,
     pub owner: u16,
     pub epoch: u32,
     pub next_offset: u64,
@@ -99,6 +121,7 @@ pub async fn serve_control(
             ControlRequest::Partitions(reply) => {
                 let _ = reply.send(partition_infos(shard));
             }
+            ControlRequest::Stream(request) => crate::shard::streams::handle(shard, request),
             ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();
@@ -182,12 +205,15 @@ pub fn stats(shard: &Shard) -> ShardStats {
 
 fn partition_infos(shard: &Shard) -> Vec<PartitionInfo> {
     let placement = shard.placement.borrow();
+    let streams = shard.streams.borrow();
     shard
         .partitions
         .borrow()
         .iter()
         .map(|(partition, value)| PartitionInfo {
             partition,
+            stream: streams.catalog().stream_of(partition).map(|(spec, _)| spec.name.clone()).unwrap_or_default(),
+            stream_partition: partition - value.stream_base,
             owner: shard.id,
             epoch: placement.get(partition).epoch,
             next_offset: value.log.next_offset(),

@@ -23,6 +23,10 @@ use crate::storage::segment::{SegmentError, SegmentReader};
 /// frame holds at most one record larger than the frame target).
 const DISK_READ_BYTES_MAX: usize = 8 << 20;
 
+/// The longest a read waits for the committer to give the active segment's
+/// writer back, in ms.
+const BUSY_WAIT_MS_MAX: u64 = 100;
+
 /// Completes a reply's disk reads, then sends it to `origin`.
 pub async fn complete_disk_reads(shard: Rc<Shard>, origin: u16, mut reply: FetchReply, bytes_max: usize) {
     for (partition_id, offset) in std::mem::take(&mut reply.disk_reads) {
@@ -45,23 +49,34 @@ async fn read_one(
     offset: u64,
     bytes_max: usize,
 ) -> Result<(), SegmentError> {
-    let (located, visible) = {
+    let (located, visible, local) = {
         let partitions = shard.partitions.borrow();
-        let Some(log) = partitions.get(partition_id).map(|partition| &partition.log) else { return Ok(()) };
-        let Some(disk) = log.disk() else { return Ok(()) };
-        (disk.locate(offset), log.visible_offset())
+        let Some(partition) = partitions.get(partition_id) else { return Ok(()) };
+        let Some(disk) = partition.log.disk() else { return Ok(()) };
+        (disk.locate(offset), partition.log.visible_offset(), partition_id - partition.stream_base)
     };
     let (path, position, readable_end) = match located {
         Located::File { path, position, readable_end } => (path, position, readable_end),
         Located::Gone { earliest } => {
-            write_truncated(&mut reply.data, partition_id, offset, earliest);
+            write_truncated(&mut reply.data, local, offset, earliest);
             reply.truncation_count += 1;
             set_cursor(reply, partition_id, earliest);
             return Ok(());
         }
-        // The committer holds the active segment's writer: the next fetch
-        // comes back for it.
-        Located::Busy => return Ok(()),
+        // The committer holds the active segment's writer: wait for its
+        // round to end, and the next fetch comes back for the lines.
+        // Answering at once would have a local subscriber ask again at once,
+        // with nothing in between that yields: a spin that starves the
+        // committer it waits for (seen with 4 shards on 2 CPUs).
+        Located::Busy => {
+            if let Some(committer) = shard.committer.as_ref() {
+                // Bounded: a writer out for a move or a stream deletion has
+                // no round to wait for.
+                let limit = glommio::timer::sleep(std::time::Duration::from_millis(BUSY_WAIT_MS_MAX));
+                let _ = crate::shard::notify::first(committer.round_ended(), limit).await;
+            }
+            return Ok(());
+        }
     };
     let reader = SegmentReader::open(&path).await?;
     let budget = bytes_max.saturating_sub(reply.data.len());
@@ -71,8 +86,7 @@ async fn read_one(
         frames.clear();
         let size = want.min(usize::try_from(readable_end - position).unwrap_or(usize::MAX));
         reader.read_into(position, size, &mut frames).await?;
-        let (next, written) =
-            write_lines_from_frames(&mut reply.data, partition_id, &frames, offset, visible, bytes_max);
+        let (next, written) = write_lines_from_frames(&mut reply.data, local, &frames, offset, visible, bytes_max);
         ShardMetrics::add(&shard.metrics.storage_read_bytes, frames.len() as u64);
         if written > 0 || size >= DISK_READ_BYTES_MAX || position + size as u64 >= readable_end {
             reply.event_count += written;

@@ -107,10 +107,16 @@ shard_metrics! {
     Counter lines_rejected_key_too_long: u64 => "spate_lines_rejected_total" ["reason" = "key_too_long"], "Ingest lines rejected, by reason.";
     Counter lines_rejected_line_too_long: u64 => "spate_lines_rejected_total" ["reason" = "line_too_long"], "Ingest lines rejected, by reason.";
     Counter lines_rejected_unterminated: u64 => "spate_lines_rejected_total" ["reason" = "unterminated_line"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_unknown_stream: u64 => "spate_lines_rejected_total" ["reason" = "unknown_stream"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_invalid_json: u64 => "spate_lines_rejected_total" ["reason" = "invalid_json"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_json_key: u64 => "spate_lines_rejected_total" ["reason" = "json_key"], "Ingest lines rejected, by reason.";
+    Counter lines_rejected_invalid_ilp: u64 => "spate_lines_rejected_total" ["reason" = "invalid_ilp"], "Ingest lines rejected, by reason.";
+    Counter replies_dropped: u64 => "spate_replies_dropped_total", "Reply lines dropped on ILP connections whose client does not read them.";
     Counter control_lines: u64 => "spate_control_lines_total", "Control lines (#...) received.";
     Counter control_tokens_too_long: u64 => "spate_control_tokens_too_long_total", "#SYNC/#PING lines refused because their token is over the limit.";
     Counter control_lines_unknown: u64 => "spate_control_lines_unknown_total", "Control lines with an unknown command (answered with ERR; not events, so not counted as rejected lines).";
     Counter batches_sent: u64 => "spate_batches_sent_total", "Batches this shard sent to owners (itself included).";
+    Counter events_discarded_deleted_stream: u64 => "spate_events_discarded_deleted_stream_total", "Events that reached their owner after their stream was deleted (dropped with it).";
     Counter batches_applied: u64 => "spate_batches_applied_total", "Batches this shard applied as owner.";
     Counter credit_stalls: u64 => "spate_credit_stalls_total", "Times a connection stopped reading for lack of credits.";
     Counter credit_stall_seconds: f64 => "spate_credit_stall_seconds_total", "Time connections spent stalled on credits.";

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod notify;
 pub mod outbox;
 pub mod source;
+pub mod streams;
 pub mod subscriptions;
 
 use std::cell::RefCell;
@@ -48,6 +49,7 @@ use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
 use crate::partition::migration::{Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
 use crate::storage::segment::SegmentError;
+use crate::stream::{Catalog, ShardStreams, StreamSpec};
 use apply_queue::ApplyQueue;
 use balancer::{Balancer, Sample, now_ms};
 use commit::Committer;
@@ -75,25 +77,28 @@ pub struct Shard {
     pub balancer: RefCell<Balancer>,
     pub lifecycle: Lifecycle,
     pub outbox: Rc<Outbox>,
+    /// This shard's copy of the stream catalog.
+    pub streams: RefCell<ShardStreams>,
 }
 
 impl Shard {
     /// A shard with the initial placement. With memory storage it owns its
     /// share of partitions at once; on disk they are opened by
     /// [`Shard::open_partitions`].
-    pub fn new(id: u16, config: Arc<Config>, outbox: Rc<Outbox>) -> Shard {
+    pub fn new(id: u16, config: Arc<Config>, outbox: Rc<Outbox>, catalog: Catalog) -> Shard {
         let shard_count = outbox.peer_count() as u16;
         let metrics = Rc::new(ShardMetrics::default());
         let apply_queue = Rc::new(ApplyQueue::default());
         let source = Source::new(id, &config, outbox.clone(), apply_queue.clone(), metrics.clone());
         let enabled = config.rebalance == crate::config::Rebalance::On;
         let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
-        let placement = PlacementTable::spread(config.partitions, shard_count);
-        let mut partitions = PartitionManager::new(config.partitions);
+        let placement = PlacementTable::spread(config.partitions_max, shard_count);
+        let mut partitions = PartitionManager::new(config.partitions_max);
         let on_disk = config.storage == crate::config::Storage::Disk;
-        for (partition, _) in placement.iter().filter(|(_, entry)| entry.owner == id && !on_disk) {
-            let log = PartitionLog::in_memory(config.retention_bytes(), config.segment_bytes());
-            partitions.install(partition, Box::new(Partition::new(log, balancer.config.ewma_half_life_ms)));
+        if !on_disk {
+            for spec in catalog.streams() {
+                install_memory_partitions(&mut partitions, &placement, id, &config, spec);
+            }
         }
         Shard {
             id,
@@ -109,6 +114,7 @@ impl Shard {
             balancer: RefCell::new(balancer),
             lifecycle: Lifecycle::default(),
             outbox,
+            streams: RefCell::new(ShardStreams::new(catalog)),
             config,
         }
     }
@@ -116,13 +122,26 @@ impl Shard {
     /// Opens the files of the partitions this shard owns at start (disk
     /// storage), recovering each: concurrently, one task per partition.
     pub async fn open_partitions(self: &Rc<Self>) -> Result<Vec<OpenReport>, SegmentError> {
-        let owned: Vec<u32> = {
+        let specs: Vec<StreamSpec> = self.streams.borrow().catalog().streams().to_vec();
+        let mut reports = Vec::new();
+        for spec in &specs {
+            reports.extend(self.open_stream_partitions(spec).await?);
+        }
+        Ok(reports)
+    }
+
+    /// Installs the partitions of `spec` this shard owns: in memory at once,
+    /// on disk once their files are open (concurrently, one task each).
+    pub async fn open_stream_partitions(self: &Rc<Self>, spec: &StreamSpec) -> Result<Vec<OpenReport>, SegmentError> {
+        if self.committer.is_none() {
             let placement = self.placement.borrow();
-            placement.iter().filter(|(_, entry)| entry.owner == self.id).map(|(partition, _)| partition).collect()
-        };
+            install_memory_partitions(&mut self.partitions.borrow_mut(), &placement, self.id, &self.config, spec);
+            return Ok(Vec::new());
+        }
+        let owned = owned_partitions_of(&self.placement.borrow(), self.id, spec);
         let opens: Vec<_> = owned
             .into_iter()
-            .map(|partition| glommio::spawn_local(open_partition(self.config.clone(), partition)))
+            .map(|partition_id| glommio::spawn_local(open_partition(self.config.clone(), spec.clone(), partition_id)))
             .collect();
         let mut reports = Vec::new();
         for open in opens {
@@ -230,6 +249,7 @@ impl Shard {
         );
         ShardMetrics::add(&self.metrics.events_stored, applied.stored);
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
+        ShardMetrics::add(&self.metrics.events_discarded_deleted_stream, applied.discarded);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
         self.carry_out(effects);
         match &self.committer {
@@ -440,8 +460,13 @@ impl Shard {
     fn on_steal_request(self: &Rc<Self>, thief: u16, thief_events_per_s: f64) {
         let now_ms = now_ms();
         let busy = self.migrations.borrow().is_busy();
-        let choice =
-            self.balancer.borrow_mut().answer_steal(&self.partitions.borrow(), busy, thief, thief_events_per_s, now_ms);
+        let choice = {
+            let streams = self.streams.borrow();
+            let movable =
+                |partition| streams.catalog().stream_of(partition).is_some_and(|(spec, _)| streams.is_active(spec.id));
+            let partitions = self.partitions.borrow();
+            self.balancer.borrow_mut().answer_steal(&partitions, movable, busy, thief, thief_events_per_s, now_ms)
+        };
         match choice {
             Ok(partition) => {
                 let mut effects = Vec::new();
@@ -461,22 +486,42 @@ impl Shard {
 
 /// Opens one partition's files and builds the partition around them, with
 /// an empty tail cache that starts where the files end.
-async fn open_partition(config: Arc<Config>, partition_id: u32) -> Result<(u32, Partition, OpenReport), SegmentError> {
-    let dir = crate::storage::dir::partition_dir(&config.data_dir, DEFAULT_STREAM, partition_id).map_err(|error| {
-        SegmentError::Io {
-            op: "partition directory",
-            path: config.data_dir.clone(),
-            position: 0,
-            source: std::io::Error::other(error.to_string()),
-        }
+async fn open_partition(
+    config: Arc<Config>,
+    spec: StreamSpec,
+    partition_id: u32,
+) -> Result<(u32, Partition, OpenReport), SegmentError> {
+    let local = partition_id - spec.base;
+    let dir = crate::storage::dir::partition_dir(&config.data_dir, &spec.name, local).map_err(|error| {
+        let source = std::io::Error::other(error.to_string());
+        SegmentError::Io { op: "partition directory", path: config.data_dir.clone(), position: 0, source }
     })?;
-    let log_id = u64::from(partition_id);
-    let (disk, report) = DiskLog::open(&dir, log_id, config.disk_config()).await?;
+    let (disk, report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
     let cache = MemoryLog::starting_at(disk.next_offset(), config.tail_cache_bytes, config.tail_cache_segment_bytes());
-    let log = PartitionLog::on_disk(cache, disk);
-    let half_life_ms = config.balance_config().ewma_half_life_ms;
-    Ok((partition_id, Partition::new(log, half_life_ms), report))
+    let mut partition = Partition::new(PartitionLog::on_disk(cache, disk), config.balance_config().ewma_half_life_ms);
+    partition.stream_base = spec.base;
+    Ok((partition_id, partition, report))
 }
 
-/// The stream every event belongs to until named streams exist.
-pub const DEFAULT_STREAM: &str = "default";
+/// Installs the partitions of `spec` that shard `id` owns, held in memory
+/// only.
+fn install_memory_partitions(
+    partitions: &mut PartitionManager,
+    placement: &PlacementTable,
+    id: u16,
+    config: &Config,
+    spec: &StreamSpec,
+) {
+    let retention_bytes = usize::try_from(spec.retention_bytes).unwrap_or(usize::MAX);
+    for partition_id in owned_partitions_of(placement, id, spec) {
+        let log = PartitionLog::in_memory(retention_bytes.max(config.segment_bytes()), config.segment_bytes());
+        let mut partition = Partition::new(log, config.balance_config().ewma_half_life_ms);
+        partition.stream_base = spec.base;
+        partitions.install(partition_id, Box::new(partition));
+    }
+}
+
+/// The global ids of `spec`'s partitions that shard `id` owns.
+fn owned_partitions_of(placement: &PlacementTable, id: u16, spec: &StreamSpec) -> Vec<u32> {
+    (0..spec.partitions).map(|local| spec.global(local)).filter(|&global| placement.owner(global) == id).collect()
+}

@@ -30,21 +30,24 @@ use crate::shard::frame::{CreditGrant, DataBatch, Frame};
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Notify, WaitList};
 use crate::shard::outbox::Outbox;
+use crate::stream::StreamRoute;
 
-/// Places one event and encodes it into its owner's open batch. Batches that
-/// must leave (the next record would overflow the open one, or it reached
-/// `batch_bytes`) are handed to `deliver`. Returns the owner, or [`Blocked`]
-/// when the owner has no credits (nothing was encoded).
+/// Places one event of `stream` by its key (the stream's partition
+/// `xxh3_64(key) % partitions`, at global id `base +` that) and encodes it
+/// into its owner's open batch. Batches that must leave (the next record
+/// would overflow the open one, or it reached `batch_bytes`) are handed to
+/// `deliver`. Returns the owner, or [`Blocked`] when the owner has no
+/// credits (nothing was encoded).
 #[inline]
 pub fn route(
     placement: &PlacementTable,
     router: &mut Router,
-    partition_count: u32,
+    stream: StreamRoute,
     key: &[u8],
     payload: &[u8],
     mut deliver: impl FnMut(u16, DataBatch),
 ) -> Result<u16, Blocked> {
-    let partition = partition_of(key, partition_count);
+    let partition = stream.base + partition_of(key, stream.partitions);
     let owner = placement.owner(partition);
     if router.would_overflow(owner, batch_record_size(key, payload))
         && let Some(batch) = router.take_batch(owner)
@@ -256,15 +259,14 @@ pub struct Route<'a> {
     source: &'a Source,
     placement: std::cell::Ref<'a, PlacementTable>,
     router: RefMut<'a, Router>,
-    partition_count: u32,
 }
 
 impl Route<'_> {
-    /// Routes one event; see [`route`].
+    /// Routes one event of `stream`; see [`route`].
     #[inline]
-    pub fn route_event(&mut self, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
-        let Route { source, placement, router, partition_count } = self;
-        route(placement, router, *partition_count, key, payload, |owner, batch| source.deliver(owner, batch))
+    pub fn route_event(&mut self, stream: StreamRoute, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
+        let Route { source, placement, router } = self;
+        route(placement, router, stream, key, payload, |owner, batch| source.deliver(owner, batch))
     }
 }
 
@@ -286,7 +288,7 @@ impl Source {
     ) -> Source {
         let shard_count = outbox.peer_count();
         let router =
-            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes, config.credit_window_batches);
+            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes(), config.credit_window_batches());
         Source {
             id,
             router: RefCell::new(router),
@@ -302,8 +304,8 @@ impl Source {
     }
 
     /// Starts routing a chunk of events.
-    pub fn begin<'a>(&'a self, placement: &'a RefCell<PlacementTable>, partition_count: u32) -> Route<'a> {
-        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut(), partition_count }
+    pub fn begin<'a>(&'a self, placement: &'a RefCell<PlacementTable>) -> Route<'a> {
+        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut() }
     }
 
     pub fn router(&self) -> std::cell::Ref<'_, Router> {

@@ -135,10 +135,15 @@ pub fn check_stream_name(stream: &str) -> Result<(), DirError> {
     if ok { Ok(()) } else { Err(DirError::BadStreamName { stream: stream.to_string() }) }
 }
 
+/// The directory of one stream's partitions.
+pub fn stream_dir(data_dir: &Path, stream: &str) -> Result<PathBuf, DirError> {
+    check_stream_name(stream)?;
+    Ok(data_dir.join("streams").join(stream))
+}
+
 /// The directory of one partition's segments.
 pub fn partition_dir(data_dir: &Path, stream: &str, partition: u32) -> Result<PathBuf, DirError> {
-    check_stream_name(stream)?;
-    Ok(data_dir.join("streams").join(stream).join(partition.to_string()))
+    Ok(stream_dir(data_dir, stream)?.join(partition.to_string()))
 }
 
 /// The segment file whose first offset is `base_offset`.

@@ -1,5 +1,14 @@
-//! The building blocks of spate's durable log (not wired into the engine
-//! yet).
+//! The building blocks of spate's durable log: frame format and CRC32C,
+//! segment writer and reader over glommio DMA files, sparse indexes,
+//! recovery, and the data directory. The engine keeps one set of segment
+//! files per partition ([`crate::partition::disk`], driven by
+//! [`crate::shard::commit`]), against the recommendation below: a partition
+//! then moves between shards by reopening its files, retention deletes one
+//! partition's oldest file and a stream is deleted with its directory. The
+//! price is one fdatasync per dirty partition per synced commit, measured in
+//! the README ("Layout", and the durable benchmark); frames carry their log
+//! id so a per-shard write-ahead file can come later without a format
+//! change.
 //!
 //! # Recommendation (from `benches/disk_layout.rs`, numbers below)
 //!

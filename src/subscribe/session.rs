@@ -3,6 +3,7 @@
 //! server shuts down (then: what is ready, the `CLOSING` notice, the close).
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
@@ -15,7 +16,7 @@ use crate::partition::fetch::{FetchReply, FetchRequest, Position};
 use crate::protocol::subscribe::{
     write_closing_end, write_closing_entry, write_closing_start, write_offset_out_of_range,
 };
-use crate::protocol::{PartitionSelector, StartOffset, parse_subscribe};
+use crate::protocol::{PartitionSelector, StartOffset, SubscribeError, parse_subscribe};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
@@ -62,8 +63,14 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
             return;
         }
     };
-    let request = match parse_subscribe(&request_line, shard.config.partitions) {
-        Ok(request) => request,
+    let resolved = parse_subscribe(&request_line).and_then(|request| {
+        let route = shard.streams.borrow().route_for(request.stream.as_bytes());
+        let route = route.ok_or_else(|| SubscribeError::UnknownStream { stream: request.stream.to_string() })?;
+        request.check(route.partitions)?;
+        Ok((request, route))
+    });
+    let (request, route) = match resolved {
+        Ok(resolved) => resolved,
         Err(error) => {
             write_goodbye(stream, format!("ERR {error}\n").as_bytes()).await;
             return;
@@ -75,9 +82,10 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         StartOffset::Latest => Position::Latest,
         StartOffset::At(offset) => Position::Requested(offset),
     };
+    // Cursors carry global partition ids (what placement and owners know).
     let partitions: Vec<u32> = match request.partitions {
-        PartitionSelector::All => (0..shard.config.partitions).collect(),
-        PartitionSelector::One(partition) => vec![partition],
+        PartitionSelector::All => (route.base..route.base + route.partitions).collect(),
+        PartitionSelector::One(partition) => vec![route.base + partition],
     };
     let cursors: Vec<Cursor> = partitions
         .into_iter()
@@ -87,6 +95,7 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
     let registration = Registration::new(shard, inbox_sender);
     let mut session = Session {
         shard,
+        base: route.base,
         subscription_id: registration.subscription_id,
         unresolved: cursors.len(),
         cursors,
@@ -152,6 +161,9 @@ enum Outstanding {
 }
 
 struct Session<'a> {
+    /// The global id of the stream's partition 0: lines a subscriber reads
+    /// carry `global - base`.
+    base: u32,
     shard: &'a Rc<Shard>,
     subscription_id: u64,
     cursors: Vec<Cursor>,
@@ -185,6 +197,9 @@ impl Session<'_> {
     ) -> std::io::Result<()> {
         let mut ignored = [0u8; 512];
         loop {
+            // Replies from this shard's own partitions can arrive within the
+            // same poll: never run past the task's time slice on them.
+            glommio::yield_if_needed().await;
             self.send_fetches();
             let shutdown = self.shard.lifecycle.shutdown_requested();
             let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
@@ -200,8 +215,19 @@ impl Session<'_> {
                     if self.refuse_out_of_range(stream, &reply).await {
                         return Ok(());
                     }
+                    let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
                     self.apply_reply(reply);
                     self.write_held(stream, false).await?;
+                    if in_flight_between_owners {
+                        // A partition is moving: ask again shortly, not at
+                        // once. The owner may be this shard, which answers
+                        // within the same poll, so asking at once spins
+                        // without ever yielding and starves the very tasks
+                        // that finish the move (a livelock seen with 4
+                        // shards on 2 CPUs).
+                        let delay = Duration::from_millis(crate::config::FETCH_RETRY_DELAY_MS);
+                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle.shutdown_requested()).await;
+                    }
                 }
             }
         }
@@ -229,7 +255,7 @@ impl Session<'_> {
                 Position::Earliest => StartOffset::Earliest,
                 Position::Latest => StartOffset::Latest,
             };
-            write_closing_entry(&mut notice, cursor.partition, resume);
+            write_closing_entry(&mut notice, cursor.partition - self.base, resume);
             if notice.len() >= CLOSING_NOTICE_CHUNK_BYTES {
                 stream.write_all(&notice).await?;
                 notice.clear();
@@ -242,13 +268,17 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Refuses the subscription if an owner found its requested offset past
-    /// a partition's end; returns whether it did.
+    /// Ends the subscription if an owner found its requested offset past a
+    /// partition's end, or its stream deleted; returns whether it did.
     async fn refuse_out_of_range(&self, stream: &mut TcpStream, reply: &FetchReply) -> bool {
+        if !reply.deleted.is_empty() {
+            write_goodbye(stream, b"ERR stream_deleted: the stream of this subscription was deleted\n").await;
+            return true;
+        }
         let Some(&(partition, next_offset)) = reply.out_of_range.first() else { return false };
         ShardMetrics::add(&self.shard.metrics.subscribe_offsets_out_of_range, 1);
         let mut message = Vec::new();
-        write_offset_out_of_range(&mut message, partition, next_offset);
+        write_offset_out_of_range(&mut message, partition - self.base, next_offset);
         write_goodbye(stream, &message).await;
         true
     }
@@ -314,7 +344,7 @@ impl Session<'_> {
     }
 
     fn cursor_mut(&mut self, partition: u32) -> &mut Cursor {
-        let index = if self.cursors.len() == 1 { 0 } else { partition as usize };
+        let index = if self.cursors.len() == 1 { 0 } else { (partition - self.base) as usize };
         let cursor = &mut self.cursors[index];
         assert_eq!(cursor.partition, partition, "reply for a partition this subscription does not read");
         cursor

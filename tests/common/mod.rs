@@ -12,6 +12,8 @@ use spate::protocol::SubscriberLine;
 pub struct Server {
     child: Option<Child>,
     pub ingest: SocketAddr,
+    pub ingest_json: SocketAddr,
+    pub ingest_ilp: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
     pub log_path: std::path::PathBuf,
@@ -35,6 +37,8 @@ fn free_port() -> u16 {
 #[derive(Debug, Clone, Copy)]
 pub struct Addresses {
     pub ingest: SocketAddr,
+    pub ingest_json: SocketAddr,
+    pub ingest_ilp: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
 }
@@ -43,7 +47,13 @@ impl Addresses {
     /// Three free loopback ports.
     pub fn free() -> Addresses {
         let address = || format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        Addresses { ingest: address(), subscribe: address(), admin: address() }
+        Addresses {
+            ingest: address(),
+            ingest_json: address(),
+            ingest_ilp: address(),
+            subscribe: address(),
+            admin: address(),
+        }
     }
 }
 
@@ -55,7 +65,7 @@ impl Server {
 
     /// Starts `spate serve` on `addresses` and waits until /stats answers.
     pub fn start_on(addresses: Addresses, args: &[&str]) -> Server {
-        let Addresses { ingest, subscribe, admin } = addresses;
+        let Addresses { ingest, ingest_json, ingest_ilp, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
         let owns_data_dir = given.is_none();
@@ -64,7 +74,18 @@ impl Server {
         if owns_data_dir {
             args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
         }
-        let mut server = Server { child: None, ingest, subscribe, admin, log_path, data_dir, owns_data_dir, args };
+        let mut server = Server {
+            child: None,
+            ingest,
+            ingest_json,
+            ingest_ilp,
+            subscribe,
+            admin,
+            log_path,
+            data_dir,
+            owns_data_dir,
+            args,
+        };
         server.spawn();
         server
     }
@@ -94,13 +115,25 @@ impl Server {
         command
             .arg("serve")
             .args(["--ingest", &addresses.ingest.to_string(), "--subscribe", &addresses.subscribe.to_string()])
+            .args([
+                "--ingest-json",
+                &addresses.ingest_json.to_string(),
+                "--ingest-ilp",
+                &addresses.ingest_ilp.to_string(),
+            ])
             .args(["--admin", &addresses.admin.to_string()])
             .args(args);
         command
     }
 
     pub fn addresses(&self) -> Addresses {
-        Addresses { ingest: self.ingest, subscribe: self.subscribe, admin: self.admin }
+        Addresses {
+            ingest: self.ingest,
+            ingest_json: self.ingest_json,
+            ingest_ilp: self.ingest_ilp,
+            subscribe: self.subscribe,
+            admin: self.admin,
+        }
     }
 
     /// Lowers the running server's `RLIMIT_NOFILE` (soft and hard) to `limit`.
@@ -179,6 +212,62 @@ impl Server {
 
     pub fn get(&self, path: &str) -> String {
         self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}", self.log()))
+    }
+
+    /// Sends an HTTP request with `method` (and a JSON `body`, if any) to the
+    /// admin port; returns the status and the body, whatever the status.
+    pub fn http(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(60)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let url = format!("http://{}{}", self.admin, path);
+        let response = match (method, body) {
+            ("POST", Some(body)) => agent.post(&url).header("content-type", "application/json").send(body.to_string()),
+            ("DELETE", None) => agent.delete(&url).call(),
+            ("GET", None) => agent.get(&url).call(),
+            other => panic!("unsupported request {other:?}"),
+        };
+        let mut response = response.unwrap_or_else(|error| panic!("{method} {path}: {error}\n{}", self.log()));
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    }
+
+    /// Creates a stream through `POST /streams` (panics unless 201 Created).
+    pub fn create_stream(&self, spec: serde_json::Value) -> serde_json::Value {
+        let (status, body) = self.http("POST", "/streams", Some(&spec));
+        assert_eq!(status, 201, "POST /streams {spec}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// `GET /streams`, as name -> stream object.
+    pub fn streams(&self) -> std::collections::HashMap<String, serde_json::Value> {
+        let listed: serde_json::Value = serde_json::from_str(&self.get("/streams")).unwrap();
+        listed["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|stream| (stream["name"].as_str().unwrap().to_string(), stream.clone()))
+            .collect()
+    }
+
+    /// The sum of a stream's next offsets: the events it holds, when nothing
+    /// was deleted by retention.
+    pub fn stream_end(&self, name: &str) -> u64 {
+        let streams = self.streams();
+        let stream = streams.get(name).unwrap_or_else(|| panic!("no stream {name}"));
+        stream["next_offsets"].as_array().unwrap().iter().map(|offset| offset.as_u64().unwrap()).sum()
+    }
+
+    /// One counter from `/metrics` (summed over its labels), 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        self.get("/metrics")
+            .lines()
+            .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+            .filter(|line| line[name.len()..].starts_with([' ', '{']))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -324,7 +413,8 @@ impl Subscriber {
             let line = self.next_line()?;
             match spate::protocol::parse_subscriber_line(&line) {
                 Ok(SubscriberLine::Event { partition, offset, key, payload }) => {
-                    return Some(Delivered { partition, offset, key: key.to_vec(), payload: payload.to_vec() });
+                    let key = spate::protocol::unescape_key(key).into_owned();
+                    return Some(Delivered { partition, offset, key, payload: payload.to_vec() });
                 }
                 Ok(SubscriberLine::Truncated { .. }) => self.notices.push(String::from_utf8_lossy(&line).into_owned()),
                 Ok(

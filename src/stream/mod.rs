@@ -1,0 +1,493 @@
+//! Named streams and the catalog that lists them.
+//!
+//! A stream has a name (`[a-z0-9._-]{1,64}`), a partition count and a
+//! retention (bytes per partition, age). `default` exists from the start
+//! with `--partitions` partitions, so a producer that never names a stream
+//! writes there.
+//!
+//! Inside the engine a stream's partitions are a contiguous range of
+//! *global partition ids*, `base .. base + partitions`, in one space of
+//! `--partitions-max` ids shared by every stream. Routing, placement,
+//! credits, load reports and migration all work on global ids unchanged,
+//! so the balancer sees every stream's partitions at once; only the faces
+//! translate (`SUB clicks 3` reads global id `base(clicks) + 3`, and a
+//! subscriber line says `3`). A stream's range is never reused while the
+//! server runs (a batch still in flight for a deleted stream must not land
+//! in a new one), and ids and ranges are kept in the catalog file, so a
+//! partition's files stay with its stream across restarts.
+//!
+//! The catalog is persisted in `<data-dir>/streams.json` (written to a
+//! temporary file, fsynced, renamed, directory fsynced); with `--storage
+//! memory` it lives in memory only.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The stream producers write to when they name none.
+pub const DEFAULT_STREAM: &str = "default";
+/// The longest stream name (one path component in the data directory).
+pub use crate::storage::dir::STREAM_NAME_SIZE_MAX;
+/// Most streams at once (the catalog is a few hundred bytes per stream on
+/// every shard).
+pub const STREAMS_MAX: usize = 1024;
+/// Name of the catalog file in the data directory.
+pub const CATALOG_FILE_NAME: &str = "streams.json";
+
+/// One stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSpec {
+    /// Never reused: part of every frame's log id on disk.
+    pub id: u32,
+    pub name: String,
+    pub partitions: u32,
+    /// The stream's first global partition id.
+    pub base: u32,
+    /// Bytes of log kept per partition.
+    pub retention_bytes: u64,
+    /// Age after which segments are deleted; 0 keeps them.
+    pub retention_ms: u64,
+}
+
+impl StreamSpec {
+    pub fn route(&self) -> StreamRoute {
+        StreamRoute { id: self.id, base: self.base, partitions: self.partitions }
+    }
+
+    /// The global id of the stream's partition `local`.
+    pub fn global(&self, local: u32) -> u32 {
+        assert!(local < self.partitions, "partition {local} of {} in {}", self.partitions, self.name);
+        self.base + local
+    }
+
+    /// Whether global id `global` is one of this stream's partitions.
+    pub fn contains(&self, global: u32) -> bool {
+        global >= self.base && global - self.base < self.partitions
+    }
+
+    /// The id of partition `local`'s log on disk (in every frame).
+    pub fn log_id(&self, local: u32) -> u64 {
+        (u64::from(self.id) << 32) | u64::from(local)
+    }
+}
+
+/// What a connection routes by: a stream's id and its partition range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamRoute {
+    pub id: u32,
+    pub base: u32,
+    pub partitions: u32,
+}
+
+/// A request to create a stream (the body of `POST /streams`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamRequest {
+    pub name: String,
+    pub partitions: u32,
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
+}
+
+/// Why the catalog refused a change, with what the user needs to fix it.
+#[derive(Debug)]
+pub enum CatalogError {
+    BadName {
+        name: String,
+    },
+    Exists {
+        name: String,
+    },
+    Unknown {
+        name: String,
+    },
+    /// `default` cannot be deleted (producers that name no stream use it).
+    DeleteDefault,
+    PartitionCount {
+        partitions: u32,
+        partitions_max: u32,
+    },
+    /// No free range of that many global ids is left.
+    NoRoom {
+        partitions: u32,
+        free: u32,
+        partitions_max: u32,
+    },
+    TooManyStreams {
+        streams_max: usize,
+    },
+    /// The retention is below one segment (or zero bytes).
+    Retention {
+        retention_bytes: u64,
+        segment_bytes: u64,
+    },
+    /// The catalog on disk says `default` has another partition count.
+    DefaultMismatch {
+        on_disk: u32,
+        flag: u32,
+    },
+    /// The catalog on disk does not fit this configuration.
+    Invalid {
+        why: String,
+    },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for CatalogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CatalogError::BadName { name } => {
+                write!(f, "bad_name: stream name {name:?} is not 1 to {STREAM_NAME_SIZE_MAX} of [a-z0-9._-]")
+            }
+            CatalogError::Exists { name } => write!(f, "exists: stream {name:?} already exists"),
+            CatalogError::Unknown { name } => write!(f, "unknown_stream: {name}"),
+            CatalogError::DeleteDefault => write!(f, "refused: the default stream cannot be deleted"),
+            CatalogError::PartitionCount { partitions, partitions_max } => {
+                write!(f, "bad_partitions: {partitions} partitions; a stream has 1 to {partitions_max}")
+            }
+            CatalogError::NoRoom { partitions, free, partitions_max } => write!(
+                f,
+                "no_room: {partitions} partitions asked, {free} free of --partitions-max {partitions_max} \
+                 (deleted streams' partitions are free again after a restart)"
+            ),
+            CatalogError::TooManyStreams { streams_max } => write!(f, "too_many_streams: at most {streams_max}"),
+            CatalogError::Retention { retention_bytes, segment_bytes } => write!(
+                f,
+                "bad_retention: retention_bytes {retention_bytes} must be at least one segment ({segment_bytes})"
+            ),
+            CatalogError::DefaultMismatch { on_disk, flag } => write!(
+                f,
+                "the data directory's default stream has {on_disk} partitions, --partitions says {flag}; \
+                 a stream's partition count is fixed for the life of its data (pass --partitions {on_disk})"
+            ),
+            CatalogError::Invalid { why } => write!(f, "the stream catalog does not fit this configuration: {why}"),
+            CatalogError::Io { op, path, error } => write!(f, "{op} {}: {error}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for CatalogError {}
+
+impl CatalogError {
+    /// The HTTP status an admin request gets for this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            CatalogError::Unknown { .. } => 404,
+            CatalogError::Exists { .. } => 409,
+            CatalogError::Io { .. } | CatalogError::Invalid { .. } => 500,
+            CatalogError::NoRoom { .. } | CatalogError::TooManyStreams { .. } => 507,
+            _ => 400,
+        }
+    }
+}
+
+/// Checks a stream name: 1 to 64 of `[a-z0-9._-]`, not `.` or `..`.
+pub fn check_name(name: &str) -> Result<(), CatalogError> {
+    let charset = name.bytes().all(|byte| matches!(byte, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'));
+    let size = (1..=STREAM_NAME_SIZE_MAX).contains(&name.len());
+    if !charset || !size || name == "." || name == ".." {
+        return Err(CatalogError::BadName { name: name.chars().take(100).collect() });
+    }
+    Ok(())
+}
+
+/// Every stream, by id, and the global id ranges no longer used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Catalog {
+    next_id: u32,
+    streams: Vec<StreamSpec>,
+    /// Ranges of deleted streams (base, partitions): not reused until a
+    /// restart, when nothing can be in flight for them any more.
+    #[serde(skip)]
+    retired: Vec<(u32, u32)>,
+}
+
+impl Catalog {
+    pub fn streams(&self) -> &[StreamSpec] {
+        &self.streams
+    }
+
+    pub fn get(&self, name: &str) -> Option<&StreamSpec> {
+        self.streams.iter().find(|spec| spec.name == name)
+    }
+
+    pub fn by_id(&self, id: u32) -> Option<&StreamSpec> {
+        self.streams.iter().find(|spec| spec.id == id)
+    }
+
+    /// The stream holding global partition `global`, and its local number.
+    pub fn stream_of(&self, global: u32) -> Option<(&StreamSpec, u32)> {
+        self.streams.iter().find(|spec| spec.contains(global)).map(|spec| (spec, global - spec.base))
+    }
+
+    /// Adds a stream with `request`'s settings (retention defaults from
+    /// `defaults`), in the first free range of global ids.
+    pub fn create(&mut self, request: &StreamRequest, limits: &CatalogLimits) -> Result<StreamSpec, CatalogError> {
+        check_name(&request.name)?;
+        if self.get(&request.name).is_some() {
+            return Err(CatalogError::Exists { name: request.name.clone() });
+        }
+        if self.streams.len() >= STREAMS_MAX {
+            return Err(CatalogError::TooManyStreams { streams_max: STREAMS_MAX });
+        }
+        let partitions_max = limits.partitions_max;
+        if request.partitions == 0 || request.partitions > partitions_max {
+            return Err(CatalogError::PartitionCount { partitions: request.partitions, partitions_max });
+        }
+        let retention_bytes = request.retention_bytes.unwrap_or(limits.retention_bytes);
+        if retention_bytes < limits.segment_bytes {
+            return Err(CatalogError::Retention { retention_bytes, segment_bytes: limits.segment_bytes });
+        }
+        let base = self.free_range(request.partitions, partitions_max)?;
+        let spec = StreamSpec {
+            id: self.next_id,
+            name: request.name.clone(),
+            partitions: request.partitions,
+            base,
+            retention_bytes,
+            retention_ms: request.retention_ms.unwrap_or(limits.retention_ms),
+        };
+        self.next_id += 1;
+        self.streams.push(spec.clone());
+        Ok(spec)
+    }
+
+    /// Removes a stream; its range stays unused until a restart.
+    pub fn remove(&mut self, name: &str) -> Result<StreamSpec, CatalogError> {
+        if name == DEFAULT_STREAM {
+            return Err(CatalogError::DeleteDefault);
+        }
+        let index = self.streams.iter().position(|spec| spec.name == name);
+        let index = index.ok_or_else(|| CatalogError::Unknown { name: name.to_string() })?;
+        let spec = self.streams.remove(index);
+        self.retired.push((spec.base, spec.partitions));
+        Ok(spec)
+    }
+
+    /// The lowest base where `count` ids are free of live and retired ranges.
+    fn free_range(&self, count: u32, partitions_max: u32) -> Result<u32, CatalogError> {
+        let mut used: Vec<(u32, u32)> = self.streams.iter().map(|spec| (spec.base, spec.partitions)).collect();
+        used.extend_from_slice(&self.retired);
+        used.sort_unstable();
+        let mut candidate = 0u32;
+        for (base, partitions) in used {
+            if base >= candidate && base - candidate >= count {
+                break;
+            }
+            candidate = candidate.max(base + partitions);
+        }
+        if partitions_max.saturating_sub(candidate) >= count {
+            return Ok(candidate);
+        }
+        let taken: u32 = self.streams.iter().map(|spec| spec.partitions).sum::<u32>()
+            + self.retired.iter().map(|(_, partitions)| partitions).sum::<u32>();
+        Err(CatalogError::NoRoom { partitions: count, free: partitions_max.saturating_sub(taken), partitions_max })
+    }
+
+    /// The catalog in `data_dir`, or a new one with `default`; checks that it
+    /// fits the configuration. Writes it back when it was created.
+    pub fn open(data_dir: &Path, limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
+        let path = data_dir.join(CATALOG_FILE_NAME);
+        let catalog = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<Catalog>(&bytes)
+                .map_err(|error| CatalogError::Invalid { why: format!("{}: {error}", path.display()) })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let catalog = Catalog::with_default(limits, default_partitions)?;
+                catalog.save(data_dir)?;
+                return Ok(catalog);
+            }
+            Err(error) => return Err(CatalogError::Io { op: "read", path, error }),
+        };
+        catalog.check(limits, default_partitions)?;
+        Ok(catalog)
+    }
+
+    /// A catalog holding only `default` (memory storage, or a new data dir).
+    pub fn with_default(limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
+        let mut catalog = Catalog::default();
+        let request = StreamRequest {
+            name: DEFAULT_STREAM.to_string(),
+            partitions: default_partitions,
+            retention_bytes: None,
+            retention_ms: None,
+        };
+        catalog.create(&request, limits)?;
+        Ok(catalog)
+    }
+
+    fn check(&self, limits: &CatalogLimits, default_partitions: u32) -> Result<(), CatalogError> {
+        let default =
+            self.get(DEFAULT_STREAM).ok_or_else(|| CatalogError::Invalid { why: "no default stream".into() })?;
+        if default.partitions != default_partitions {
+            return Err(CatalogError::DefaultMismatch { on_disk: default.partitions, flag: default_partitions });
+        }
+        for spec in &self.streams {
+            check_name(&spec.name)?;
+            if spec.base.checked_add(spec.partitions).is_none_or(|end| end > limits.partitions_max) {
+                let why = format!("stream {} needs --partitions-max {}", spec.name, spec.base + spec.partitions);
+                return Err(CatalogError::Invalid { why });
+            }
+            if spec.id >= self.next_id {
+                return Err(CatalogError::Invalid { why: format!("stream {} has id {} >= next", spec.name, spec.id) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the catalog atomically (temporary file, fsync, rename, fsync
+    /// of the directory).
+    pub fn save(&self, data_dir: &Path) -> Result<(), CatalogError> {
+        use std::io::Write;
+        let path = data_dir.join(CATALOG_FILE_NAME);
+        let temporary = data_dir.join(format!("{CATALOG_FILE_NAME}.tmp"));
+        let io = |op: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |error| CatalogError::Io { op, path, error }
+        };
+        let bytes = serde_json::to_vec_pretty(self).expect("a catalog serializes");
+        let mut file = std::fs::File::create(&temporary).map_err(io("create", &temporary))?;
+        file.write_all(&bytes).map_err(io("write", &temporary))?;
+        file.sync_all().map_err(io("fsync", &temporary))?;
+        std::fs::rename(&temporary, &path).map_err(io("rename", &path))?;
+        let dir = std::fs::File::open(data_dir).map_err(io("open", data_dir))?;
+        dir.sync_all().map_err(io("fsync", data_dir))
+    }
+}
+
+/// The limits and defaults a catalog applies (from the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatalogLimits {
+    pub partitions_max: u32,
+    pub retention_bytes: u64,
+    pub retention_ms: u64,
+    pub segment_bytes: u64,
+}
+
+/// One shard's copy of the catalog. A stream is *installed* once the
+/// shard opened the partitions it owns, and *active* once every shard has
+/// installed it: only then does ingest route to it (a batch must never reach
+/// an owner that has not installed its partition). Deleting deactivates
+/// first, everywhere, then removes.
+#[derive(Debug, Clone, Default)]
+pub struct ShardStreams {
+    catalog: Catalog,
+    inactive: Vec<u32>,
+}
+
+impl ShardStreams {
+    /// A shard starting with `catalog`, every stream active.
+    pub fn new(catalog: Catalog) -> ShardStreams {
+        ShardStreams { catalog, inactive: Vec::new() }
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The route of an active stream by name.
+    pub fn route_for(&self, name: &[u8]) -> Option<StreamRoute> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.catalog.get(name).filter(|spec| !self.inactive.contains(&spec.id)).map(StreamSpec::route)
+    }
+
+    /// Whether ingest may still route to stream `id`.
+    pub fn is_active(&self, id: u32) -> bool {
+        self.catalog.by_id(id).is_some() && !self.inactive.contains(&id)
+    }
+
+    /// Installs a new stream, not yet active.
+    pub fn install(&mut self, spec: StreamSpec) {
+        assert!(self.catalog.by_id(spec.id).is_none(), "stream {} installed twice", spec.name);
+        self.inactive.push(spec.id);
+        self.catalog.streams.push(spec);
+    }
+
+    pub fn activate(&mut self, id: u32) {
+        self.inactive.retain(|&inactive| inactive != id);
+    }
+
+    pub fn deactivate(&mut self, id: u32) {
+        if !self.inactive.contains(&id) {
+            self.inactive.push(id);
+        }
+    }
+
+    /// Forgets a stream (its range is never reused while the server runs).
+    pub fn remove(&mut self, id: u32) -> Option<StreamSpec> {
+        let index = self.catalog.streams.iter().position(|spec| spec.id == id)?;
+        self.inactive.retain(|&inactive| inactive != id);
+        let spec = self.catalog.streams.remove(index);
+        self.catalog.retired.push((spec.base, spec.partitions));
+        Some(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> CatalogLimits {
+        CatalogLimits { partitions_max: 64, retention_bytes: 1 << 20, retention_ms: 1000, segment_bytes: 1 << 16 }
+    }
+
+    fn request(name: &str, partitions: u32) -> StreamRequest {
+        StreamRequest { name: name.into(), partitions, retention_bytes: None, retention_ms: None }
+    }
+
+    /// Streams get disjoint ranges, first fit; a deleted stream's range is
+    /// not reused; names and counts are checked with the numbers.
+    #[test]
+    fn ranges_are_disjoint_and_never_reused() {
+        let mut catalog = Catalog::with_default(&limits(), 8).unwrap();
+        let clicks = catalog.create(&request("clicks", 16), &limits()).unwrap();
+        assert_eq!((clicks.base, clicks.id), (8, 1));
+        let pay = catalog.create(&request("pay.v2", 8), &limits()).unwrap();
+        assert_eq!(pay.base, 24);
+        catalog.remove("clicks").unwrap();
+        let next = catalog.create(&request("next", 16), &limits()).unwrap();
+        assert_eq!(next.base, 32, "the deleted range stays unused");
+        assert_eq!(catalog.stream_of(35), Some((&next, 3)));
+        assert!(matches!(catalog.create(&request("big", 17), &limits()), Err(CatalogError::NoRoom { free: 16, .. })));
+        assert!(matches!(catalog.create(&request("Bad", 1), &limits()), Err(CatalogError::BadName { .. })));
+        assert!(matches!(catalog.create(&request("pay.v2", 1), &limits()), Err(CatalogError::Exists { .. })));
+        assert!(matches!(catalog.create(&request("z", 0), &limits()), Err(CatalogError::PartitionCount { .. })));
+        assert!(matches!(catalog.remove("default"), Err(CatalogError::DeleteDefault)));
+        assert!(matches!(catalog.remove("nope"), Err(CatalogError::Unknown { .. })));
+        let small = StreamRequest { retention_bytes: Some(10), ..request("small", 1) };
+        assert!(matches!(catalog.create(&small, &limits()), Err(CatalogError::Retention { .. })));
+    }
+
+    /// The catalog survives a save and open; a changed default partition
+    /// count is refused with both numbers.
+    #[test]
+    fn catalog_persists_and_checks_default() {
+        let dir = std::env::temp_dir().join(format!("spate-catalog-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut catalog = Catalog::open(&dir, &limits(), 8).unwrap();
+        catalog.create(&request("clicks", 4), &limits()).unwrap();
+        catalog.save(&dir).unwrap();
+        let reopened = Catalog::open(&dir, &limits(), 8).unwrap();
+        assert_eq!(reopened.streams(), catalog.streams());
+        let error = Catalog::open(&dir, &limits(), 9).unwrap_err();
+        assert!(error.to_string().contains("8 partitions, --partitions says 9"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Log ids tell every stream partition apart and survive restarts.
+    #[test]
+    fn log_ids_are_unique_per_stream_partition() {
+        let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
+        let clicks = catalog.create(&request("clicks", 4), &limits()).unwrap();
+        let default = catalog.get(DEFAULT_STREAM).unwrap();
+        assert_ne!(default.log_id(1), clicks.log_id(1));
+        assert_eq!(clicks.log_id(3), (1 << 32) | 3);
+        assert_eq!(clicks.global(3), 7);
+    }
+}

@@ -1,0 +1,350 @@
+//! Durability, proven by crashing: `kill -9` at random moments while many
+//! connections produce to several streams, an immediate restart, and a check
+//! that every acknowledged event is there exactly once, in order, with dense
+//! offsets; torn and corrupt tails cut to the last whole frame; a full disk
+//! that pushes back and loses nothing.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Server, Subscriber};
+use serde_json::json;
+
+/// Events between two `#SYNC`s of a crash-test producer.
+const SYNC_EVERY: u64 = 2000;
+/// Distinct keys per producer connection.
+const KEYS_PER_CONNECTION: u64 = 5;
+
+/// A small xorshift generator: the crash test prints its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Produces `c<conn>k<j> c<conn>-<seq>` lines to `stream` with a `#SYNC` every
+/// SYNC_EVERY events until `stop` or the connection fails; returns how many
+/// events (from seq 0) were acknowledged.
+fn produce_until_cut(address: SocketAddr, stream: &str, connection: u64, stop: &AtomicBool) -> u64 {
+    let Ok(socket) = TcpStream::connect(address) else { return 0 };
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut reader = BufReader::new(socket.try_clone().unwrap());
+    let mut writer = std::io::BufWriter::with_capacity(64 * 1024, socket);
+    let mut acked = 0;
+    let mut batch = Vec::with_capacity(64 * 1024);
+    while !stop.load(Ordering::Relaxed) {
+        batch.clear();
+        batch.extend_from_slice(format!("#STREAM {stream}\n").as_bytes());
+        for seq in acked..acked + SYNC_EVERY {
+            writeln!(batch, "c{connection}k{} c{connection}-{seq}", seq % KEYS_PER_CONNECTION).unwrap();
+        }
+        let token = format!("s{}", acked + SYNC_EVERY);
+        writeln!(batch, "#SYNC {token}").unwrap();
+        if writer.write_all(&batch).and_then(|_| writer.flush()).is_err() {
+            return acked;
+        }
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return acked,
+                Ok(_) => {}
+            }
+            let line = line.trim_end();
+            assert!(!line.starts_with("ERR"), "connection {connection}: {line}");
+            if let Some(spate::protocol::Reply::Ok { command: b"SYNC", token: got, .. }) =
+                spate::protocol::parse_reply(line.as_bytes())
+                && got == token.as_bytes()
+            {
+                acked += SYNC_EVERY;
+                break;
+            }
+        }
+    }
+    acked
+}
+
+/// What a check of one stream found.
+#[derive(Default)]
+struct StreamContents {
+    /// (connection, seq) of every event, each present once.
+    present: HashSet<(u64, u64)>,
+}
+
+/// Reads all of `stream` from offset 0 and checks it: dense offsets from 0 in
+/// every partition, every event whole and present once, each (connection,
+/// key)'s events in order.
+fn check_stream(server: &Server, stream: &str) -> StreamContents {
+    let total = server.stream_end(stream);
+    let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {stream} * earliest"));
+    let mut next_offset: HashMap<u32, u64> = HashMap::new();
+    let mut last_seq: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut contents = StreamContents::default();
+    for index in 0..total {
+        let event = subscriber
+            .next_event()
+            .unwrap_or_else(|| panic!("{stream}: ended after {index} of {total} events: {:?}", subscriber.notices));
+        let expected = next_offset.entry(event.partition).or_insert(0);
+        assert_eq!(event.offset, *expected, "{stream} partition {}: offsets are dense from 0", event.partition);
+        *expected += 1;
+        let key = std::str::from_utf8(&event.key).expect("a whole key");
+        let payload = std::str::from_utf8(&event.payload).expect("a whole payload");
+        let (connection, seq) = payload
+            .strip_prefix('c')
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(connection, seq)| Some((connection.parse::<u64>().ok()?, seq.parse::<u64>().ok()?)))
+            .unwrap_or_else(|| panic!("{stream}: a damaged event {key:?} {payload:?}"));
+        assert_eq!(key, format!("c{connection}k{}", seq % KEYS_PER_CONNECTION), "{stream}: key and payload agree");
+        assert!(contents.present.insert((connection, seq)), "{stream}: c{connection}-{seq} is there twice");
+        let key_index = seq % KEYS_PER_CONNECTION;
+        if let Some(previous) = last_seq.insert((connection, key_index), seq) {
+            assert!(previous < seq, "{stream}: {key} has c{connection}-{seq} after c{connection}-{previous}");
+        }
+    }
+    assert!(subscriber.notices.is_empty(), "{stream}: {:?}", subscriber.notices);
+    contents
+}
+
+/// At least ten `kill -9`s at random moments while producers write to three
+/// streams, each followed by an immediate restart and a full check.
+#[test]
+fn acknowledged_events_survive_kill_9_loops() {
+    const KILLS: u64 = 10;
+    const CONNECTIONS: u64 = 6;
+    let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    eprintln!("crash loop seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
+    let mut rng = Rng(seed);
+    let mut server = Server::start(&["--shards", "2", "--partitions", "3"]);
+    server.create_stream(json!({ "name": "alpha", "partitions": 4 }));
+    server.create_stream(json!({ "name": "beta", "partitions": 2 }));
+    let streams = ["default", "alpha", "beta"];
+    // connection -> (stream, acknowledged events)
+    let mut acknowledged: HashMap<u64, (&str, u64)> = HashMap::new();
+    let mut total_acked = 0;
+    for kill in 0..KILLS {
+        let stop = Arc::new(AtomicBool::new(false));
+        let producers: Vec<_> = (0..CONNECTIONS)
+            .map(|index| {
+                let connection = kill * CONNECTIONS + index;
+                let stream = streams[(connection % 3) as usize];
+                let (address, stop) = (server.ingest, stop.clone());
+                (connection, stream, std::thread::spawn(move || produce_until_cut(address, stream, connection, &stop)))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(150 + rng.next() % 750));
+        server.crash();
+        stop.store(true, Ordering::Relaxed);
+        for (connection, stream, producer) in producers {
+            let acked = producer.join().unwrap();
+            total_acked += acked;
+            acknowledged.insert(connection, (stream, acked));
+        }
+        server.spawn();
+        let mut present = HashSet::new();
+        for stream in streams {
+            present.extend(check_stream(&server, stream).present);
+        }
+        for (&connection, &(stream, acked)) in &acknowledged {
+            for seq in 0..acked {
+                assert!(
+                    present.contains(&(connection, seq)),
+                    "after kill {kill}: acknowledged c{connection}-{seq} of {stream} is missing (seed {seed})"
+                );
+            }
+        }
+        eprintln!("kill {kill}: {total_acked} acknowledged events, {} present", present.len());
+    }
+    assert!(total_acked >= KILLS * SYNC_EVERY, "the producers got acknowledgements: {total_acked}");
+    let log = server.log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// The frames of a segment file: (position, size, next offset after it).
+fn frames_of(bytes: &[u8]) -> Vec<(usize, usize, u64)> {
+    let mut frames = Vec::new();
+    let mut position = 0;
+    while position + 4 <= bytes.len() && bytes[position..position + 4] != [0; 4] {
+        let header = spate::storage::format::parse_header(&bytes[position..]).expect("a whole log before the damage");
+        frames.push((position, header.frame_size(), header.next_offset()));
+        position += header.frame_size();
+    }
+    frames
+}
+
+/// The last segment file of stream `default`, partition 0.
+fn last_segment(data_dir: &std::path::Path) -> std::path::PathBuf {
+    let dir = data_dir.join("streams").join("default").join("0");
+    let mut logs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+        .collect();
+    logs.sort();
+    logs.pop().expect("a segment")
+}
+
+/// Damages the last frame of the log with `damage`, restarts, and checks
+/// that every frame before it is kept, the cut is reported, and new events
+/// continue densely after the kept ones.
+fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str) {
+    let data_dir = std::env::temp_dir().join(format!("spate-torn-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let data = data_dir.display().to_string();
+    let mut server = Server::start(&["--shards", "1", "--partitions", "1", "--data-dir", &data]);
+    let mut producer = server.producer();
+    for round in 0..20 {
+        for index in 0..200 {
+            producer.send(format!("k r{round}-{index}-{}\n", "x".repeat(100)).as_bytes());
+        }
+        producer.sync();
+    }
+    drop(producer);
+    let written = server.stream_end("default");
+    assert_eq!(written, 4000);
+    server.crash();
+    let segment = last_segment(&data_dir);
+    let frames = frames_of(&std::fs::read(&segment).unwrap());
+    assert!(frames.len() >= 2, "several frames: {frames:?}");
+    assert_eq!(frames.last().unwrap().2, written);
+    let kept = frames[frames.len() - 2].2;
+    damage(&segment, &frames);
+
+    server.spawn();
+    assert_eq!(server.stream_end("default"), kept, "every whole frame before the damage is kept");
+    assert_eq!(server.metric("spate_recovery_truncations_total"), 1.0);
+    assert!(server.metric("spate_recovery_discarded_bytes_total") > 0.0);
+    let log = server.log();
+    assert!(log.contains(&format!("recovered {}", segment.display())) && log.contains("dropped"), "{log}");
+    let mut producer = server.producer();
+    producer.send(b"k after-recovery\n");
+    producer.sync();
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB 0 earliest");
+    let events = subscriber.take(kept as usize + 1);
+    assert!(events.iter().enumerate().all(|(index, event)| event.offset == index as u64), "dense offsets");
+    assert_eq!(events.last().unwrap().payload, b"after-recovery");
+    assert!(events[..kept as usize].iter().all(|event| event.payload.len() > 100), "whole events");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+#[test]
+fn a_torn_tail_is_cut_to_the_last_whole_frame() {
+    recovery_after(
+        |segment, frames| {
+            let &(position, size, _) = frames.last().unwrap();
+            let file = std::fs::OpenOptions::new().write(true).open(segment).unwrap();
+            file.set_len((position + size / 2) as u64).unwrap();
+        },
+        "truncated",
+    );
+}
+
+#[test]
+fn a_corrupt_last_frame_is_cut() {
+    recovery_after(
+        |segment, frames| {
+            let &(position, size, _) = frames.last().unwrap();
+            let mut bytes = std::fs::read(segment).unwrap();
+            bytes[position + 44 + (size - 44) / 2] ^= 0x5a;
+            std::fs::write(segment, bytes).unwrap();
+        },
+        "flipped",
+    );
+}
+
+/// A data directory on a small tmpfs that fills up: producers are pushed
+/// back, nothing acknowledged is lost, and ingest resumes once space is
+/// freed. Needs root to mount the tmpfs; skipped with a message otherwise.
+#[test]
+fn a_full_disk_pushes_back_and_recovers() {
+    let mount = std::env::temp_dir().join(format!("spate-enospc-{}", std::process::id()));
+    std::fs::create_dir_all(&mount).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(&mount)
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", mount.display());
+        return;
+    }
+    let filler = mount.join("filler");
+    std::fs::write(&filler, vec![1u8; 12 << 20]).unwrap();
+    let data = mount.join("data").display().to_string();
+    let segment = (1 << 20).to_string();
+    let server = Server::start(&[
+        "--shards",
+        "1",
+        "--partitions",
+        "2",
+        "--data-dir",
+        &data,
+        "--line-size-max",
+        "4096",
+        "--segment-bytes",
+        &segment,
+    ]);
+    // About 8 MiB of events: more than the 4 MiB left.
+    const EVENTS: u64 = 8000;
+    let producer = {
+        let address = server.ingest;
+        std::thread::spawn(move || {
+            let mut producer = common::Producer::connect(address);
+            let payload = "y".repeat(1000);
+            for index in 0..EVENTS {
+                producer.send(format!("k{} {index}-{payload}\n", index % 4).as_bytes());
+                if index % 500 == 499 {
+                    producer.sync();
+                }
+            }
+            producer.sync();
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("spate_storage_errors_total") == 0.0 {
+        assert!(Instant::now() < deadline, "the disk never filled: {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Stalled, not crashed: nothing more is stored while the disk is full.
+    let stored = server.stream_end("default");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(server.stream_end("default"), stored, "nothing is stored while the disk is full");
+    assert!(stored < EVENTS);
+    assert!(!producer.is_finished(), "the producer is pushed back");
+    assert!(server.log().contains("disk full"), "{}", server.log());
+
+    std::fs::remove_file(&filler).unwrap();
+    producer.join().expect("the producer finishes once space is back");
+    assert_eq!(server.stream_end("default"), EVENTS, "every event stored: {}", server.log());
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB * earliest");
+    let events: Vec<_> = (0..EVENTS).map_while(|_| subscriber.next_event()).collect();
+    assert_eq!(events.len() as u64, EVENTS, "{:?} {}", subscriber.notices, server.log());
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut last: HashMap<Vec<u8>, u64> = HashMap::new();
+    for event in events {
+        let payload = std::str::from_utf8(&event.payload).unwrap();
+        let (index, rest) = payload.split_once('-').unwrap();
+        assert_eq!(rest.len(), 1000, "whole events");
+        let index: u64 = index.parse().unwrap();
+        assert!(seen.insert(index), "event {index} twice");
+        if let Some(previous) = last.insert(event.key.clone(), index) {
+            assert!(previous < index, "a key's events in order");
+        }
+    }
+    assert_eq!(seen.len() as u64, EVENTS);
+    drop(server);
+    let _ = std::process::Command::new("umount").arg(&mount).status();
+    let _ = std::fs::remove_dir_all(&mount);
+}
