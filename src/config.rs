@@ -361,6 +361,19 @@ pub struct Config {
     #[arg(long, default_value_t = 256 * KIB)]
     pub tail_cache_bytes: usize,
 
+    /// Keys one aggregate tracks per partition; a new key beyond it is
+    /// refused (counted in spate_aggregate_keys_refused_total). Memory: see
+    /// README "Keyed aggregates" (about 330 bytes per key of 32 bytes in
+    /// tumbling windows).
+    #[arg(long, default_value_t = crate::process::KEYS_PER_AGGREGATE_MAX)]
+    pub aggregate_keys_max: u32,
+
+    /// With `--storage disk`: how often each partition's aggregate state is
+    /// checkpointed next to its log, in ms (a crash replays at most this
+    /// much of the log).
+    #[arg(long, default_value_t = 1000)]
+    pub aggregate_checkpoint_ms: u64,
+
     /// Retention per partition in bytes [default: 1 GiB of files on disk, 8
     /// MiB of memory with --storage memory]; whole oldest segments go first.
     #[arg(long)]
@@ -667,6 +680,8 @@ impl Config {
             ("--fetch-bytes-max", self.fetch_bytes_max),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
             ("--line-timeout-ms", self.line_timeout_ms as usize),
+            ("--aggregate-keys-max", self.aggregate_keys_max as usize),
+            ("--aggregate-checkpoint-ms", self.aggregate_checkpoint_ms as usize),
         ];
         match nonzero.iter().find(|(_, value)| *value == 0) {
             Some((name, _)) => Err(ConfigError::Zero { name }),

@@ -43,6 +43,7 @@
 //! ```
 
 mod admin;
+pub mod aggregate_client;
 pub mod balance;
 pub mod bench;
 mod client;

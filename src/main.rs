@@ -23,6 +23,8 @@ enum Command {
     Pub(spate::pub_client::PubArgs),
     /// Create, list or delete named streams (through the admin port).
     Stream(spate::stream_client::StreamArgs),
+    /// Declare, list, delete and query keyed aggregates (through the admin port).
+    Aggregate(spate::aggregate_client::AggregateArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
@@ -38,6 +40,7 @@ fn main() {
         Command::Sub(args) => spate::run_sub(&args).map_err(|error| error.to_string()),
         Command::Pub(args) => std::process::exit(spate::pub_client::run_pub(&args)),
         Command::Stream(args) => spate::stream_client::run_stream(&args),
+        Command::Aggregate(args) => spate::aggregate_client::run_aggregate(&args),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())

@@ -23,6 +23,7 @@
 //! [`ADMIN_BODY_BYTES_MAX`]: crate::config::ADMIN_BODY_BYTES_MAX
 //! [`ADMIN_CONNECTION_LIFETIME_MS`]: crate::config::ADMIN_CONNECTION_LIFETIME_MS
 
+mod aggregates;
 mod http;
 mod render;
 mod routes;

@@ -7,7 +7,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::admin::{AdminState, collect_partitions, collect_stats, render, streams};
+use crate::admin::{AdminState, aggregates, collect_partitions, collect_stats, render, streams};
 use crate::config::ADMIN_BODY_BYTES_MAX;
 
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -22,6 +22,12 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
         Err(response) => return response,
     };
     let path = parts.uri.path();
+    if aggregates::matches(path) {
+        return match aggregates::route(state, &parts.method, path, parts.uri.query(), &body).await {
+            Ok((status, body)) => respond(status, JSON, body),
+            Err(failure) => respond(failure.status, TEXT, failure.message),
+        };
+    }
     match (&parts.method, path) {
         (&Method::GET, "/metrics") => match collect_stats(state).await {
             Ok(stats) => respond(200, PROMETHEUS, render::prometheus(state, &stats)),
@@ -43,7 +49,9 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
         (&Method::GET, "/") => respond(
             200,
             TEXT,
-            "spate admin: GET /metrics, /stats, /partitions, /streams; POST /streams; DELETE /streams/NAME\n"
+            "spate admin: GET /metrics, /stats, /partitions, /streams, /streams/NAME/aggregates, /aggregates/AGG?key=K, \
+             /aggregates/AGG/top?n=N; POST /streams, /streams/NAME/aggregates; DELETE /streams/NAME, \
+             /streams/NAME/aggregates/AGG\n"
                 .to_string(),
         ),
         (&Method::GET, _) | (&Method::POST, _) | (&Method::DELETE, _) => {

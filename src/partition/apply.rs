@@ -108,7 +108,7 @@ pub fn install_handoff(
     let mut position = 0;
     while position < pending.bytes.len() {
         let record = decode_log_record(&pending.bytes[position..]).expect("pending holds whole records");
-        applied.stored_bytes += partition.append(&record);
+        applied.stored_bytes += partition.append(&record, partitions.arrival_ms);
         position += record.log_record.len();
     }
     partitions.install(partition_id, partition);
@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(applied.stored, 1);
         assert!(effects.is_empty(), "the grant is held");
         let mut moved = Box::new(Partition::new(PartitionLog::in_memory(1 << 16, 1 << 12), 500));
-        moved.append(&crate::protocol::record::BatchIter::new(&batch(&[(2, "early")])).next().unwrap().1);
+        moved.append(&crate::protocol::record::BatchIter::new(&batch(&[(2, "early")])).next().unwrap().1, 0);
         let pending = migrations.on_handoff(2, 1, 3, &mut effects);
         let installed = install_handoff(&mut partitions, 2, moved, pending);
         assert_eq!(installed.stored, 2);

@@ -29,6 +29,7 @@ pub use log::{MemoryLog, PartitionLog};
 pub use placement::{Placement, PlacementTable};
 
 use crate::balance::Ewma;
+use crate::process::PartitionProcessor;
 use crate::protocol::RecordRef;
 
 /// One partition owned by this shard. Everything here moves with the
@@ -50,6 +51,9 @@ pub struct Partition {
     pub sampled_bytes: u64,
     /// When this partition last arrived at a new owner (process clock, ms).
     pub moved_ms: Option<u64>,
+    /// The keyed aggregates declared on its stream, run on every event it
+    /// appends ([`crate::process`]); `None` when its stream has none.
+    pub processor: Option<Box<PartitionProcessor>>,
 }
 
 impl Partition {
@@ -64,13 +68,18 @@ impl Partition {
             sampled_events: 0,
             sampled_bytes: 0,
             moved_ms: None,
+            processor: None,
         }
     }
 
-    /// Appends one event; returns the record bytes it added to the log.
+    /// Appends one event and runs its stream's aggregates on it (at
+    /// `arrival_ms`, Unix ms); returns the record bytes it added to the log.
     #[inline]
-    pub fn append(&mut self, record: &RecordRef<'_>) -> u64 {
-        self.log.append(record.log_record);
+    pub fn append(&mut self, record: &RecordRef<'_>, arrival_ms: u64) -> u64 {
+        let offset = self.log.append(record.log_record);
+        if let Some(processor) = &mut self.processor {
+            processor.process(offset, record.key, record.payload, arrival_ms);
+        }
         self.events_total += 1;
         self.bytes_total += record.payload.len() as u64;
         record.log_record.len() as u64
@@ -103,6 +112,7 @@ pub struct MovedPartition {
     sampled_events: u64,
     sampled_bytes: u64,
     pub moved_ms: Option<u64>,
+    processor: Option<Box<PartitionProcessor>>,
 }
 
 impl MovedPartition {
@@ -129,6 +139,7 @@ impl Partition {
             sampled_events: self.sampled_events,
             sampled_bytes: self.sampled_bytes,
             moved_ms: self.moved_ms,
+            processor: self.processor,
         }
     }
 
@@ -150,6 +161,7 @@ impl Partition {
             sampled_events: moved.sampled_events,
             sampled_bytes: moved.sampled_bytes,
             moved_ms: moved.moved_ms,
+            processor: moved.processor,
         }
     }
 }
@@ -158,6 +170,9 @@ impl Partition {
 /// them were appended to since the committer last looked.
 #[derive(Debug)]
 pub struct PartitionManager {
+    /// The arrival time (Unix ms) aggregates see for what is appended next:
+    /// set by the shard once per batch, never going back.
+    pub arrival_ms: u64,
     partitions: Vec<Option<Box<Partition>>>,
     owned_count: u32,
     dirty: Vec<u32>,
@@ -171,6 +186,7 @@ impl PartitionManager {
     pub fn new(partition_count: u32) -> PartitionManager {
         let count = partition_count as usize;
         PartitionManager {
+            arrival_ms: 0,
             partitions: (0..count).map(|_| None).collect(),
             owned_count: 0,
             dirty: Vec::new(),
@@ -184,7 +200,7 @@ impl PartitionManager {
     #[inline]
     pub fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64> {
         let partition = self.partitions.get_mut(partition_id as usize)?.as_deref_mut()?;
-        let bytes = partition.append(record);
+        let bytes = partition.append(record, self.arrival_ms);
         self.mark_dirty(partition_id);
         Some(bytes)
     }

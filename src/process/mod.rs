@@ -116,7 +116,7 @@ pub use declaration::{
     WindowSpec,
 };
 pub use hll::{HLL_PRECISION, HLL_REGISTERS};
-pub use output::{AggregateStats, ClosedWindow, KeyView, TopEntry, WindowView, merge_top};
+pub use output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry, WindowView, merge_top};
 pub use processor::{PartitionProcessor, ProcessError};
 
 /// Aggregates declared on one stream, each costing its keys on every

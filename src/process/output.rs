@@ -78,6 +78,89 @@ impl ClosedWindow<'_> {
     }
 }
 
+/// Closed windows waiting to be appended to their output streams, encoded
+/// back to back in one reused buffer (no allocation per window once it has
+/// grown): `u16 output size, output, u16 key size, key, u32 payload size,
+/// payload` ([`ClosedWindow::write_json`]). A processor fills one as it
+/// applies events; the shard moves its bytes to its emit queue after each
+/// batch.
+#[derive(Debug, Default)]
+pub struct ClosedOutputs {
+    bytes: Vec<u8>,
+    count: u64,
+}
+
+impl ClosedOutputs {
+    /// Encodes one closed window.
+    pub fn push(&mut self, window: &ClosedWindow<'_>) {
+        // Stream names are at most 64 bytes and keys at most u16::MAX
+        // (the record format's limit), so both casts are exact.
+        self.bytes.extend_from_slice(&(window.output.len() as u16).to_le_bytes());
+        self.bytes.extend_from_slice(window.output.as_bytes());
+        self.bytes.extend_from_slice(&(window.key.len() as u16).to_le_bytes());
+        self.bytes.extend_from_slice(window.key);
+        let size_at = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; 4]);
+        window.write_json(&mut self.bytes);
+        let payload_size = (self.bytes.len() - size_at - 4) as u32;
+        self.bytes[size_at..size_at + 4].copy_from_slice(&payload_size.to_le_bytes());
+        self.count += 1;
+    }
+
+    /// Moves every window of `other` behind this one's.
+    pub fn append(&mut self, other: &mut ClosedOutputs) {
+        self.bytes.extend_from_slice(&other.bytes);
+        self.count += other.count;
+        other.clear();
+    }
+
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.count = 0;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Windows held.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Bytes reserved (the buffer's capacity).
+    pub fn capacity_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// The first window at or after byte `position`: `(output, key,
+    /// payload, next position)`, or `None` at the end.
+    pub fn read_at(&self, position: usize) -> Option<(&str, &[u8], &[u8], usize)> {
+        let bytes = &self.bytes;
+        let take = |at: usize, size: usize| bytes.get(at..at + size);
+        let output_size = usize::from(u16::from_le_bytes(take(position, 2)?.try_into().ok()?));
+        let output = std::str::from_utf8(take(position + 2, output_size)?).ok()?;
+        let key_at = position + 2 + output_size;
+        let key_size = usize::from(u16::from_le_bytes(take(key_at, 2)?.try_into().ok()?));
+        let key = take(key_at + 2, key_size)?;
+        let payload_at = key_at + 2 + key_size;
+        let payload_size = u32::from_le_bytes(take(payload_at, 4)?.try_into().ok()?) as usize;
+        let payload = take(payload_at + 4, payload_size)?;
+        Some((output, key, payload, payload_at + 4 + payload_size))
+    }
+
+    /// Drops the windows before byte `position` (already sent).
+    pub fn consume(&mut self, position: usize, count: u64) {
+        self.bytes.drain(..position);
+        self.count -= count;
+    }
+}
+
 /// A finite number as JSON: integral values below 2^53 as integers.
 fn write_number(out: &mut Vec<u8>, value: f64) {
     const EXACT_INTEGER_MAX: f64 = 9_007_199_254_740_992.0;

@@ -16,7 +16,7 @@ use std::fmt;
 
 use crate::process::aggregate::{AggregateState, Closing, Event};
 use crate::process::declaration::AggregateDeclaration;
-use crate::process::output::{AggregateStats, ClosedWindow, KeyView, TopEntry};
+use crate::process::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
 use crate::process::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
 
 /// The state of every aggregate declared on one stream, for one partition.
@@ -34,6 +34,9 @@ pub struct PartitionProcessor {
     closing: Closing,
     /// Events ignored because their offset was already covered.
     replay_skipped: u64,
+    /// Windows closed by [`PartitionProcessor::process`] and
+    /// [`PartitionProcessor::advance`], until the engine takes them.
+    output: ClosedOutputs,
 }
 
 /// Why a processor refused a change.
@@ -83,6 +86,7 @@ impl PartitionProcessor {
             scratch: Vec::new(),
             closing: Closing::default(),
             replay_skipped: 0,
+            output: ClosedOutputs::default(),
         }
     }
 
@@ -179,6 +183,50 @@ impl PartitionProcessor {
         true
     }
 
+    /// [`PartitionProcessor::on_event`], with the closed windows kept in
+    /// the processor until [`PartitionProcessor::take_output`]: the engine's
+    /// entry point on its apply path.
+    #[inline]
+    pub fn process(&mut self, offset: u64, key: &[u8], payload: &[u8], arrival_ms: u64) -> bool {
+        if offset < self.next_offset {
+            self.replay_skipped += 1;
+            return false;
+        }
+        let event = Event { offset, partition: self.partition, key, payload, arrival_ms };
+        let output = &mut self.output;
+        let mut out = |window: &ClosedWindow<'_>| output.push(window);
+        for aggregate in &mut self.aggregates {
+            aggregate.on_event(event, &mut self.scratch, &mut self.closing, &mut out);
+        }
+        self.next_offset = offset + 1;
+        true
+    }
+
+    /// [`PartitionProcessor::advance_time`], keeping the closed windows.
+    pub fn advance(&mut self, now_ms: u64) {
+        let output = &mut self.output;
+        let mut out = |window: &ClosedWindow<'_>| output.push(window);
+        for aggregate in &mut self.aggregates {
+            aggregate.advance_time(now_ms, self.partition, &mut self.closing, &mut out);
+        }
+    }
+
+    /// Moves the covered offsets up to `offset` without counting what is
+    /// below it (events the log no longer holds).
+    pub fn skip_to(&mut self, offset: u64) {
+        self.next_offset = self.next_offset.max(offset);
+    }
+
+    /// Whether closed windows wait for [`PartitionProcessor::take_output`].
+    pub fn has_output(&self) -> bool {
+        !self.output.is_empty()
+    }
+
+    /// Moves the closed windows kept so far behind `into`'s.
+    pub fn take_output(&mut self, into: &mut ClosedOutputs) {
+        into.append(&mut self.output);
+    }
+
     /// The engine's clock (ms since the Unix epoch, the clock arrival times
     /// come from): closes the arrival-time windows whose end plus lateness
     /// it has reached, so they come out when no events arrive. Event-time
@@ -236,7 +284,8 @@ impl PartitionProcessor {
     /// Estimated heap bytes held, reused buffers included.
     pub fn memory_bytes(&self) -> u64 {
         let aggregates: u64 = self.aggregates.iter().map(AggregateState::memory_bytes).sum();
-        aggregates + (self.scratch.capacity() + self.closing.capacity_bytes()) as u64
+        let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes();
+        aggregates + buffers as u64
     }
 
     /// Rebuilds a processor from decoded parts (checkpoint.rs).

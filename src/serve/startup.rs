@@ -125,6 +125,7 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
     glommio::spawn_local(async move { flusher.source.run_flusher().await }).detach();
     let applier = shard.clone();
     glommio::spawn_local(async move { applier.run_applier().await }).detach();
+    crate::shard::aggregates::spawn_tasks(shard);
     let balancer = shard.clone();
     glommio::spawn_local(async move { balancer.run_balancer().await }).detach();
     let servicer = shard.clone();

@@ -29,6 +29,8 @@ pub enum ControlRequest {
     Partitions(flume::Sender<Vec<PartitionInfo>>),
     /// Stream lifecycle ([`crate::shard::streams`]): each answers once done.
     Stream(StreamRequest),
+    /// Keyed aggregates ([`crate::shard::aggregates`]).
+    Aggregate(crate::shard::aggregates::AggregateRequest),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
     Shutdown {
         deadline: Instant,
@@ -122,6 +124,7 @@ pub async fn serve_control(
                 let _ = reply.send(partition_infos(shard));
             }
             ControlRequest::Stream(request) => crate::shard::streams::handle(shard, request),
+            ControlRequest::Aggregate(request) => crate::shard::aggregates::handle(shard, request),
             ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();
@@ -185,6 +188,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.connections_open.set(shard.lifecycle.connections_open());
     metrics.subscriber_connections_open.set(shard.lifecycle.sessions_open());
     metrics.apply_queue_bytes.set(shard.apply_queue.bytes() as u64);
+    crate::shard::aggregates::set_metrics(shard);
     metrics.storage_failing.set(u64::from(shard.committer.as_ref().is_some_and(|committer| committer.is_failing())));
     metrics.mesh_queued_frames.set(shard.outbox.queued_frames() as u64);
     let pending_bytes: usize = shard.migrations.borrow().pending().map(|pending| pending.size_bytes()).sum();

@@ -20,6 +20,7 @@
 //! The network faces (ingest, subscribe) and start-up live above, in
 //! [`crate::serve`]; the shard imports neither.
 
+pub mod aggregates;
 pub mod apply_queue;
 pub mod balancer;
 pub mod commit;
@@ -79,6 +80,8 @@ pub struct Shard {
     pub outbox: Rc<Outbox>,
     /// This shard's copy of the stream catalog.
     pub streams: RefCell<ShardStreams>,
+    /// Emit queue, clock and checkpoints of keyed aggregates.
+    pub aggregates: aggregates::ShardAggregates,
 }
 
 impl Shard {
@@ -115,6 +118,7 @@ impl Shard {
             lifecycle: Lifecycle::default(),
             outbox,
             streams: RefCell::new(ShardStreams::new(catalog)),
+            aggregates: aggregates::ShardAggregates::new(&config),
             config,
         }
     }
@@ -139,9 +143,15 @@ impl Shard {
             return Ok(Vec::new());
         }
         let owned = owned_partitions_of(&self.placement.borrow(), self.id, spec);
+        let declarations: Vec<_> = self.streams.borrow().catalog().aggregates_of(&spec.name).cloned().collect();
+        let limits = self.aggregates.limits;
         let opens: Vec<_> = owned
             .into_iter()
-            .map(|partition_id| glommio::spawn_local(open_partition(self.config.clone(), spec.clone(), partition_id)))
+            .map(|partition_id| {
+                let open =
+                    open_partition(self.config.clone(), spec.clone(), partition_id, declarations.clone(), limits);
+                glommio::spawn_local(open)
+            })
             .collect();
         let mut reports = Vec::new();
         for open in opens {
@@ -238,6 +248,8 @@ impl Shard {
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
         }
+        let any_processor = aggregates::any_declared(self);
+        self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
         let mut effects = Vec::new();
         let applied = apply_batch(
             &mut self.partitions.borrow_mut(),
@@ -251,6 +263,7 @@ impl Shard {
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
         ShardMetrics::add(&self.metrics.events_discarded_deleted_stream, applied.discarded);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
+        aggregates::after_apply(self, any_processor).await;
         self.carry_out(effects);
         match &self.committer {
             // Readers see new events once they are committed.
@@ -330,7 +343,9 @@ impl Shard {
         let moved_ms = partition.moved_ms.unwrap_or(now_ms);
         let mut effects = Vec::new();
         let pending = self.migrations.borrow_mut().on_handoff(partition_id, epoch, now_ms, &mut effects);
+        self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
         let applied = install_handoff(&mut self.partitions.borrow_mut(), partition_id, partition, pending);
+        aggregates::reconcile_partition(self, partition_id);
         ShardMetrics::add(&self.metrics.events_stored, applied.stored);
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
         for effect in effects {
@@ -490,6 +505,8 @@ async fn open_partition(
     config: Arc<Config>,
     spec: StreamSpec,
     partition_id: u32,
+    declarations: Vec<crate::process::AggregateDeclaration>,
+    limits: crate::process::ProcessorLimits,
 ) -> Result<(u32, Partition, OpenReport), SegmentError> {
     let local = partition_id - spec.base;
     let dir = crate::storage::dir::partition_dir(&config.data_dir, &spec.name, local).map_err(|error| {
@@ -497,9 +514,11 @@ async fn open_partition(
         SegmentError::Io { op: "partition directory", path: config.data_dir.clone(), position: 0, source }
     })?;
     let (disk, report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
+    let processor = aggregates::recover(&disk, &spec, local, &declarations, limits).await?;
     let cache = MemoryLog::starting_at(disk.next_offset(), config.tail_cache_bytes, config.tail_cache_segment_bytes());
     let mut partition = Partition::new(PartitionLog::on_disk(cache, disk), config.balance_config().ewma_half_life_ms);
     partition.stream_base = spec.base;
+    partition.processor = processor;
     Ok((partition_id, partition, report))
 }
 

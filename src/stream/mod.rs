@@ -206,6 +206,10 @@ pub struct Catalog {
     /// restart, when nothing can be in flight for them any more.
     #[serde(skip)]
     retired: Vec<(u32, u32)>,
+    /// Keyed aggregates declared on the streams ([`crate::process`]), in
+    /// the order they were declared; names are unique across streams.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    aggregates: Vec<crate::process::AggregateDeclaration>,
 }
 
 impl Catalog {
@@ -258,6 +262,30 @@ impl Catalog {
         Ok(spec)
     }
 
+    /// Every aggregate, in declaration order.
+    pub fn aggregates(&self) -> &[crate::process::AggregateDeclaration] {
+        &self.aggregates
+    }
+
+    /// The aggregates declared on `stream`.
+    pub fn aggregates_of<'c>(
+        &'c self,
+        stream: &'c str,
+    ) -> impl Iterator<Item = &'c crate::process::AggregateDeclaration> + 'c {
+        self.aggregates.iter().filter(move |declaration| declaration.stream == stream)
+    }
+
+    /// Adds an aggregate (the caller checked the name and the streams).
+    pub fn add_aggregate(&mut self, declaration: crate::process::AggregateDeclaration) {
+        self.aggregates.push(declaration);
+    }
+
+    /// Removes an aggregate by name.
+    pub fn remove_aggregate(&mut self, name: &str) -> Option<crate::process::AggregateDeclaration> {
+        let index = self.aggregates.iter().position(|declaration| declaration.name == name)?;
+        Some(self.aggregates.remove(index))
+    }
+
     /// Removes a stream; its range stays unused until a restart.
     pub fn remove(&mut self, name: &str) -> Result<StreamSpec, CatalogError> {
         if name == DEFAULT_STREAM {
@@ -267,6 +295,8 @@ impl Catalog {
         let index = index.ok_or_else(|| CatalogError::Unknown { name: name.to_string() })?;
         let spec = self.streams.remove(index);
         self.retired.push((spec.base, spec.partitions));
+        // Its aggregates go with it (their state lives in its partitions).
+        self.aggregates.retain(|declaration| declaration.stream != name);
         Ok(spec)
     }
 
@@ -390,6 +420,11 @@ impl ShardStreams {
         &self.catalog
     }
 
+    /// For aggregate declarations, which change this shard's copy.
+    pub fn catalog_mut(&mut self) -> &mut Catalog {
+        &mut self.catalog
+    }
+
     /// The route of an active stream by name.
     pub fn route_for(&self, name: &[u8]) -> Option<StreamRoute> {
         let name = std::str::from_utf8(name).ok()?;
@@ -424,6 +459,7 @@ impl ShardStreams {
         self.inactive.retain(|&inactive| inactive != id);
         let spec = self.catalog.streams.remove(index);
         self.catalog.retired.push((spec.base, spec.partitions));
+        self.catalog.aggregates.retain(|declaration| declaration.stream != spec.name);
         Some(spec)
     }
 }

@@ -1,0 +1,600 @@
+//! Keyed aggregates on a shard: the engine side of [`crate::process`].
+//!
+//! # Where the state lives
+//!
+//! Each owned partition of a stream with aggregates holds a
+//! [`PartitionProcessor`] ([`crate::partition::Partition::processor`]). The
+//! apply path runs it on every event as it is appended, in offset order, on
+//! the owning shard: no extra hop and no allocation per event (a key seen
+//! for the first time allocates its entry). It moves with the partition
+//! when the partition migrates (it is part of the handoff), so the values
+//! read before and after a move are the same.
+//!
+//! # Closed windows
+//!
+//! Windows a processor closes wait in the processor until the shard moves
+//! them, right after the batch (or clock tick) that closed them, into its
+//! emit queue ([`ShardAggregates`]). The emitter task routes them to their
+//! output stream exactly as a connection routes events (key = the window's
+//! key, payload = [`crate::process::ClosedWindow::write_json`]), spending
+//! credits and waiting for them. The queue's limit is
+//! [`EMIT_QUEUE_BYTES_MAX`]: over it the applier pauses after each batch
+//! (up to [`EMIT_WAIT_MS_MAX`] at a time, so that two shards whose emitters
+//! wait on each other's credits cannot deadlock), which pushes back on
+//! producers through the usual credits. Windows whose output stream does not
+//! exist (deleted) are dropped and counted.
+//!
+//! Arrival-time windows close by the clock: a tick every [`TICK_MS`]
+//! advances every processor whose next window end has passed.
+//!
+//! # Checkpoints (disk storage)
+//!
+//! Every `--aggregate-checkpoint-ms` the shard encodes the processors of
+//! its partitions that changed and writes each to
+//! `<partition dir>/aggregates.ckpt`: a new file, fsynced, renamed over the
+//! old, directory fsynced. A checkpoint covers offsets below its
+//! `next_offset`, and it is renamed into place only once (1) every window it
+//! counts as closed has been routed and is durable at its output owner
+//! ([`crate::shard::source::Source::sync_barrier`]), and (2) every event it
+//! covers is durable in the log (a synced commit round): so after a crash
+//! the checkpoint never covers an event the log lost, nor a closed window
+//! the output stream lost. A declaration writes its first checkpoint before
+//! `POST` answers.
+//!
+//! # Recovery
+//!
+//! At start, each partition of a stream with aggregates loads its
+//! checkpoint and replays its log from the checkpoint's offset (with each
+//! frame's write time as the arrival time), so no event is counted twice or
+//! missed. Windows closed by the replay are emitted again: those that had
+//! been emitted before the crash come out identical (value, count, offsets
+//! and `sequence` are a function of the log), so a reader drops a window
+//! whose `(aggregate, partition, sequence)` it has seen. A checkpoint that
+//! is missing, corrupt, or does not fit the log (it covers more than the log
+//! holds, or retention deleted what follows it) is replaced by an empty
+//! processor replaying the whole retained log, and counted.
+//!
+//! Memory storage runs the same processors without checkpoints.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::partition::PartitionManager;
+use crate::partition::disk::{DiskLog, Located, now_unix_ms};
+use crate::process::{
+    AggregateDeclaration, AggregateStats, ClosedOutputs, KeyView, PartitionProcessor, ProcessorLimits, TopEntry,
+};
+use crate::shard::Shard;
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::notify::{Notify, first};
+use crate::shard::source::Blocked;
+use crate::storage::format::decode_frame;
+use crate::storage::segment::{SegmentError, SegmentReader};
+use crate::stream::StreamSpec;
+
+/// The checkpoint file in each partition's directory.
+pub const CHECKPOINT_FILE_NAME: &str = "aggregates.ckpt";
+/// Bytes of closed windows a shard's emit queue holds before its applier
+/// pauses (a window is its key, about 200 bytes of JSON and 8 of framing).
+pub const EMIT_QUEUE_BYTES_MAX: usize = 16 << 20;
+/// The longest one pause of the applier for the emit queue, in ms.
+pub const EMIT_WAIT_MS_MAX: u64 = 50;
+/// How often arrival-time windows are checked for closing, in ms.
+pub const TICK_MS: u64 = 2;
+/// Windows the emitter routes before it yields.
+const EMIT_CHUNK_WINDOWS: u64 = 1024;
+/// The most one replay read asks for (frames are tens of KiB).
+const REPLAY_READ_BYTES: usize = 4 << 20;
+
+/// A request about aggregates from the control plane.
+pub enum AggregateRequest {
+    /// A new aggregate (already in the admin catalog): add it to the
+    /// processors of the owned partitions of its stream, checkpoint them.
+    Declare { declaration: AggregateDeclaration, reply: flume::Sender<Result<(), String>> },
+    /// Drop an aggregate and its state.
+    Remove { name: String, reply: flume::Sender<()> },
+    /// One key's windows, from the shard owning the key's partition.
+    Query { name: String, key: Vec<u8>, reply: flume::Sender<Option<KeyView>> },
+    /// The `n` largest keys over the owned partitions.
+    Top { name: String, n: usize, reply: flume::Sender<Vec<TopEntry>> },
+    /// Per aggregate and owned partition.
+    Stats { reply: flume::Sender<Vec<AggregateStats>> },
+}
+
+/// One shard's aggregate machinery: the emit queue, the clock, checkpoints.
+pub struct ShardAggregates {
+    emit: RefCell<ClosedOutputs>,
+    emit_notify: Notify,
+    emit_drained: Notify,
+    /// Windows put in the emit queue, and routed out of it, since start.
+    pushed_total: Cell<u64>,
+    routed_total: Cell<u64>,
+    routed_notify: crate::shard::notify::WaitList,
+    /// The arrival clock (Unix ms), never going back.
+    clock_ms: Cell<u64>,
+    /// Partition -> the offset its last checkpoint covers.
+    checkpointed: RefCell<HashMap<u32, u64>>,
+    checkpoint_serial: Cell<u64>,
+    pub limits: ProcessorLimits,
+}
+
+impl ShardAggregates {
+    pub fn new(config: &crate::config::Config) -> ShardAggregates {
+        ShardAggregates {
+            emit: RefCell::default(),
+            emit_notify: Notify::default(),
+            emit_drained: Notify::default(),
+            pushed_total: Cell::new(0),
+            routed_total: Cell::new(0),
+            routed_notify: crate::shard::notify::WaitList::default(),
+            clock_ms: Cell::new(0),
+            checkpointed: RefCell::default(),
+            checkpoint_serial: Cell::new(0),
+            limits: ProcessorLimits { keys_per_aggregate_max: config.aggregate_keys_max },
+        }
+    }
+
+    /// The arrival time for what is applied now (Unix ms, never going back).
+    pub fn clock(&self) -> u64 {
+        let now_ms = now_unix_ms().max(self.clock_ms.get());
+        self.clock_ms.set(now_ms);
+        now_ms
+    }
+
+    /// Moves every processor's closed windows into the emit queue.
+    pub fn collect(&self, partitions: &mut PartitionManager) {
+        let mut emit = self.emit.borrow_mut();
+        let before = emit.count();
+        for (_, partition) in partitions.iter_mut() {
+            if let Some(processor) = partition.processor.as_deref_mut().filter(|processor| processor.has_output()) {
+                processor.take_output(&mut emit);
+            }
+        }
+        let added = emit.count() - before;
+        if added > 0 {
+            self.pushed_total.set(self.pushed_total.get() + added);
+            self.emit_notify.notify();
+        }
+    }
+
+    pub fn emit_queue_bytes(&self) -> usize {
+        self.emit.borrow().size_bytes()
+    }
+}
+
+/// After a batch is applied: collect closed windows, and pause while the
+/// emit queue is over its limit (bounded, see the module doc).
+pub async fn after_apply(shard: &Shard, any_processor: bool) {
+    if !any_processor {
+        return;
+    }
+    shard.aggregates.collect(&mut shard.partitions.borrow_mut());
+    let deadline = Instant::now() + Duration::from_millis(EMIT_WAIT_MS_MAX);
+    while shard.aggregates.emit_queue_bytes() > EMIT_QUEUE_BYTES_MAX {
+        ShardMetrics::add(&shard.metrics.aggregate_emit_waits, 1);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        first(shard.aggregates.emit_drained.notified(), glommio::timer::sleep(left)).await;
+    }
+}
+
+/// Whether any stream has aggregates (the apply path skips the collection
+/// otherwise).
+pub fn any_declared(shard: &Shard) -> bool {
+    !shard.streams.borrow().catalog().aggregates().is_empty()
+}
+
+/// The shard's aggregate tasks: the emitter, and the clock (arrival-time
+/// windows, checkpoints).
+pub fn spawn_tasks(shard: &Rc<Shard>) {
+    glommio::spawn_local(run_emitter(shard.clone())).detach();
+    glommio::spawn_local(run_clock(shard.clone())).detach();
+}
+
+async fn run_emitter(shard: Rc<Shard>) {
+    loop {
+        shard.aggregates.emit_notify.notified().await;
+        loop {
+            match emit_some(&shard) {
+                None => break,
+                Some(Ok(())) => glommio::yield_if_needed().await,
+                Some(Err(blocked)) => {
+                    shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+                }
+            }
+        }
+    }
+}
+
+/// Routes up to [`EMIT_CHUNK_WINDOWS`] queued windows. `None` when the
+/// queue is empty, `Err` when an owner has no credits for the next.
+fn emit_some(shard: &Shard) -> Option<Result<(), Blocked>> {
+    let aggregates = &shard.aggregates;
+    let mut emit = aggregates.emit.borrow_mut();
+    if emit.is_empty() {
+        return None;
+    }
+    let streams = shard.streams.borrow();
+    let mut route = shard.source.begin(&shard.placement);
+    let (mut position, mut count, mut dropped) = (0, 0u64, 0u64);
+    let mut outcome = Ok(());
+    while count < EMIT_CHUNK_WINDOWS {
+        let Some((output, key, payload, next)) = emit.read_at(position) else { break };
+        match streams.route_for(output.as_bytes()) {
+            Some(stream) => {
+                if let Err(blocked) = route.route_event(stream, key, payload) {
+                    outcome = Err(blocked);
+                    break;
+                }
+            }
+            None => dropped += 1,
+        }
+        position = next;
+        count += 1;
+    }
+    drop(route);
+    emit.consume(position, count);
+    ShardMetrics::add(&shard.metrics.aggregate_windows_emitted, count - dropped);
+    ShardMetrics::add(&shard.metrics.aggregate_windows_dropped, dropped);
+    aggregates.routed_total.set(aggregates.routed_total.get() + count);
+    aggregates.routed_notify.wake_all();
+    if emit.size_bytes() <= EMIT_QUEUE_BYTES_MAX {
+        aggregates.emit_drained.notify();
+    }
+    Some(outcome)
+}
+
+async fn run_clock(shard: Rc<Shard>) {
+    let checkpoint_every = Duration::from_millis(shard.config.aggregate_checkpoint_ms);
+    let mut last_checkpoint = Instant::now();
+    loop {
+        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+        if !any_declared(&shard) {
+            continue;
+        }
+        let now_ms = shard.aggregates.clock();
+        {
+            let mut partitions = shard.partitions.borrow_mut();
+            for (_, partition) in partitions.iter_mut() {
+                let Some(processor) = partition.processor.as_deref_mut() else { continue };
+                if processor.next_close_ms().is_some_and(|close_ms| close_ms <= now_ms) {
+                    processor.advance(now_ms);
+                }
+            }
+            shard.aggregates.collect(&mut partitions);
+        }
+        if shard.committer.is_some() && last_checkpoint.elapsed() >= checkpoint_every {
+            last_checkpoint = Instant::now();
+            glommio::spawn_local(checkpoint_round(shard.clone(), None)).detach();
+        }
+    }
+}
+
+/// Writes the checkpoints of the owned partitions whose processors moved
+/// on (or, with `stream`, of every owned partition of that stream) once
+/// what they cover is durable; see the module doc. Returns the first error.
+pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), String> {
+    let Some(committer) = shard.committer.as_ref() else { return Ok(()) };
+    shard.aggregates.collect(&mut shard.partitions.borrow_mut());
+    let pushed = shard.aggregates.pushed_total.get();
+    let mut files = Vec::new();
+    {
+        let partitions = shard.partitions.borrow();
+        let checkpointed = shard.aggregates.checkpointed.borrow();
+        for (partition_id, partition) in partitions.iter() {
+            let (Some(processor), Some(disk)) = (partition.processor.as_deref(), partition.log.disk()) else {
+                continue;
+            };
+            let forced = stream.is_some_and(|base| base == partition.stream_base);
+            if !forced && checkpointed.get(&partition_id) == Some(&processor.next_offset()) {
+                continue;
+            }
+            let mut bytes = Vec::new();
+            processor.encode_checkpoint(&mut bytes);
+            files.push((partition_id, processor.next_offset(), disk.dir().to_path_buf(), bytes));
+        }
+    }
+    if files.is_empty() {
+        return Ok(());
+    }
+    // (1) Every window closed so far is routed, then stored at its owner.
+    let aggregates = &shard.aggregates;
+    aggregates.routed_notify.wait_until(|| aggregates.routed_total.get() >= pushed).await;
+    shard.source.sync_barrier(0..shard.shard_count).await;
+    // (2) Every event covered is durable in the log.
+    committer.barrier().await;
+    let serial = aggregates.checkpoint_serial.get() + 1;
+    aggregates.checkpoint_serial.set(serial);
+    let shard_id = shard.id;
+    let jobs: Vec<(u32, u64, PathBuf, Vec<u8>)> = files;
+    let results = glommio::executor()
+        .spawn_blocking(move || {
+            jobs.into_iter()
+                .map(|(partition_id, offset, dir, bytes)| {
+                    (partition_id, offset, write_checkpoint(&dir, &bytes, shard_id, serial))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+    let mut first_error = Ok(());
+    let mut checkpointed = aggregates.checkpointed.borrow_mut();
+    for (partition_id, offset, result) in results {
+        match result {
+            Ok(()) => {
+                checkpointed.insert(partition_id, offset);
+                ShardMetrics::add(&shard.metrics.aggregate_checkpoints_written, 1);
+            }
+            Err(error) => {
+                ShardMetrics::add(&shard.metrics.aggregate_checkpoint_errors, 1);
+                eprintln!("spate: shard {shard_id}: aggregate checkpoint of partition {partition_id}: {error}");
+                if first_error.is_ok() {
+                    first_error = Err(error);
+                }
+            }
+        }
+    }
+    first_error
+}
+
+/// Writes `bytes` as `dir/aggregates.ckpt`: a new file, fsynced, renamed
+/// over the old, the directory fsynced. Runs on a blocking thread.
+fn write_checkpoint(dir: &Path, bytes: &[u8], shard_id: u16, serial: u64) -> Result<(), String> {
+    use std::io::Write;
+    let path = dir.join(CHECKPOINT_FILE_NAME);
+    let temporary = dir.join(format!("{CHECKPOINT_FILE_NAME}.{shard_id}.{serial}.tmp"));
+    let context = |op: &str, path: &Path, error: std::io::Error| format!("{op} {}: {error}", path.display());
+    let mut file = std::fs::File::create(&temporary).map_err(|error| context("create", &temporary, error))?;
+    file.write_all(bytes).map_err(|error| context("write", &temporary, error))?;
+    file.sync_all().map_err(|error| context("fsync", &temporary, error))?;
+    std::fs::rename(&temporary, &path).map_err(|error| context("rename", &path, error))?;
+    let directory = std::fs::File::open(dir).map_err(|error| context("open", dir, error))?;
+    directory.sync_all().map_err(|error| context("fsync", dir, error))
+}
+
+/// Makes `processor` run exactly `declarations` (the stream's aggregates in
+/// the catalog): drops it when there are none, adds the missing ones
+/// (counting from `next_offset`) and removes those no longer declared.
+pub fn reconcile(
+    processor: &mut Option<Box<PartitionProcessor>>,
+    declarations: &[AggregateDeclaration],
+    stream: &str,
+    local_partition: u32,
+    next_offset: u64,
+    limits: ProcessorLimits,
+) {
+    if declarations.is_empty() {
+        *processor = None;
+        return;
+    }
+    let processor = processor
+        .get_or_insert_with(|| Box::new(PartitionProcessor::new(stream, local_partition, next_offset, limits)));
+    let stale: Vec<String> =
+        processor.declarations().filter(|held| !declarations.contains(held)).map(|held| held.name.clone()).collect();
+    for name in stale {
+        processor.remove_aggregate(&name);
+    }
+    for declaration in declarations {
+        if processor.from_offset(&declaration.name).is_none() {
+            // Refusals (too many, wrong stream) were checked by the admin side.
+            let _ = processor.add_aggregate(declaration.clone(), next_offset);
+        }
+    }
+}
+
+/// The stream's aggregates, from this shard's catalog copy.
+fn declarations_of(shard: &Shard, stream: &str) -> Vec<AggregateDeclaration> {
+    shard.streams.borrow().catalog().aggregates_of(stream).cloned().collect()
+}
+
+/// Brings a partition that just arrived (handoff) in line with the catalog.
+pub fn reconcile_partition(shard: &Shard, partition_id: u32) {
+    let Some((name, base)) =
+        shard.streams.borrow().catalog().stream_of(partition_id).map(|(spec, _)| (spec.name.clone(), spec.base))
+    else {
+        return;
+    };
+    let declarations = declarations_of(shard, &name);
+    let mut partitions = shard.partitions.borrow_mut();
+    let Some(partition) = partitions.get_mut(partition_id) else { return };
+    let next_offset = partition.log.next_offset();
+    let limits = shard.aggregates.limits;
+    reconcile(&mut partition.processor, &declarations, &name, partition_id - base, next_offset, limits);
+}
+
+/// Handles one request; those that wait run as their own task.
+pub fn handle(shard: &Rc<Shard>, request: AggregateRequest) {
+    match request {
+        AggregateRequest::Declare { declaration, reply } => {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                let _ = reply.send(declare(&shard, declaration).await);
+            })
+            .detach();
+        }
+        AggregateRequest::Remove { name, reply } => {
+            remove(shard, &name);
+            let _ = reply.send(());
+        }
+        AggregateRequest::Query { name, key, reply } => {
+            let _ = reply.send(query(shard, &name, &key));
+        }
+        AggregateRequest::Top { name, n, reply } => {
+            let mut lists = Vec::new();
+            for (_, partition) in shard.partitions.borrow().iter() {
+                if let Some(processor) = &partition.processor {
+                    lists.push(processor.top(&name, n));
+                }
+            }
+            let _ = reply.send(crate::process::merge_top(lists, n));
+        }
+        AggregateRequest::Stats { reply } => {
+            let partitions = shard.partitions.borrow();
+            let stats = partitions.iter().filter_map(|(_, partition)| partition.processor.as_ref());
+            let _ = reply.send(stats.flat_map(|processor| processor.stats()).collect());
+        }
+    }
+}
+
+async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result<(), String> {
+    let spec = shard.streams.borrow().catalog().get(&declaration.stream).cloned();
+    let Some(spec) = spec else { return Err(format!("unknown stream {}", declaration.stream)) };
+    shard.streams.borrow_mut().catalog_mut().add_aggregate(declaration);
+    reconcile_stream(shard, &spec);
+    checkpoint_round(shard.clone(), Some(spec.base)).await
+}
+
+fn remove(shard: &Shard, name: &str) {
+    let removed = shard.streams.borrow_mut().catalog_mut().remove_aggregate(name);
+    let spec = removed.and_then(|declaration| shard.streams.borrow().catalog().get(&declaration.stream).cloned());
+    if let Some(spec) = spec {
+        reconcile_stream(shard, &spec);
+        // The next round rewrites their checkpoints without it.
+        shard.aggregates.checkpointed.borrow_mut().clear();
+    }
+}
+
+/// Reconciles every owned partition of `spec` with the catalog.
+fn reconcile_stream(shard: &Shard, spec: &StreamSpec) {
+    let declarations = declarations_of(shard, &spec.name);
+    let limits = shard.aggregates.limits;
+    let mut partitions = shard.partitions.borrow_mut();
+    for local in 0..spec.partitions {
+        let Some(partition) = partitions.get_mut(spec.global(local)) else { continue };
+        let next_offset = partition.log.next_offset();
+        reconcile(&mut partition.processor, &declarations, &spec.name, local, next_offset, limits);
+    }
+}
+
+fn query(shard: &Shard, name: &str, key: &[u8]) -> Option<KeyView> {
+    if key.is_empty() {
+        return None;
+    }
+    let streams = shard.streams.borrow();
+    let catalog = streams.catalog();
+    let declaration = catalog.aggregates().iter().find(|declaration| declaration.name == name)?;
+    let spec = catalog.get(&declaration.stream)?;
+    let partition_id = spec.base + crate::protocol::partition_of(key, spec.partitions);
+    let partitions = shard.partitions.borrow();
+    partitions.get(partition_id)?.processor.as_ref()?.current(name, key)
+}
+
+/// Sets the aggregate gauges and counters (summed over the owned
+/// partitions' processors: they move with their partitions) before a stats
+/// snapshot.
+pub fn set_metrics(shard: &Shard) {
+    let metrics = &shard.metrics;
+    let (mut late, mut malformed, mut refused, mut closed, mut keys, mut memory) = (0, 0, 0, 0, 0, 0);
+    for (_, partition) in shard.partitions.borrow().iter() {
+        let Some(processor) = &partition.processor else { continue };
+        memory += processor.memory_bytes();
+        for stats in processor.stats() {
+            late += stats.counters.late_events_dropped;
+            malformed += stats.counters.value_malformed + stats.counters.time_malformed;
+            refused += stats.counters.keys_refused;
+            closed += stats.counters.windows_closed;
+            keys += stats.keys;
+        }
+    }
+    metrics.aggregate_late_events_dropped.set(late);
+    metrics.aggregate_values_malformed.set(malformed);
+    metrics.aggregate_keys_refused.set(refused);
+    metrics.aggregate_windows_closed.set(closed);
+    metrics.aggregate_keys.set(keys);
+    metrics.aggregate_memory_bytes.set(memory);
+    metrics.aggregate_emit_queue_bytes.set(shard.aggregates.emit_queue_bytes() as u64);
+}
+
+/// At start (disk storage): the processor of a partition whose stream has
+/// `declarations`, from its checkpoint, caught up by replaying the log
+/// after it. `Ok(None)` when the stream has none.
+pub async fn recover(
+    disk: &DiskLog,
+    spec: &StreamSpec,
+    local_partition: u32,
+    declarations: &[AggregateDeclaration],
+    limits: ProcessorLimits,
+) -> Result<Option<Box<PartitionProcessor>>, SegmentError> {
+    if declarations.is_empty() {
+        return Ok(None);
+    }
+    let path = disk.dir().join(CHECKPOINT_FILE_NAME);
+    let loaded = match std::fs::read(&path) {
+        Ok(bytes) => match PartitionProcessor::decode_checkpoint(&bytes, limits) {
+            Ok(processor) => Some(processor),
+            Err(error) => {
+                eprintln!("spate: {}: {error}; replaying the whole retained log", path.display());
+                None
+            }
+        },
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => {
+            eprintln!("spate: read {}: {error}; replaying the whole retained log", path.display());
+            None
+        }
+    };
+    let fits = |processor: &PartitionProcessor| {
+        processor.stream() == spec.name
+            && processor.partition() == local_partition
+            && (disk.earliest_offset()..=disk.next_offset()).contains(&processor.next_offset())
+    };
+    let mut processor = match loaded {
+        Some(processor) if fits(&processor) => Some(Box::new(processor)),
+        Some(processor) => {
+            eprintln!(
+                "spate: {}: covers offsets below {}, the log holds {}..{}; replaying the whole retained log",
+                path.display(),
+                processor.next_offset(),
+                disk.earliest_offset(),
+                disk.next_offset()
+            );
+            None
+        }
+        None => None,
+    };
+    let start = processor.as_ref().map_or(disk.earliest_offset(), |processor| processor.next_offset());
+    reconcile(&mut processor, declarations, &spec.name, local_partition, start, limits);
+    let mut processor = processor.expect("declarations are not empty");
+    replay(disk, &mut processor).await?;
+    Ok(Some(processor))
+}
+
+/// Feeds the processor the log's events from its `next_offset` to the end,
+/// with each frame's write time as their arrival time.
+async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<(), SegmentError> {
+    let mut frames = Vec::new();
+    while processor.next_offset() < disk.next_offset() {
+        let offset = processor.next_offset();
+        let (path, position, readable_end) = match disk.locate(offset) {
+            Located::File { path, position, readable_end } => (path, position, readable_end),
+            Located::Gone { earliest } => {
+                // Retention deleted events the state never counted.
+                eprintln!("spate: replay of {}: offsets {offset}..{earliest} are gone", disk.dir().display());
+                processor.skip_to(earliest);
+                continue;
+            }
+            Located::Busy => return Ok(()),
+        };
+        let reader = SegmentReader::open(&path).await?;
+        frames.clear();
+        let size = REPLAY_READ_BYTES.min(usize::try_from(readable_end - position).unwrap_or(usize::MAX));
+        reader.read_into(position, size, &mut frames).await?;
+        let mut rest = frames.as_slice();
+        while let Ok(frame) = decode_frame(rest) {
+            rest = &rest[frame.header.frame_size()..];
+            for record in frame.records() {
+                processor.process(record.offset, record.key, record.payload, frame.header.timestamp_ms);
+            }
+        }
+        if processor.next_offset() == offset {
+            eprintln!("spate: replay of {}: no frame at offset {offset}; stopping", disk.dir().display());
+            return Ok(());
+        }
+        glommio::yield_if_needed().await;
+    }
+    Ok(())
+}
