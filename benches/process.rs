@@ -43,7 +43,7 @@ fn fastest_ns_per_event(mut run: impl FnMut() -> usize) -> f64 {
     best
 }
 
-fn bench_on_event(keys: &[Vec<u8>]) -> f64 {
+fn bench_on_event(keys: &[Vec<u8>], declaration_count: usize) -> f64 {
     let payloads: Vec<Vec<u8>> = (0..64).map(|value| format!("{{\"amount\":{value}}}").into_bytes()).collect();
     let declarations = [
         r#"{"name":"n","stream":"s","kind":"count","window":{"type":"tumbling","size_ms":1000},"output":"o"}"#,
@@ -52,13 +52,13 @@ fn bench_on_event(keys: &[Vec<u8>]) -> f64 {
     let mut offset = 0u64;
     let mut closed = 0u64;
     let mut processor = PartitionProcessor::new("s", 0, 0, ProcessorLimits::default());
-    for declaration in declarations {
+    for declaration in declarations.into_iter().take(declaration_count) {
         let declaration = AggregateDeclaration::from_json(declaration.as_bytes()).expect("valid");
         processor.add_aggregate(declaration, 0).expect("added");
     }
     fastest_ns_per_event(|| {
         for event in 0..EVENT_COUNT {
-            let key = &keys[key_index(event)];
+            let key = &keys[key_index(event) % keys.len()];
             let arrival_ms = 1_000_000 + offset / 100;
             processor.on_event(offset, key, &payloads[event % payloads.len()], arrival_ms, &mut |window| {
                 closed += black_box(window.count)
@@ -98,10 +98,14 @@ fn bench_std(keys: &[Vec<u8>]) -> f64 {
 
 fn main() {
     let keys = keys();
-    let on_event = bench_on_event(&keys);
+    let on_event = bench_on_event(&keys, 2);
+    let count_only = bench_on_event(&keys, 1);
+    let few_keys = bench_on_event(&keys[..100], 2);
     let hashbrown = bench_hashbrown(&keys);
     let std = bench_std(&keys);
     println!("on_event (count + sum, 1 s tumbling, {KEY_COUNT} keys): {on_event:.1} ns/event");
+    println!("on_event (count only, 1 s tumbling, {KEY_COUNT} keys): {count_only:.1} ns/event");
+    println!("on_event (count + sum, 1 s tumbling, 100 keys): {few_keys:.1} ns/event");
     println!("lookup_hashbrown_entry_ref: {hashbrown:.1} ns/event");
     println!("lookup_std_double_probe:    {std:.1} ns/event ({:.2}x hashbrown)", std / hashbrown);
 }

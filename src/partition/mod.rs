@@ -177,6 +177,10 @@ pub struct PartitionManager {
     owned_count: u32,
     dirty: Vec<u32>,
     dirty_flags: Vec<bool>,
+    /// Partitions whose aggregates closed windows the shard has not taken
+    /// yet ([`PartitionManager::take_emitting`]).
+    emitting: Vec<u32>,
+    emitting_flags: Vec<bool>,
     /// Partitions of deleted streams: records still in flight for them are
     /// discarded (the stream is gone), and fetches are told so.
     retired: Vec<bool>,
@@ -191,6 +195,8 @@ impl PartitionManager {
             owned_count: 0,
             dirty: Vec::new(),
             dirty_flags: vec![false; count],
+            emitting: Vec::new(),
+            emitting_flags: vec![false; count],
             retired: vec![false; count],
         }
     }
@@ -201,8 +207,21 @@ impl PartitionManager {
     pub fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64> {
         let partition = self.partitions.get_mut(partition_id as usize)?.as_deref_mut()?;
         let bytes = partition.append(record, self.arrival_ms);
+        let closed = partition.processor.as_deref().is_some_and(PartitionProcessor::has_output);
+        if closed && !self.emitting_flags[partition_id as usize] {
+            self.emitting_flags[partition_id as usize] = true;
+            self.emitting.push(partition_id);
+        }
         self.mark_dirty(partition_id);
         Some(bytes)
+    }
+
+    /// The partitions whose aggregates closed windows since the last call.
+    pub fn take_emitting(&mut self) -> Vec<u32> {
+        for &partition_id in &self.emitting {
+            self.emitting_flags[partition_id as usize] = false;
+        }
+        std::mem::take(&mut self.emitting)
     }
 
     /// Marks a partition of a deleted stream (after removing it, if owned).

@@ -144,8 +144,23 @@ impl ShardAggregates {
         now_ms
     }
 
-    /// Moves every processor's closed windows into the emit queue.
+    /// Moves the closed windows of the partitions the apply path marked
+    /// into the emit queue.
     pub fn collect(&self, partitions: &mut PartitionManager) {
+        let mut emit = self.emit.borrow_mut();
+        let before = emit.count();
+        for partition_id in partitions.take_emitting() {
+            let processor = partitions.get_mut(partition_id).and_then(|partition| partition.processor.as_deref_mut());
+            if let Some(processor) = processor {
+                processor.take_output(&mut emit);
+            }
+        }
+        self.pushed(&mut emit, before);
+    }
+
+    /// Moves every processor's closed windows into the emit queue (after a
+    /// clock tick, a handoff, a recovery).
+    pub fn collect_all(&self, partitions: &mut PartitionManager) {
         let mut emit = self.emit.borrow_mut();
         let before = emit.count();
         for (_, partition) in partitions.iter_mut() {
@@ -153,6 +168,10 @@ impl ShardAggregates {
                 processor.take_output(&mut emit);
             }
         }
+        self.pushed(&mut emit, before);
+    }
+
+    fn pushed(&self, emit: &mut ClosedOutputs, before: u64) {
         let added = emit.count() - before;
         if added > 0 {
             self.pushed_total.set(self.pushed_total.get() + added);
@@ -266,7 +285,7 @@ async fn run_clock(shard: Rc<Shard>) {
                     processor.advance(now_ms);
                 }
             }
-            shard.aggregates.collect(&mut partitions);
+            shard.aggregates.collect_all(&mut partitions);
         }
         if shard.committer.is_some() && last_checkpoint.elapsed() >= checkpoint_every {
             last_checkpoint = Instant::now();
@@ -280,7 +299,7 @@ async fn run_clock(shard: Rc<Shard>) {
 /// what they cover is durable; see the module doc. Returns the first error.
 pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), String> {
     let Some(committer) = shard.committer.as_ref() else { return Ok(()) };
-    shard.aggregates.collect(&mut shard.partitions.borrow_mut());
+    shard.aggregates.collect_all(&mut shard.partitions.borrow_mut());
     let pushed = shard.aggregates.pushed_total.get();
     let mut files = Vec::new();
     {
