@@ -387,6 +387,30 @@ pub struct Config {
     #[arg(long, default_value_t = 256 * KIB)]
     pub fetch_bytes_max: usize,
 
+    /// Consumer groups the process keeps (with members or committed
+    /// offsets), split evenly over the coordinator shards; a join that would
+    /// create one more gets `ERR group_limit`. Each costs about
+    /// 200 B + 40 B per partition of its stream.
+    #[arg(long, default_value_t = 1024)]
+    pub groups_max: usize,
+
+    /// Members one consumer group may have at once (`ERR member_limit`).
+    #[arg(long, default_value_t = 64)]
+    pub group_members_max: usize,
+
+    /// A group member that sends no line (`COMMIT`, `PING`) for this long is
+    /// cut and its partitions are reassigned. It is also how long a member
+    /// may take to finish a revocation (to read up to its `REVOKED` line).
+    #[arg(long, default_value_t = 10_000)]
+    pub group_session_timeout_ms: u64,
+
+    /// A `hold` group whose lag on a partition passes this many payload
+    /// bytes (lag events times the partition's mean payload size) pauses
+    /// ingest into that partition until it commits. With memory storage the
+    /// limit is at most half the retention, so a held group never falls off.
+    #[arg(long, default_value_t = 64 * MIB as u64)]
+    pub group_hold_lag_bytes: u64,
+
     /// Registered io_uring buffer memory per shard (glommio io_memory), bytes.
     /// Locked memory: keep shards * this under `ulimit -l`.
     #[arg(long, default_value_t = 512 * KIB)]
@@ -665,6 +689,10 @@ impl Config {
             ("--credit-window-batches", self.credit_window_batches()),
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
+            ("--groups-max", self.groups_max),
+            ("--group-members-max", self.group_members_max),
+            ("--group-session-timeout-ms", self.group_session_timeout_ms as usize),
+            ("--group-hold-lag-bytes", self.group_hold_lag_bytes as usize),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
             ("--line-timeout-ms", self.line_timeout_ms as usize),
         ];
@@ -747,6 +775,21 @@ impl Config {
     /// back once over this).
     pub fn parser_scratch_bytes_max(&self) -> usize {
         2 * self.key_size_max
+    }
+
+    /// The lag, in payload bytes, past which a `hold` group pauses ingest
+    /// into a partition: the flag, and with memory storage at most half the
+    /// retention (memory retention is the hard bound there).
+    pub fn group_hold_lag_limit(&self) -> u64 {
+        match self.storage {
+            Storage::Disk => self.group_hold_lag_bytes,
+            Storage::Memory => self.group_hold_lag_bytes.min(self.retention_bytes() as u64 / 2),
+        }
+    }
+
+    /// Groups one coordinator shard keeps: `--groups-max` over the shards.
+    pub fn groups_per_shard_max(&self, shard_count: u16) -> usize {
+        self.groups_max.div_ceil(usize::from(shard_count.max(1)))
     }
 
     /// Retention per partition, in bytes (the flag, or the storage's default).

@@ -47,6 +47,7 @@ pub mod balance;
 pub mod bench;
 mod client;
 pub mod config;
+pub mod group;
 mod ingest;
 mod net;
 pub mod partition;

@@ -26,6 +26,7 @@ pub mod commit;
 pub mod control;
 pub mod disk_read;
 pub mod frame;
+pub mod groups;
 pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
@@ -79,6 +80,9 @@ pub struct Shard {
     pub outbox: Rc<Outbox>,
     /// This shard's copy of the stream catalog.
     pub streams: RefCell<ShardStreams>,
+    /// Consumer groups: the ones it coordinates, its members' inboxes, and
+    /// the hold floors.
+    pub groups: groups::Groups,
 }
 
 impl Shard {
@@ -115,6 +119,7 @@ impl Shard {
             lifecycle: Lifecycle::default(),
             outbox,
             streams: RefCell::new(ShardStreams::new(catalog)),
+            groups: groups::Groups::new(config.partitions_max),
             config,
         }
     }
@@ -182,6 +187,7 @@ impl Shard {
                 self.carry_out(effects);
             }
             Frame::Handoff(handoff) => self.on_handoff(handoff),
+            Frame::Group(frame) => self.handle_group_frame(*frame),
         }
     }
 
