@@ -160,7 +160,8 @@ fn group_lag(committed: Option<u64>, partition: Option<&PartitionInfo>) -> (u64,
 /// `GET /groups`: every group with its members, generation, assignment,
 /// committed offsets and lag per partition.
 pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String {
-    let by_id = |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let by_id =
+        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
     let list: Vec<serde_json::Value> = groups
         .iter()
         .map(|group| {
@@ -179,11 +180,8 @@ pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String
                     })
                 })
                 .collect();
-            let members: Vec<serde_json::Value> = group
-                .members
-                .iter()
-                .map(|(member, held)| json!({"member": member, "partitions": held}))
-                .collect();
+            let members: Vec<serde_json::Value> =
+                group.members.iter().map(|(member, held)| json!({"member": member, "partitions": held})).collect();
             json!({
                 "stream": group.stream,
                 "group": group.group,
@@ -201,7 +199,8 @@ pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String
 /// Per-group families for `/metrics`: members, rebalances, lag summed and
 /// at most, per (stream, group).
 pub fn group_metrics(out: &mut String, groups: &[GroupInfo], partitions: &[PartitionInfo]) {
-    let by_id = |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let by_id =
+        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
     let families: [(&str, &str, &str); 5] = [
         ("spate_group_members_live", "gauge", "Live members of each consumer group."),
         ("spate_group_generation", "gauge", "Each consumer group's generation (rebalances so far)."),

@@ -161,7 +161,13 @@ impl GroupState {
 
     /// The member has written `REVOKED` for these partitions and reads them
     /// no more: they are free for their next member.
-    pub fn revoke_done(&mut self, member: MemberId, partitions: &[u32], now_ms: u64, revoke_timeout_ms: u64) -> Vec<Effect> {
+    pub fn revoke_done(
+        &mut self,
+        member: MemberId,
+        partitions: &[u32],
+        now_ms: u64,
+        revoke_timeout_ms: u64,
+    ) -> Vec<Effect> {
         for &partition in partitions {
             let p = partition as usize;
             if p < self.owner.len() && self.owner[p] == Some(member) && self.revoking[p] {
@@ -249,8 +255,8 @@ impl GroupState {
         let desired = balance(&current, self.members.len());
         let mut revokes: Vec<(MemberId, Vec<u32>)> = Vec::new();
         let mut gainers: Vec<MemberId> = Vec::new();
-        for p in 0..self.owner.len() {
-            let want = desired[p].map(|index| self.members[index].id);
+        for (p, desired) in desired.iter().enumerate() {
+            let want = desired.map(|index| self.members[index].id);
             match self.owner[p] {
                 Some(holder) if Some(holder) != want => {
                     if !self.revoking[p] {
@@ -343,7 +349,10 @@ mod tests {
         let mut group = GroupState::new(vec![None; 6]);
         group.join(1, OffsetReset::Latest, true, 8, 0, TIMEOUT).unwrap();
         group.join(2, OffsetReset::Latest, true, 8, 0, TIMEOUT).unwrap();
-        assert_eq!(group.join(3, OffsetReset::Latest, false, 8, 0, TIMEOUT), Err(JoinError::HoldMismatch { group_hold: true }));
+        assert_eq!(
+            group.join(3, OffsetReset::Latest, false, 8, 0, TIMEOUT),
+            Err(JoinError::HoldMismatch { group_hold: true })
+        );
         let effects = group.expire(TIMEOUT, TIMEOUT);
         assert!(effects.contains(&Effect::Expel { member: 1 }));
         assert_eq!(assigned(&effects, 2), Some(vec![0, 1, 2, 3, 4, 5]));

@@ -66,9 +66,10 @@ pub fn load_all(data_dir: &Path) -> (Vec<StoredGroup>, Vec<String>) {
             if path.extension().is_none_or(|extension| extension != "json") {
                 continue;
             }
-            match std::fs::read(&path).map_err(|error| error.to_string()).and_then(|bytes| {
-                serde_json::from_slice::<StoredGroup>(&bytes).map_err(|error| error.to_string())
-            }) {
+            match std::fs::read(&path)
+                .map_err(|error| error.to_string())
+                .and_then(|bytes| serde_json::from_slice::<StoredGroup>(&bytes).map_err(|error| error.to_string()))
+            {
                 Ok(group) => groups.push(group),
                 Err(error) => problems.push(format!("{}: {error}", path.display())),
             }

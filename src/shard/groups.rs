@@ -64,10 +64,22 @@ pub enum GroupFrame {
 /// What a member's session hears from its coordinator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemberEvent {
-    Assigned { generation: u64, partitions: Vec<u32>, starts: Vec<Start> },
-    Revoke { generation: u64, partitions: Vec<u32> },
-    CommitOk { partition: u32, next_offset: u64 },
-    CommitRefused { partition: u32 },
+    Assigned {
+        generation: u64,
+        partitions: Vec<u32>,
+        starts: Vec<Start>,
+    },
+    Revoke {
+        generation: u64,
+        partitions: Vec<u32>,
+    },
+    CommitOk {
+        partition: u32,
+        next_offset: u64,
+    },
+    CommitRefused {
+        partition: u32,
+    },
     /// The join is refused: the `ERR` line to send, then close.
     Refused(String),
     /// Cut: it did not finish a revocation in time.
@@ -209,7 +221,8 @@ impl Shard {
                 self.on_join(member, key, (stream, base, partitions), reset, hold)
             }
             GroupFrame::Leave { member, key } => {
-                let effects = self.with_group(&key, |entry, now_ms, timeout| entry.state.leave(member, now_ms, timeout));
+                let effects =
+                    self.with_group(&key, |entry, now_ms, timeout| entry.state.leave(member, now_ms, timeout));
                 self.after_membership_change(&key, effects.unwrap_or_default());
             }
             GroupFrame::Commit { member, key, partition, next_offset } => {
@@ -273,7 +286,8 @@ impl Shard {
     ) {
         let outcome = {
             let mut coordinated = self.groups.coordinated.borrow_mut();
-            if !coordinated.contains_key(&key) && coordinated.len() >= self.config.groups_per_shard_max(self.shard_count)
+            if !coordinated.contains_key(&key)
+                && coordinated.len() >= self.config.groups_per_shard_max(self.shard_count)
             {
                 Err(GroupError::GroupLimit { groups_max: self.config.groups_per_shard_max(self.shard_count) }
                     .to_string())
@@ -287,13 +301,12 @@ impl Shard {
                 });
                 let now_ms = crate::shard::balancer::now_ms();
                 let timeout = self.config.group_session_timeout_ms;
-                entry
-                    .state
-                    .join(member, reset, hold, self.config.group_members_max, now_ms, timeout)
-                    .map_err(|error| match error {
+                entry.state.join(member, reset, hold, self.config.group_members_max, now_ms, timeout).map_err(|error| {
+                    match error {
                         JoinError::MemberLimit { members_max } => GroupError::MemberLimit { members_max }.to_string(),
                         JoinError::HoldMismatch { group_hold } => GroupError::HoldMismatch { group_hold }.to_string(),
-                    })
+                    }
+                })
             }
         };
         match outcome {
@@ -466,7 +479,8 @@ impl Shard {
                 files.push((path, serde_json::to_vec(&stored).expect("offsets serialize")));
             }
             if self.committer.is_some() && !files.is_empty() {
-                let written = glommio::executor().spawn_blocking(move || crate::group::store::write_files(&files)).await;
+                let written =
+                    glommio::executor().spawn_blocking(move || crate::group::store::write_files(&files)).await;
                 if let Err(error) = written {
                     ShardMetrics::add(&self.metrics.group_offset_write_errors, 1);
                     eprintln!("spate: shard {}: writing committed offsets: {error}; retrying", self.id);
@@ -503,10 +517,10 @@ impl Shard {
     }
 
     /// The owner's side of `hold`: every [`HOLD_CHECK_MS`] while any floor
-    /// exists, holds the owned partitions a hold group lags too far behind
-    /// and releases the ones it caught up on, on every shard.
+    /// exists (and after every applied batch, [`Shard::check_holds`]),
+    /// holds the owned partitions a hold group lags too far behind and
+    /// releases the ones it caught up on, on every shard.
     pub async fn run_hold_checker(self: &Rc<Self>) {
-        let limit = self.config.group_hold_lag_limit();
         loop {
             let idle = self.groups.floors.borrow().is_empty() && self.source.router().held_count() == 0;
             if idle {
@@ -514,29 +528,42 @@ impl Shard {
             } else {
                 glommio::timer::sleep(Duration::from_millis(HOLD_CHECK_MS)).await;
             }
-            let mut changes = Vec::new();
-            let mut holding = 0;
-            {
-                let partitions = self.partitions.borrow();
-                let floor_of = self.groups.floor_of.borrow();
-                for (partition_id, partition) in partitions.iter() {
-                    let floor = floor_of.get(partition_id as usize).copied().unwrap_or(u64::MAX);
-                    let lag_events = partition.log.next_offset().saturating_sub(floor);
-                    let mean_payload = partition.bytes_total.checked_div(partition.events_total).unwrap_or(0).max(1);
-                    let held = floor != u64::MAX && lag_events.saturating_mul(mean_payload) > limit;
-                    if held != self.source.is_held(partition_id) {
-                        changes.push((partition_id, held));
-                    }
-                    holding += u64::from(held);
-                }
-            }
-            for (partition, held) in changes {
-                if held {
-                    ShardMetrics::add(&self.metrics.group_holds, 1);
-                }
-                self.broadcast_group(GroupFrame::Held { partition, held });
-            }
-            self.metrics.group_held_partitions.set(holding);
+            self.check_holds();
         }
+    }
+
+    /// Whether any hold floor exists (then [`Shard::check_holds`] has work).
+    #[inline]
+    pub fn has_hold_floors(&self) -> bool {
+        !self.groups.floors.borrow().is_empty()
+    }
+
+    /// Compares each owned partition's lag behind its hold floor with the
+    /// limit, and holds or releases it on every shard where that changed.
+    pub fn check_holds(self: &Rc<Self>) {
+        let limit = self.config.group_hold_lag_limit();
+        let mut changes = Vec::new();
+        let mut holding = 0;
+        {
+            let partitions = self.partitions.borrow();
+            let floor_of = self.groups.floor_of.borrow();
+            for (partition_id, partition) in partitions.iter() {
+                let floor = floor_of.get(partition_id as usize).copied().unwrap_or(u64::MAX);
+                let lag_events = partition.log.next_offset().saturating_sub(floor);
+                let mean_payload = partition.bytes_total.checked_div(partition.events_total).unwrap_or(0).max(1);
+                let held = floor != u64::MAX && lag_events.saturating_mul(mean_payload) > limit;
+                if held != self.source.is_held(partition_id) {
+                    changes.push((partition_id, held));
+                }
+                holding += u64::from(held);
+            }
+        }
+        for (partition, held) in changes {
+            if held {
+                ShardMetrics::add(&self.metrics.group_holds, 1);
+            }
+            self.broadcast_group(GroupFrame::Held { partition, held });
+        }
+        self.metrics.group_held_partitions.set(holding);
     }
 }

@@ -258,6 +258,9 @@ impl Shard {
         ShardMetrics::add(&self.metrics.events_discarded_deleted_stream, applied.discarded);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
         self.carry_out(effects);
+        if self.has_hold_floors() {
+            self.check_holds();
+        }
         match &self.committer {
             // Readers see new events once they are committed.
             Some(committer) => committer.wake(),

@@ -501,7 +501,10 @@ mod tests {
             accepted += 1;
         }
         assert_eq!(accepted, 100 / size);
-        assert_eq!(router.try_push(1, 5, b"key", b"0123456789"), Err(Blocked { owner: 1, credit_bytes_needed: size, held: None }));
+        assert_eq!(
+            router.try_push(1, 5, b"key", b"0123456789"),
+            Err(Blocked { owner: 1, credit_bytes_needed: size, held: None })
+        );
         assert!(router.has_credits(0, size), "other owners are not affected");
         let batch = router.take_batch(1).expect("batch with events");
         assert!(router.try_push(1, 5, b"key", b"0123456789").is_err(), "sending does not return credits");

@@ -185,7 +185,12 @@ impl Shared<'_> {
                 }
                 self.commits_in_flight.set(self.commits_in_flight.get() + 1);
                 let key = self.membership.key.clone();
-                self.membership.send(GroupFrame::Commit { member: self.membership.member, key, partition, next_offset });
+                self.membership.send(GroupFrame::Commit {
+                    member: self.membership.member,
+                    key,
+                    partition,
+                    next_offset,
+                });
             }
             Ok(GroupRequest::Ping) => {}
             Ok(GroupRequest::Leave) => {
@@ -378,7 +383,10 @@ fn revocation_ready(shared: &Shared<'_>, partitions: &[u32]) -> bool {
 }
 
 /// Writes the replies applied so far.
-async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(shared: &Shared<'_>, writer: &mut W) -> std::io::Result<()> {
+async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(
+    shared: &Shared<'_>,
+    writer: &mut W,
+) -> std::io::Result<()> {
     let replies = std::mem::take(&mut shared.session.borrow_mut().held);
     let metrics = &shared.membership.shard.metrics;
     for reply in replies {

@@ -101,10 +101,7 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         PartitionSelector::All => (route.base..route.base + route.partitions).collect(),
         PartitionSelector::One(partition) => vec![route.base + partition],
     };
-    let cursors: Vec<Cursor> = partitions
-        .into_iter()
-        .map(|partition| Cursor::new(partition, start, true))
-        .collect();
+    let cursors: Vec<Cursor> = partitions.into_iter().map(|partition| Cursor::new(partition, start, true)).collect();
     let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
     let registration = Registration::new(shard, inbox_sender);
     let mut session = Session {
@@ -268,7 +265,9 @@ impl Session<'_> {
         write_closing_start(&mut notice);
         for cursor in &self.cursors {
             let resume = match cursor.position {
-                Position::At(offset) | Position::Requested(offset) | Position::Resume(offset) => StartOffset::At(offset),
+                Position::At(offset) | Position::Requested(offset) | Position::Resume(offset) => {
+                    StartOffset::At(offset)
+                }
                 Position::Earliest => StartOffset::Earliest,
                 Position::Latest => StartOffset::Latest,
             };
