@@ -86,6 +86,15 @@ pub const CONNECTION_STATE_BYTES: usize = 2 * KIB;
 /// A subscriber's fixed state besides its fetch replies and cursors: request
 /// line buffer, inbox, per-owner flags and the closing notice chunk.
 pub const SUBSCRIBER_STATE_BYTES: usize = 4 * KIB + CLOSING_NOTICE_CHUNK_BYTES;
+/// One consumer group's fixed state on its coordinator (names, members'
+/// entries, bookkeeping), for the memory formula.
+pub const GROUP_STATE_BYTES: usize = 256;
+/// A group's state per partition of its stream: holder, revoking flag,
+/// committed offset (and its copy in the offsets file being written).
+pub const GROUP_BYTES_PER_PARTITION: usize = 40;
+/// One commit acknowledgement in flight (the coordinator's entry and the
+/// member's inbox event).
+pub const GROUP_ACK_BYTES: usize = 64;
 /// A subscriber's cursor state per partition it reads: its cursor, the
 /// entry in a fetch request and in a fetch reply (compile-time checked in
 /// `subscribe::session`).
@@ -389,8 +398,8 @@ pub struct Config {
 
     /// Consumer groups the process keeps (with members or committed
     /// offsets), split evenly over the coordinator shards; a join that would
-    /// create one more gets `ERR group_limit`. Each costs about
-    /// 200 B + 40 B per partition of its stream.
+    /// create one more gets `ERR group_limit`. Each costs 256 B + (40 + 8 *
+    /// shards) B per partition (see the memory formula).
     #[arg(long, default_value_t = 1024)]
     pub groups_max: usize,
 
@@ -603,6 +612,12 @@ pub struct MemoryBound {
     /// partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards *
     /// ADMIN_RESPONSE_BYTES_PER_SHARD.
     pub admin: usize,
+    /// Consumer groups: groups_max * (GROUP_STATE_BYTES + partitions *
+    /// (GROUP_BYTES_PER_PARTITION + 8 * shards)), the state on the
+    /// coordinator and the hold floors every shard keeps, plus each member's
+    /// commit acknowledgements in flight: subscribers * COMMITS_IN_FLIGHT_MAX
+    /// * GROUP_ACK_BYTES (its cursors are in `subscribers`).
+    pub groups: usize,
     /// Sum of the terms above without the long-line worst case.
     pub total: usize,
     /// `total + long_line_worst_case`.
@@ -929,7 +944,9 @@ impl Config {
         let fixed = shards * (self.io_memory_bytes + placement + SHARD_FIXED_ALLOWANCE_BYTES);
         let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
-        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin;
+        let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
+            + shards * self.subscribers_per_shard_max * crate::shard::groups::COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
+        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin + groups;
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -939,6 +956,7 @@ impl Config {
             fixed,
             mesh,
             admin,
+            groups,
             total,
             total_worst_case: total + long_line_worst_case,
         }
@@ -1013,6 +1031,7 @@ mod tests {
             bound.fixed,
             bound.mesh,
             bound.admin,
+            bound.groups,
         ];
         assert_eq!(bound.total, terms.iter().sum::<usize>(), "the total is the sum of its terms");
     }

@@ -93,6 +93,11 @@ pub enum MemberEvent {
 pub struct MemberInbox {
     events: RefCell<VecDeque<MemberEvent>>,
     notify: Notify,
+    /// Set with [`MemberEvent::Expelled`], for the session's watchdog: the
+    /// session ends even if its writer is stuck on a member that does not
+    /// read, so an expelled member never gets another event.
+    expelled: std::cell::Cell<bool>,
+    expel_notify: Notify,
 }
 
 impl MemberInbox {
@@ -103,6 +108,13 @@ impl MemberInbox {
     pub async fn wait(&self) {
         if self.events.borrow().is_empty() {
             self.notify.notified().await;
+        }
+    }
+
+    /// Resolves once the coordinator expelled the member.
+    pub async fn expelled(&self) {
+        while !self.expelled.get() {
+            self.expel_notify.notified().await;
         }
     }
 }
@@ -260,6 +272,10 @@ impl Shard {
             }
             GroupFrame::ToMember { member, event } => {
                 if let Some(inbox) = self.groups.members.borrow().get(&member) {
+                    if event == MemberEvent::Expelled {
+                        inbox.expelled.set(true);
+                        inbox.expel_notify.notify();
+                    }
                     inbox.events.borrow_mut().push_back(event);
                     inbox.notify.notify();
                 }
@@ -422,6 +438,23 @@ impl Shard {
     fn to_member(self: &Rc<Self>, member: MemberId, event: MemberEvent) {
         let to = crate::group::coordinator::member_shard(member);
         self.send_group(to, GroupFrame::ToMember { member, event });
+    }
+
+    /// A stream was deleted: its groups, and their floors, go with it
+    /// (their members get `ERR stream_deleted` from their fetches).
+    pub fn forget_stream_groups(self: &Rc<Self>, stream_id: u32) {
+        self.groups.coordinated.borrow_mut().retain(|(id, _), _| *id != stream_id);
+        let keys: Vec<(GroupKey, u32)> = self
+            .groups
+            .floors
+            .borrow()
+            .iter()
+            .filter(|((id, _), _)| *id == stream_id)
+            .map(|(key, (base, _))| (key.clone(), *base))
+            .collect();
+        for (key, base) in keys {
+            self.on_floors(key, base, None);
+        }
     }
 
     /// Loads the offsets this shard coordinates from the data directory.

@@ -88,9 +88,11 @@ pub async fn serve_member(
         membership,
     };
     let (reader, mut writer) = futures_lite::io::split(&mut *stream);
-    let ending = match first(write_loop(&shared, &mut writer, &inbox), read_loop(&shared, reader, rest)).await {
-        Either::Left(ending) => ending,
-        Either::Right(()) => None,
+    let session = first(write_loop(&shared, &mut writer, &inbox), read_loop(&shared, reader, rest));
+    let ending = match first(session, watchdog(&shared)).await {
+        Either::Left(Either::Left(ending)) => ending,
+        Either::Left(Either::Right(())) => None,
+        Either::Right(last) => Some(last),
     };
     if let Some(last) = ending {
         let mut message = std::mem::take(&mut *shared.control.borrow_mut());
@@ -268,7 +270,6 @@ enum Wake {
     Member,
     Shutdown,
     Control,
-    Tick,
 }
 
 /// Writes what the member gets until the session ends; returns the last
@@ -279,7 +280,6 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
     inbox: &local_channel::LocalReceiver<FetchReply>,
 ) -> Option<Vec<u8>> {
     let shard = shared.membership.shard;
-    let timeout = Duration::from_millis(shard.config.group_session_timeout_ms);
     // Revocations not yet finished, in the order they came.
     let mut revocations: Vec<(u64, Vec<u32>)> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
@@ -315,25 +315,15 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
             let _ = writer.flush().await;
             return None;
         }
-        let idle = shared.last_line.get().elapsed();
-        if idle >= timeout {
-            ShardMetrics::add(&shard.metrics.group_members_expelled, 1);
-            let mut last = Vec::new();
-            let session_timeout_ms = shard.config.group_session_timeout_ms;
-            write_group_error(&mut last, &GroupError::SessionTimeout { session_timeout_ms });
-            return Some(last);
-        }
         let wake = {
             let member = shared.membership.inbox.wait();
             let shutdown = shard.lifecycle.shutdown_requested();
             let control = shared.control_notify.notified();
-            let tick = glommio::timer::sleep(timeout - idle + Duration::from_millis(1));
-            match first(inbox.recv(), first(member, first(shutdown, first(control, tick)))).await {
+            match first(inbox.recv(), first(member, first(shutdown, control))).await {
                 Either::Left(reply) => Wake::Reply(reply),
                 Either::Right(Either::Left(())) => Wake::Member,
                 Either::Right(Either::Right(Either::Left(()))) => Wake::Shutdown,
-                Either::Right(Either::Right(Either::Right(Either::Left(())))) => Wake::Control,
-                Either::Right(Either::Right(Either::Right(Either::Right(())))) => Wake::Tick,
+                Either::Right(Either::Right(Either::Right(()))) => Wake::Control,
             }
         };
         match wake {
@@ -371,7 +361,32 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
                 let _ = writer.flush().await;
                 return None;
             }
-            Wake::Control | Wake::Tick => {}
+            Wake::Control => {}
+        }
+    }
+}
+
+/// Ends the session when the member has sent no line for the session
+/// timeout or its coordinator expelled it, even while the writer is stuck on a member that does not read
+/// (its partitions must not be held by a process that stopped). Returns the
+/// last line.
+async fn watchdog(shared: &Shared<'_>) -> Vec<u8> {
+    let shard = shared.membership.shard;
+    let session_timeout_ms = shard.config.group_session_timeout_ms;
+    let timeout = Duration::from_millis(session_timeout_ms);
+    loop {
+        let idle = shared.last_line.get().elapsed();
+        if idle >= timeout {
+            ShardMetrics::add(&shard.metrics.group_members_expelled, 1);
+            let mut last = Vec::new();
+            write_group_error(&mut last, &GroupError::SessionTimeout { session_timeout_ms });
+            return last;
+        }
+        let sleep = glommio::timer::sleep(timeout - idle + Duration::from_millis(1));
+        if let Either::Right(()) = first(sleep, shared.membership.inbox.expelled()).await {
+            let mut last = Vec::new();
+            write_group_error(&mut last, &GroupError::RevokeTimeout { revoke_timeout_ms: session_timeout_ms });
+            return last;
         }
     }
 }
