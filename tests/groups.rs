@@ -395,11 +395,15 @@ fn committed_offsets_survive_kill_9() {
     };
     let mut last_acked: HashMap<u32, u64> = HashMap::new();
     for round in 0..3 {
-        // A slow member: reads in small steps, so commits keep coming.
+        // More events each round, so every round has commits in flight
+        // when the server dies.
+        let producer = produce(&server, "pay", 100, 40_000, 2000, Duration::from_millis(10));
         let member = Member::join(server.subscribe, "GROUP pay audit earliest");
-        std::thread::sleep(Duration::from_millis(200 + next() % 600));
+        std::thread::sleep(Duration::from_millis(100 + next() % 300));
         server.crash();
         let seen = member.kill();
+        // The producer's connection died with the server.
+        let _ = producer.join();
         for entry in &seen {
             if let Seen::CommitOk { partition, next_offset } = entry {
                 last_acked.insert(*partition, *next_offset);
