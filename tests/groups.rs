@@ -566,3 +566,59 @@ fn hold_group_pauses_producers_until_it_catches_up() {
     }
     assert_eq!(server.metric("spate_group_held_partitions"), 0.0);
 }
+
+/// Bad lines from a member get a clear `ERR` and change nothing; the
+/// connection and its partitions survive. A bad `GROUP` line or an unknown
+/// stream is refused and closed.
+#[test]
+fn bad_member_lines_are_refused_and_change_nothing() {
+    let server = Server::start(&["--shards", "2", "--partitions", "4"]);
+    let refused = |line: &str| {
+        let mut socket = TcpStream::connect(server.subscribe).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        socket.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut reply = String::new();
+        BufReader::new(socket).read_line(&mut reply).unwrap();
+        reply
+    };
+    assert!(refused("GROUP default").starts_with("ERR bad_request"), "too few words");
+    assert!(refused("GROUP default Bad/Name").starts_with("ERR bad_request"));
+    assert!(refused("GROUP nosuch g").starts_with("ERR unknown_stream"));
+    assert!(refused("GROUP default g sometimes").starts_with("ERR bad_request"));
+
+    produce(&server, "default", 50, 1000, 1000, Duration::ZERO).join().unwrap();
+    let mut socket = TcpStream::connect(server.subscribe).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    socket.write_all(b"GROUP default g earliest\n").unwrap();
+    let mut reader = BufReader::new(socket.try_clone().unwrap());
+    let mut next = || {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    };
+    assert_eq!(next(), "ASSIGNED 1 0,1,2,3");
+    let mut events = 0;
+    while events < 1000 {
+        let line = next();
+        assert!(line.chars().next().unwrap().is_ascii_digit(), "{line}");
+        events += 1;
+    }
+    let long = "x".repeat(2000);
+    socket
+        .write_all(
+            format!("COMMIT 9 1\nCOMMIT 0 999999\nCOMMIT zero 1\nHELLO\n{long}\nGROUP default g\nCOMMIT 0 3\n")
+                .as_bytes(),
+        )
+        .unwrap();
+    let replies: Vec<String> = (0..7).map(|_| next()).collect();
+    assert!(replies[0].starts_with("ERR partition_out_of_range"), "{replies:?}");
+    assert!(replies[1].starts_with("ERR offset_out_of_range"), "{replies:?}");
+    assert!(replies[2].starts_with("ERR bad_request: partition"), "{replies:?}");
+    assert!(replies[3].starts_with("ERR bad_request: unknown command"), "{replies:?}");
+    assert!(replies[4].starts_with("ERR bad_request: line of"), "{replies:?}");
+    assert!(replies[5].starts_with("ERR bad_request: this connection already joined"), "{replies:?}");
+    assert_eq!(replies[6], "OK COMMIT 0 3");
+    let groups: serde_json::Value = serde_json::from_str(&server.get("/groups")).unwrap();
+    assert_eq!(groups["groups"][0]["partitions"][0]["committed"], 3, "{groups}");
+    assert_eq!(groups["groups"][0]["members"].as_array().unwrap().len(), 1);
+}
