@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -621,4 +621,41 @@ fn bad_member_lines_are_refused_and_change_nothing() {
     let groups: serde_json::Value = serde_json::from_str(&server.get("/groups")).unwrap();
     assert_eq!(groups["groups"][0]["partitions"][0]["committed"], 3, "{groups}");
     assert_eq!(groups["groups"][0]["members"].as_array().unwrap().len(), 1);
+}
+
+/// A member that goes silent (no line, not reading: a hung process whose
+/// connection stays open) is cut after the session timeout, and its
+/// partitions deliver to the others within the timeout plus a second.
+#[test]
+fn a_silent_member_is_cut_after_the_session_timeout() {
+    let server = Server::start(&["--shards", "2", "--partitions", "4", "--group-session-timeout-ms", "1000"]);
+    let mut silent = TcpStream::connect(server.subscribe).unwrap();
+    silent.write_all(b"GROUP default g earliest\n").unwrap();
+    // Its last line: the join.
+    let went_silent = Instant::now();
+    std::thread::sleep(Duration::from_millis(200));
+    let alive = Member::join(server.subscribe, "GROUP default g earliest");
+    std::thread::sleep(Duration::from_millis(300));
+    let producer = produce(&server, "default", 50, 20_000, 500, Duration::from_millis(20));
+    let deadline = went_silent + Duration::from_millis(1000 + 1000);
+    let mut partitions: HashSet<u32> = HashSet::new();
+    while partitions.len() < 4 {
+        assert!(Instant::now() < deadline, "the live member has {partitions:?} after {:?}", went_silent.elapsed());
+        partitions = alive
+            .seen()
+            .iter()
+            .filter_map(|entry| match entry {
+                Seen::Event { partition, .. } => Some(*partition),
+                _ => None,
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("all partitions delivering to the live member {:?} after the other went silent", went_silent.elapsed());
+    producer.join().unwrap();
+    let mut reply = String::new();
+    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = BufReader::new(&mut silent).read_to_string(&mut reply);
+    assert!(reply.contains("ERR session_timeout"), "{reply}");
+    assert!(server.metric("spate_group_members_expelled_total") >= 1.0);
 }
