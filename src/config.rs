@@ -86,6 +86,15 @@ pub const CONNECTION_STATE_BYTES: usize = 2 * KIB;
 /// A subscriber's fixed state besides its fetch replies and cursors: request
 /// line buffer, inbox, per-owner flags and the closing notice chunk.
 pub const SUBSCRIBER_STATE_BYTES: usize = 4 * KIB + CLOSING_NOTICE_CHUNK_BYTES;
+/// One consumer group's fixed state on its coordinator (names, members'
+/// entries, bookkeeping), for the memory formula.
+pub const GROUP_STATE_BYTES: usize = 256;
+/// A group's state per partition of its stream: holder, revoking flag,
+/// committed offset (and its copy in the offsets file being written).
+pub const GROUP_BYTES_PER_PARTITION: usize = 40;
+/// One commit acknowledgement in flight (the coordinator's entry and the
+/// member's inbox event).
+pub const GROUP_ACK_BYTES: usize = 64;
 /// A subscriber's cursor state per partition it reads: its cursor, the
 /// entry in a fetch request and in a fetch reply (compile-time checked in
 /// `subscribe::session`).
@@ -400,6 +409,30 @@ pub struct Config {
     #[arg(long, default_value_t = 256 * KIB)]
     pub fetch_bytes_max: usize,
 
+    /// Consumer groups the process keeps (with members or committed
+    /// offsets), split evenly over the coordinator shards; a join that would
+    /// create one more gets `ERR group_limit`. Each costs 256 B + (40 + 8 *
+    /// shards) B per partition (see the memory formula).
+    #[arg(long, default_value_t = 1024)]
+    pub groups_max: usize,
+
+    /// Members one consumer group may have at once (`ERR member_limit`).
+    #[arg(long, default_value_t = 64)]
+    pub group_members_max: usize,
+
+    /// A group member that sends no line (`COMMIT`, `PING`) for this long is
+    /// cut and its partitions are reassigned. It is also how long a member
+    /// may take to finish a revocation (to read up to its `REVOKED` line).
+    #[arg(long, default_value_t = 10_000)]
+    pub group_session_timeout_ms: u64,
+
+    /// A `hold` group whose lag on a partition passes this many payload
+    /// bytes (lag events times the partition's mean payload size) pauses
+    /// ingest into that partition until it commits. With memory storage the
+    /// limit is at most half the retention, so a held group never falls off.
+    #[arg(long, default_value_t = 64 * MIB as u64)]
+    pub group_hold_lag_bytes: u64,
+
     /// Registered io_uring buffer memory per shard (glommio io_memory), bytes.
     /// Locked memory: keep shards * this under `ulimit -l`.
     #[arg(long, default_value_t = 512 * KIB)]
@@ -592,6 +625,12 @@ pub struct MemoryBound {
     /// partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards *
     /// ADMIN_RESPONSE_BYTES_PER_SHARD.
     pub admin: usize,
+    /// Consumer groups: groups_max * (GROUP_STATE_BYTES + partitions *
+    /// (GROUP_BYTES_PER_PARTITION + 8 * shards)), the state on the
+    /// coordinator and the hold floors every shard keeps, plus each member's
+    /// commit acknowledgements in flight: subscribers * COMMITS_IN_FLIGHT_MAX
+    /// * GROUP_ACK_BYTES (its cursors are in `subscribers`).
+    pub groups: usize,
     /// Sum of the terms above without the long-line worst case.
     pub total: usize,
     /// `total + long_line_worst_case`.
@@ -678,6 +717,10 @@ impl Config {
             ("--credit-window-batches", self.credit_window_batches()),
             ("--subscribers-per-shard-max", self.subscribers_per_shard_max),
             ("--fetch-bytes-max", self.fetch_bytes_max),
+            ("--groups-max", self.groups_max),
+            ("--group-members-max", self.group_members_max),
+            ("--group-session-timeout-ms", self.group_session_timeout_ms as usize),
+            ("--group-hold-lag-bytes", self.group_hold_lag_bytes as usize),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
             ("--line-timeout-ms", self.line_timeout_ms as usize),
             ("--aggregate-keys-max", self.aggregate_keys_max as usize),
@@ -762,6 +805,21 @@ impl Config {
     /// back once over this).
     pub fn parser_scratch_bytes_max(&self) -> usize {
         2 * self.key_size_max
+    }
+
+    /// The lag, in payload bytes, past which a `hold` group pauses ingest
+    /// into a partition: the flag, and with memory storage at most half the
+    /// retention (memory retention is the hard bound there).
+    pub fn group_hold_lag_limit(&self) -> u64 {
+        match self.storage {
+            Storage::Disk => self.group_hold_lag_bytes,
+            Storage::Memory => self.group_hold_lag_bytes.min(self.retention_bytes() as u64 / 2),
+        }
+    }
+
+    /// Groups one coordinator shard keeps: `--groups-max` over the shards.
+    pub fn groups_per_shard_max(&self, shard_count: u16) -> usize {
+        self.groups_max.div_ceil(usize::from(shard_count.max(1)))
     }
 
     /// Retention per partition, in bytes (the flag, or the storage's default).
@@ -901,7 +959,9 @@ impl Config {
         let fixed = shards * (self.io_memory_bytes + placement + SHARD_FIXED_ALLOWANCE_BYTES);
         let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
-        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin;
+        let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
+            + shards * self.subscribers_per_shard_max * crate::shard::groups::COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
+        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin + groups;
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -911,6 +971,7 @@ impl Config {
             fixed,
             mesh,
             admin,
+            groups,
             total,
             total_worst_case: total + long_line_worst_case,
         }
@@ -985,6 +1046,7 @@ mod tests {
             bound.fixed,
             bound.mesh,
             bound.admin,
+            bound.groups,
         ];
         assert_eq!(bound.total, terms.iter().sum::<usize>(), "the total is the sum of its terms");
     }

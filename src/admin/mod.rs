@@ -143,6 +143,16 @@ pub async fn collect_stats(state: &AdminState) -> Result<Vec<ShardStats>, ShardU
     ask_all(state, ControlRequest::Stats).await
 }
 
+/// Every consumer group (from its coordinator) and every partition (for
+/// the groups' lag).
+pub async fn collect_groups(
+    state: &AdminState,
+) -> Result<(Vec<crate::shard::groups::GroupInfo>, Vec<PartitionInfo>), ShardUnavailable> {
+    let mut groups: Vec<_> = ask_all(state, ControlRequest::Groups).await?.into_iter().flatten().collect();
+    groups.sort_by(|a, b| (&a.stream, &a.group).cmp(&(&b.stream, &b.group)));
+    Ok((groups, collect_partitions(state).await?))
+}
+
 async fn collect_partitions(state: &AdminState) -> Result<Vec<PartitionInfo>, ShardUnavailable> {
     let mut partitions: Vec<PartitionInfo> =
         ask_all(state, ControlRequest::Partitions).await?.into_iter().flatten().collect();

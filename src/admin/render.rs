@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::admin::{AdminState, process_rss_bytes};
 use crate::shard::control::PartitionInfo;
+use crate::shard::groups::GroupInfo;
 use crate::shard::metrics::{Counters, FAMILIES, Kind, ShardStats};
 
 /// Prometheus text exposition (version 0.0.4).
@@ -143,4 +144,85 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
 /// `/partitions`: the placement table with each partition's offsets.
 pub fn partitions_json(partitions: &[PartitionInfo]) -> String {
     serde_json::to_string_pretty(&json!({ "partitions": partitions })).expect("json serializes")
+}
+
+/// One group's lag on one partition: events between its commit and the
+/// partition's end, and those events' payload bytes estimated from the
+/// partition's mean payload size. A partition never committed lags by
+/// nothing yet (its members start at `earliest` or `latest`).
+fn group_lag(committed: Option<u64>, partition: Option<&PartitionInfo>) -> (u64, u64) {
+    let (Some(committed), Some(partition)) = (committed, partition) else { return (0, 0) };
+    let events = partition.next_offset.saturating_sub(committed);
+    let mean = partition.payload_bytes_total.checked_div(partition.events_total).unwrap_or(0);
+    (events, events * mean)
+}
+
+/// `GET /groups`: every group with its members, generation, assignment,
+/// committed offsets and lag per partition.
+pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String {
+    let by_id =
+        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let list: Vec<serde_json::Value> = groups
+        .iter()
+        .map(|group| {
+            let per_partition: Vec<serde_json::Value> = (0u32..)
+                .zip(&group.committed)
+                .map(|(local, committed)| {
+                    let (lag, lag_bytes) = group_lag(*committed, by_id(group.base + local));
+                    let member = group.members.iter().position(|(_, held)| held.contains(&local));
+                    json!({
+                        "partition": local,
+                        "committed": committed,
+                        "end": by_id(group.base + local).map(|info| info.next_offset),
+                        "lag": lag,
+                        "lag_bytes": lag_bytes,
+                        "member": member.map(|index| group.members[index].0),
+                    })
+                })
+                .collect();
+            let members: Vec<serde_json::Value> =
+                group.members.iter().map(|(member, held)| json!({"member": member, "partitions": held})).collect();
+            json!({
+                "stream": group.stream,
+                "group": group.group,
+                "hold": group.hold,
+                "generation": group.generation,
+                "rebalances": group.rebalances,
+                "members": members,
+                "partitions": per_partition,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&json!({ "groups": list })).expect("groups serialize")
+}
+
+/// Per-group families for `/metrics`: members, rebalances, lag summed and
+/// at most, per (stream, group).
+pub fn group_metrics(out: &mut String, groups: &[GroupInfo], partitions: &[PartitionInfo]) {
+    let by_id =
+        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let families: [(&str, &str, &str); 5] = [
+        ("spate_group_members_live", "gauge", "Live members of each consumer group."),
+        ("spate_group_generation", "gauge", "Each consumer group's generation (rebalances so far)."),
+        ("spate_group_lag_events", "gauge", "Each group's lag, summed over its stream's partitions, in events."),
+        ("spate_group_lag_max_events", "gauge", "Each group's largest lag on one partition, in events."),
+        ("spate_group_lag_bytes", "gauge", "Each group's lag in payload bytes (estimated), summed over partitions."),
+    ];
+    for (index, (name, kind, help)) in families.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for group in groups {
+            let lags: Vec<(u64, u64)> = (0u32..)
+                .zip(&group.committed)
+                .map(|(local, committed)| group_lag(*committed, by_id(group.base + local)))
+                .collect();
+            let value = match index {
+                0 => group.members.len() as u64,
+                1 => group.generation,
+                2 => lags.iter().map(|lag| lag.0).sum(),
+                3 => lags.iter().map(|lag| lag.0).max().unwrap_or(0),
+                _ => lags.iter().map(|lag| lag.1).sum(),
+            };
+            let _ = writeln!(out, "{name}{{stream=\"{}\",group=\"{}\"}} {value}", group.stream, group.group);
+        }
+    }
 }

@@ -7,7 +7,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::admin::{AdminState, aggregates, collect_partitions, collect_stats, render, streams};
+use crate::admin::{AdminState, aggregates, collect_groups, collect_partitions, collect_stats, render, streams};
 use crate::config::ADMIN_BODY_BYTES_MAX;
 
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -29,8 +29,16 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
         };
     }
     match (&parts.method, path) {
-        (&Method::GET, "/metrics") => match collect_stats(state).await {
-            Ok(stats) => respond(200, PROMETHEUS, render::prometheus(state, &stats)),
+        (&Method::GET, "/metrics") => match (collect_stats(state).await, collect_groups(state).await) {
+            (Ok(stats), Ok((groups, partitions))) => {
+                let mut text = render::prometheus(state, &stats);
+                render::group_metrics(&mut text, &groups, &partitions);
+                respond(200, PROMETHEUS, text)
+            }
+            (Err(error), _) | (_, Err(error)) => respond(503, TEXT, error.to_string()),
+        },
+        (&Method::GET, "/groups") => match collect_groups(state).await {
+            Ok((groups, partitions)) => respond(200, JSON, render::groups_json(&groups, &partitions)),
             Err(error) => respond(503, TEXT, error.to_string()),
         },
         (&Method::GET, "/stats") => match collect_stats(state).await {
@@ -49,9 +57,9 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
         (&Method::GET, "/") => respond(
             200,
             TEXT,
-            "spate admin: GET /metrics, /stats, /partitions, /streams, /streams/NAME/aggregates, /aggregates/AGG?key=K, \
-             /aggregates/AGG/top?n=N; POST /streams, /streams/NAME/aggregates; DELETE /streams/NAME, \
-             /streams/NAME/aggregates/AGG\n"
+            "spate admin: GET /metrics, /stats, /partitions, /streams, /groups, /streams/NAME/aggregates, \
+             /aggregates/AGG?key=K, /aggregates/AGG/top?n=N; POST /streams, /streams/NAME/aggregates; \
+             DELETE /streams/NAME, /streams/NAME/aggregates/AGG\n"
                 .to_string(),
         ),
         (&Method::GET, _) | (&Method::POST, _) | (&Method::DELETE, _) => {

@@ -88,6 +88,8 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
         && let Ok(dir) = crate::storage::dir::stream_dir(&state.config.data_dir, name)
     {
         let _ = std::fs::remove_dir_all(dir);
+        // Its consumer groups' offsets go with it.
+        let _ = std::fs::remove_dir_all(crate::group::store::groups_dir(&state.config.data_dir).join(name));
     }
     Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))
 }

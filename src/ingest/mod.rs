@@ -260,6 +260,9 @@ async fn serve_connection(
         loop {
             match process_buffered(shard, lines, &mut replies, &mut target, &mut parser) {
                 Progress::NeedMore => break,
+                Progress::Blocked(Blocked { held: Some(partition), .. }) => {
+                    shard.source.wait_for_release(partition).await;
+                }
                 Progress::Blocked(blocked) => {
                     shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }

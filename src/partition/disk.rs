@@ -300,9 +300,14 @@ impl DiskLog {
 
     /// Drops the sealed segments that retention no longer keeps (by bytes,
     /// then by age) and returns their files, for the caller to delete.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<PathBuf> {
+    /// Segments holding offsets at or past `keep_from` stay whatever their
+    /// size and age (a `hold` consumer group has not committed them).
+    pub fn expire(&mut self, now_ms: u64, keep_from: u64) -> Vec<PathBuf> {
         let mut files = Vec::new();
         while let Some(oldest) = self.sealed.front() {
+            if oldest.index.next_offset() > keep_from {
+                break;
+            }
             let over_bytes = self.bytes() > self.config.retention_bytes;
             let too_old = self.config.retention_ms > 0 && oldest.modified_ms + self.config.retention_ms < now_ms;
             if !over_bytes && !too_old {

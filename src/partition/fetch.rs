@@ -21,6 +21,10 @@ pub enum Position {
     /// An offset the subscriber asked for and no owner has checked yet: the
     /// owner answers at once, with `out_of_range` if it is past the end.
     Requested(u64),
+    /// A consumer group's committed offset: like `Requested`, but one past
+    /// the end (the log lost unsynced events in a crash after the commit)
+    /// resumes at the end instead of refusing.
+    Resume(u64),
 }
 
 /// A subscriber's request to one owner shard.
@@ -99,6 +103,10 @@ pub fn serve_fetch(
             reply.out_of_range.push((partition_id, partition.log.next_offset()));
             continue;
         }
+        let position = match position {
+            Position::Resume(offset) => Position::At(offset.min(partition.log.next_offset())),
+            other => other,
+        };
         let ids = PartitionIds { global: partition_id, local: partition_id - partition.stream_base };
         let offset = read_into(&mut reply, ids, &partition.log, position, request.bytes_max);
         reply.cursors.push((partition_id, offset));
@@ -134,7 +142,7 @@ fn read_into(
     let mut offset = match position {
         Position::Earliest => log.earliest_offset(),
         Position::Latest => log.visible_offset(),
-        Position::At(offset) | Position::Requested(offset) => offset,
+        Position::At(offset) | Position::Requested(offset) | Position::Resume(offset) => offset,
     };
     if reply.data.len() >= bytes_max || offset >= log.visible_offset() {
         return offset;

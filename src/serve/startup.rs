@@ -40,6 +40,15 @@ pub async fn run_shard(context: ShardContext) {
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
+    if context.config.storage == crate::config::Storage::Disk {
+        let (stored, problems) = crate::group::store::load_all(&context.config.data_dir);
+        if id == 0 {
+            for problem in problems {
+                eprintln!("spate: skipping a consumer group's offsets file: {problem}");
+            }
+        }
+        shard.load_groups(stored);
+    }
     if shard.committer.is_some() {
         if let Err(failure) = open_storage(&shard).await {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
@@ -130,6 +139,10 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
     glommio::spawn_local(async move { balancer.run_balancer().await }).detach();
     let servicer = shard.clone();
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
+    let writer = shard.clone();
+    glommio::spawn_local(async move { writer.run_offset_writer().await }).detach();
+    let checker = shard.clone();
+    glommio::spawn_local(async move { checker.run_hold_checker().await }).detach();
 }
 
 /// A shard's listening sockets: one per ingest format that is on, and the

@@ -478,10 +478,10 @@ fn expire_if_due(shard: &Shard) {
 fn expire_segments(shard: &Shard) {
     let now_ms = now_unix_ms();
     let mut expired = Vec::new();
-    for (_, partition) in shard.partitions.borrow_mut().iter_mut() {
+    for (partition_id, partition) in shard.partitions.borrow_mut().iter_mut() {
         let (_, disk) = partition.log.parts_mut();
         if let Some(disk) = disk {
-            expired.extend(disk.expire(now_ms));
+            expired.extend(disk.expire(now_ms, shard.groups.floor(partition_id)));
         }
     }
     for path in expired {

@@ -27,6 +27,8 @@ use crate::stream::StreamSpec;
 pub enum ControlRequest {
     Stats(flume::Sender<ShardStats>),
     Partitions(flume::Sender<Vec<PartitionInfo>>),
+    /// The consumer groups this shard coordinates.
+    Groups(flume::Sender<Vec<crate::shard::groups::GroupInfo>>),
     /// Stream lifecycle ([`crate::shard::streams`]): each answers once done.
     Stream(StreamRequest),
     /// Keyed aggregates ([`crate::shard::aggregates`]).
@@ -107,6 +109,8 @@ pub struct PartitionInfo {
     /// The offset readers see up to (written or durable on disk).
     pub visible_offset: u64,
     pub events_total: u64,
+    /// Payload bytes of the events counted in `events_total`.
+    pub payload_bytes_total: u64,
 }
 
 /// Answers control requests until `Exit`; drains on `Shutdown`.
@@ -122,6 +126,9 @@ pub async fn serve_control(
             }
             ControlRequest::Partitions(reply) => {
                 let _ = reply.send(partition_infos(shard));
+            }
+            ControlRequest::Groups(reply) => {
+                let _ = reply.send(shard.groups.infos());
             }
             ControlRequest::Stream(request) => crate::shard::streams::handle(shard, request),
             ControlRequest::Aggregate(request) => crate::shard::aggregates::handle(shard, request),
@@ -226,6 +233,7 @@ fn partition_infos(shard: &Shard) -> Vec<PartitionInfo> {
             disk_bytes: value.log.disk_bytes(),
             visible_offset: value.log.visible_offset(),
             events_total: value.events_total,
+            payload_bytes_total: value.bytes_total,
         })
         .collect()
 }

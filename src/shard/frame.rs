@@ -40,6 +40,9 @@ pub enum Frame {
     /// The partition itself, once the old owner has applied every event
     /// routed to it before the switch (step 4).
     Handoff(Handoff),
+    /// Consumer-group traffic: joins, commits, assignments, hold floors
+    /// ([`crate::shard::groups`]). Boxed: rare and larger than the rest.
+    Group(Box<crate::shard::groups::GroupFrame>),
 }
 
 /// A partition in transit: its in-memory log (segments move, no copy), its

@@ -170,6 +170,17 @@ shard_metrics! {
     Counter segment_files_deleted: u64 => "spate_segment_files_deleted_total", "Segment and index files deleted by retention.";
     Counter recovery_truncations: u64 => "spate_recovery_truncations_total", "Partitions whose last segment had a torn or corrupt tail cut at start.";
     Counter recovery_discarded_bytes: u64 => "spate_recovery_discarded_bytes_total", "Bytes cut from the end of last segments at start (torn or corrupt tails).";
+    Gauge group_members: u64 => "spate_group_members", "Consumer-group members whose connection this shard holds.";
+    Counter group_joins: u64 => "spate_group_joins_total", "Members that joined a consumer group coordinated by this shard.";
+    Counter group_rebalances: u64 => "spate_group_rebalances_total", "Rebalances (new generations) of groups coordinated by this shard.";
+    Counter group_commits: u64 => "spate_group_commits_total", "Commits acknowledged (durable) by this shard as a coordinator.";
+    Counter group_commits_refused: u64 => "spate_group_commits_refused_total", "Commits refused (partition not held, or past what was delivered).";
+    Counter group_members_expelled: u64 => "spate_group_members_expelled_total", "Members cut for a session or revoke timeout.";
+    Counter group_offset_write_errors: u64 => "spate_group_offset_write_errors_total", "Failed writes of committed offsets (retried; commits wait).";
+    Gauge group_held_partitions: u64 => "spate_group_held_partitions", "Partitions this shard owns that a lagging hold group holds now.";
+    Counter group_holds: u64 => "spate_group_holds_total", "Times this shard, as owner, held a partition for a lagging hold group.";
+    Counter group_hold_stalls: u64 => "spate_group_hold_stalls_total", "Times a connection stopped reading because its next event's partition is held.";
+    Counter group_hold_stall_seconds: f64 => "spate_group_hold_stall_seconds_total", "Time connections spent stalled on held partitions.";
 }
 
 impl ShardMetrics {

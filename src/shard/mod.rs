@@ -27,6 +27,7 @@ pub mod commit;
 pub mod control;
 pub mod disk_read;
 pub mod frame;
+pub mod groups;
 pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
@@ -82,6 +83,9 @@ pub struct Shard {
     pub streams: RefCell<ShardStreams>,
     /// Emit queue, clock and checkpoints of keyed aggregates.
     pub aggregates: aggregates::ShardAggregates,
+    /// Consumer groups: the ones it coordinates, its members' inboxes, and
+    /// the hold floors.
+    pub groups: groups::Groups,
 }
 
 impl Shard {
@@ -119,6 +123,7 @@ impl Shard {
             outbox,
             streams: RefCell::new(ShardStreams::new(catalog)),
             aggregates: aggregates::ShardAggregates::new(&config),
+            groups: groups::Groups::new(config.partitions_max),
             config,
         }
     }
@@ -192,6 +197,7 @@ impl Shard {
                 self.carry_out(effects);
             }
             Frame::Handoff(handoff) => self.on_handoff(handoff),
+            Frame::Group(frame) => self.handle_group_frame(*frame),
         }
     }
 
@@ -265,6 +271,9 @@ impl Shard {
         ShardMetrics::add(&self.metrics.batches_applied, 1);
         aggregates::after_apply(self, any_processor).await;
         self.carry_out(effects);
+        if self.has_hold_floors() {
+            self.check_holds();
+        }
         match &self.committer {
             // Readers see new events once they are committed.
             Some(committer) => committer.wake(),

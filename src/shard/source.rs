@@ -49,6 +49,9 @@ pub fn route(
 ) -> Result<u16, Blocked> {
     let partition = stream.base + partition_of(key, stream.partitions);
     let owner = placement.owner(partition);
+    if router.is_held(partition) {
+        return Err(Blocked { owner, credit_bytes_needed: 0, held: Some(partition) });
+    }
     if router.would_overflow(owner, batch_record_size(key, payload))
         && let Some(batch) = router.take_batch(owner)
     {
@@ -84,6 +87,9 @@ struct Destination {
 pub struct Blocked {
     pub owner: u16,
     pub credit_bytes_needed: usize,
+    /// The partition is held by a lagging `hold` consumer group
+    /// ([`crate::group`]): wait for its release, not for credits.
+    pub held: Option<u32>,
 }
 
 /// Per-destination batches and credit windows of one source shard.
@@ -93,6 +99,10 @@ pub struct Router {
     batch_bytes: usize,
     credit_window_bytes: usize,
     credit_window_batches: usize,
+    /// Partitions (global ids) a `hold` group holds: events for them wait.
+    /// Grown on the first hold, so a server without hold groups checks an
+    /// empty Vec.
+    held: Vec<bool>,
 }
 
 impl Router {
@@ -116,7 +126,30 @@ impl Router {
                 sync: false,
             })
             .collect();
-        Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches }
+        Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches, held: Vec::new() }
+    }
+
+    /// Whether events for `partition` must wait for a `hold` group.
+    #[inline]
+    pub fn is_held(&self, partition: u32) -> bool {
+        self.held.get(partition as usize).copied().unwrap_or(false)
+    }
+
+    /// Marks `partition` held or released.
+    pub fn set_held(&mut self, partition: u32, held: bool) {
+        let index = partition as usize;
+        if index >= self.held.len() {
+            if !held {
+                return;
+            }
+            self.held.resize(index + 1, false);
+        }
+        self.held[index] = held;
+    }
+
+    /// How many partitions are held.
+    pub fn held_count(&self) -> usize {
+        self.held.iter().filter(|&&held| held).count()
     }
 
     /// Encodes an event into its owner's open batch, spending its credits.
@@ -126,7 +159,7 @@ impl Router {
         let size = batch_record_size(key, payload);
         let destination = &mut self.destinations[usize::from(owner)];
         if destination.credit_bytes < size {
-            return Err(Blocked { owner, credit_bytes_needed: size });
+            return Err(Blocked { owner, credit_bytes_needed: size, held: None });
         }
         destination.credit_bytes -= size;
         encode_batch_record(&mut destination.batch, partition, key, payload);
@@ -242,6 +275,8 @@ pub struct Source {
     router: RefCell<Router>,
     /// Per owner: tasks waiting for that owner's credits or grants.
     credit_waiters: Vec<WaitList>,
+    /// Connections waiting for a held partition's release.
+    hold_waiters: WaitList,
     flush_notify: Notify,
     flush_requested: Cell<bool>,
     batch_flush: Duration,
@@ -293,6 +328,7 @@ impl Source {
             id,
             router: RefCell::new(router),
             credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
+            hold_waiters: WaitList::default(),
             flush_notify: Notify::default(),
             flush_requested: Cell::new(false),
             batch_flush: Duration::from_micros(config.batch_flush_us),
@@ -390,6 +426,32 @@ impl Source {
         stalled
     }
 
+    /// Holds or releases `partition` for this shard's connections (its
+    /// owner decided, [`crate::shard::groups`]).
+    pub fn set_held(&self, partition: u32, held: bool) {
+        self.router.borrow_mut().set_held(partition, held);
+        if !held {
+            self.hold_waiters.wake_all();
+        }
+    }
+
+    pub fn is_held(&self, partition: u32) -> bool {
+        self.router.borrow().is_held(partition)
+    }
+
+    /// Waits until `partition` is no longer held; sends the open batches
+    /// first (events already routed must not wait behind the hold).
+    /// Returns the time spent stalled.
+    pub async fn wait_for_release(&self, partition: u32) -> Duration {
+        let started = Instant::now();
+        ShardMetrics::add(&self.metrics.group_hold_stalls, 1);
+        self.flush_all();
+        self.hold_waiters.wait_until(|| !self.router.borrow().is_held(partition)).await;
+        let stalled = started.elapsed();
+        ShardMetrics::add(&self.metrics.group_hold_stall_seconds, stalled.as_secs_f64());
+        stalled
+    }
+
     /// Resolves once every event this shard accepted before the call for the
     /// owners in `owners` is stored by its owner as the storage promises
     /// (applied in memory mode; written or durable on disk, per the fsync
@@ -439,7 +501,10 @@ mod tests {
             accepted += 1;
         }
         assert_eq!(accepted, 100 / size);
-        assert_eq!(router.try_push(1, 5, b"key", b"0123456789"), Err(Blocked { owner: 1, credit_bytes_needed: size }));
+        assert_eq!(
+            router.try_push(1, 5, b"key", b"0123456789"),
+            Err(Blocked { owner: 1, credit_bytes_needed: size, held: None })
+        );
         assert!(router.has_credits(0, size), "other owners are not affected");
         let batch = router.take_batch(1).expect("batch with events");
         assert!(router.try_push(1, 5, b"key", b"0123456789").is_err(), "sending does not return credits");

@@ -36,6 +36,7 @@ pub fn handle(shard: &Rc<Shard>, request: StreamRequest) {
             let _ = reply.send(());
         }
         StreamRequest::Drop { id, reply } => {
+            shard.forget_stream_groups(id);
             let shard = shard.clone();
             glommio::spawn_local(async move {
                 let _ = reply.send(drop_stream(&shard, id).await);

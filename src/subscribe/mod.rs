@@ -27,6 +27,7 @@
 //!   `CLOSING <partition>:<resume> ...` ([`crate::protocol::subscribe`]), then
 //!   the close, all within --shutdown-timeout-ms.
 
+mod member;
 mod session;
 
 use std::rc::Rc;

@@ -21,13 +21,23 @@ use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
 
-struct Cursor {
-    partition: u32,
-    position: Position,
+pub(super) struct Cursor {
+    pub(super) partition: u32,
+    pub(super) position: Position,
     /// A fetch that carries this cursor is out; do not send it elsewhere.
-    in_flight: bool,
+    pub(super) in_flight: bool,
     /// An owner has answered for it once (its start is checked and known).
-    resolved: bool,
+    pub(super) resolved: bool,
+    /// It is read: always for `SUB`; for a group member, while assigned.
+    pub(super) active: bool,
+    /// A group member gives it up: no new fetch carries it.
+    pub(super) revoking: bool,
+}
+
+impl Cursor {
+    pub(super) fn new(partition: u32, position: Position, active: bool) -> Cursor {
+        Cursor { partition, position, in_flight: false, resolved: false, active, revoking: false }
+    }
 }
 
 const _: () = assert!(
@@ -55,14 +65,18 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
 }
 
 async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) {
-    let request_line = match first(read_request_line(stream), shard.lifecycle.shutdown_requested()).await {
-        Either::Left(Some(line)) => line,
+    let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle.shutdown_requested()).await {
+        Either::Left(Some(read)) => read,
         Either::Left(None) => return,
         Either::Right(()) => {
             write_goodbye(stream, b"ERR shutting_down: the server is stopping\n").await;
             return;
         }
     };
+    if request_line.starts_with(b"GROUP") {
+        super::member::serve_member(shard, stream, connection, &request_line, rest).await;
+        return;
+    }
     let resolved = parse_subscribe(&request_line).and_then(|request| {
         let route = shard.streams.borrow().route_for(request.stream.as_bytes());
         let route = route.ok_or_else(|| SubscribeError::UnknownStream { stream: request.stream.to_string() })?;
@@ -87,10 +101,7 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         PartitionSelector::All => (route.base..route.base + route.partitions).collect(),
         PartitionSelector::One(partition) => vec![route.base + partition],
     };
-    let cursors: Vec<Cursor> = partitions
-        .into_iter()
-        .map(|partition| Cursor { partition, position: start, in_flight: false, resolved: false })
-        .collect();
+    let cursors: Vec<Cursor> = partitions.into_iter().map(|partition| Cursor::new(partition, start, true)).collect();
     let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
     let registration = Registration::new(shard, inbox_sender);
     let mut session = Session {
@@ -108,13 +119,13 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
 
 /// A subscription registered with the shard; dropping it (also when the
 /// session is cut) unregisters it and cancels its parked fetches.
-struct Registration<'a> {
+pub(super) struct Registration<'a> {
     shard: &'a Shard,
-    subscription_id: u64,
+    pub(super) subscription_id: u64,
 }
 
 impl<'a> Registration<'a> {
-    fn new(shard: &'a Shard, inbox: local_channel::LocalSender<FetchReply>) -> Registration<'a> {
+    pub(super) fn new(shard: &'a Shard, inbox: local_channel::LocalSender<FetchReply>) -> Registration<'a> {
         ShardMetrics::add(&shard.metrics.subscribers_open, 1);
         Registration { shard, subscription_id: shard.subscriptions.register(inbox) }
     }
@@ -128,7 +139,8 @@ impl Drop for Registration<'_> {
     }
 }
 
-async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
+/// Reads the first line; returns it (without LF) and any bytes after it.
+async fn read_request_line(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut request = Vec::new();
     let mut chunk = [0u8; 256];
     loop {
@@ -138,9 +150,11 @@ async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
         }
         request.extend_from_slice(&chunk[..count]);
         if let Some(end) = memchr::memchr(b'\n', &request) {
-            // Bytes after the request line are ignored: the protocol is one line.
+            // A SUB subscriber sends nothing more that matters; a group
+            // member's next lines (commits, pings) are kept.
+            let rest = request.split_off(end + 1);
             request.truncate(end);
-            return Some(request);
+            return Some((request, rest));
         }
         if request.len() > SUBSCRIBE_REQUEST_SIZE_MAX {
             let message = format!("ERR bad_request: request line longer than {SUBSCRIBE_REQUEST_SIZE_MAX} bytes\n");
@@ -152,7 +166,7 @@ async fn read_request_line(stream: &mut TcpStream) -> Option<Vec<u8>> {
 
 /// A subscription's fetch to one owner.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Outstanding {
+pub(super) enum Outstanding {
     None,
     Out,
     /// Out, and asked to come back early: a cursor for that owner is waiting
@@ -160,25 +174,25 @@ enum Outstanding {
     Woken,
 }
 
-struct Session<'a> {
+pub(super) struct Session<'a> {
     /// The global id of the stream's partition 0: lines a subscriber reads
     /// carry `global - base`.
-    base: u32,
-    shard: &'a Rc<Shard>,
-    subscription_id: u64,
-    cursors: Vec<Cursor>,
+    pub(super) base: u32,
+    pub(super) shard: &'a Rc<Shard>,
+    pub(super) subscription_id: u64,
+    pub(super) cursors: Vec<Cursor>,
     /// Cursors no owner has answered for yet. Until it is zero nothing is
     /// written, so a request past a partition's end is refused before any
     /// event line.
-    unresolved: usize,
+    pub(super) unresolved: usize,
     /// Per owner: whether a fetch to it is out.
-    outstanding: Vec<Outstanding>,
+    pub(super) outstanding: Vec<Outstanding>,
     /// Where the next fetch starts in `cursors`, so a large budget is shared
     /// fairly among partitions over time.
-    rotation: usize,
+    pub(super) rotation: usize,
     /// Replies applied but not yet written (while cursors are unresolved).
     /// At most one per owner: within the (S + 1) replies of the formula.
-    held: Vec<FetchReply>,
+    pub(super) held: Vec<FetchReply>,
 }
 
 /// What a subscriber session waited for.
@@ -251,7 +265,9 @@ impl Session<'_> {
         write_closing_start(&mut notice);
         for cursor in &self.cursors {
             let resume = match cursor.position {
-                Position::At(offset) | Position::Requested(offset) => StartOffset::At(offset),
+                Position::At(offset) | Position::Requested(offset) | Position::Resume(offset) => {
+                    StartOffset::At(offset)
+                }
                 Position::Earliest => StartOffset::Earliest,
                 Position::Latest => StartOffset::Latest,
             };
@@ -284,7 +300,11 @@ impl Session<'_> {
     }
 
     /// Writes the held replies once every cursor is resolved (or `force`).
-    async fn write_held(&mut self, stream: &mut TcpStream, force: bool) -> std::io::Result<()> {
+    pub(super) async fn write_held<W: futures_lite::AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut W,
+        force: bool,
+    ) -> std::io::Result<()> {
         if self.unresolved > 0 && !force {
             return Ok(());
         }
@@ -306,7 +326,7 @@ impl Session<'_> {
     /// there until new events arrive) and that now holds a cursor the fetch
     /// does not carry is asked to answer early, so the cursor is not stuck
     /// behind a fetch that may wait forever.
-    fn send_fetches(&mut self) {
+    pub(super) fn send_fetches(&mut self) {
         let placement = self.shard.placement.borrow();
         let mut requests: Vec<Option<FetchRequest>> = (0..self.outstanding.len()).map(|_| None).collect();
         let cursor_count = self.cursors.len();
@@ -314,7 +334,7 @@ impl Session<'_> {
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
             let owner = usize::from(placement.owner(cursor.partition));
-            if cursor.in_flight {
+            if cursor.in_flight || !cursor.active || cursor.revoking {
                 continue;
             }
             if self.outstanding[owner] != Outstanding::None {
@@ -343,7 +363,7 @@ impl Session<'_> {
         }
     }
 
-    fn cursor_mut(&mut self, partition: u32) -> &mut Cursor {
+    pub(super) fn cursor_mut(&mut self, partition: u32) -> &mut Cursor {
         let index = if self.cursors.len() == 1 { 0 } else { (partition - self.base) as usize };
         let cursor = &mut self.cursors[index];
         assert_eq!(cursor.partition, partition, "reply for a partition this subscription does not read");
@@ -351,7 +371,7 @@ impl Session<'_> {
     }
 
     /// Moves the cursors a reply answers and holds the reply for writing.
-    fn apply_reply(&mut self, reply: FetchReply) {
+    pub(super) fn apply_reply(&mut self, reply: FetchReply) {
         self.outstanding[usize::from(reply.owner)] = Outstanding::None;
         for &(partition, offset) in &reply.cursors {
             let cursor = self.cursor_mut(partition);
@@ -362,7 +382,7 @@ impl Session<'_> {
             cursor.position = Position::At(offset);
             cursor.in_flight = false;
             let newly_resolved = !std::mem::replace(&mut cursor.resolved, true);
-            self.unresolved -= usize::from(newly_resolved);
+            self.unresolved = self.unresolved.saturating_sub(usize::from(newly_resolved));
         }
         for &partition in reply.moved.iter().chain(&reply.waiting) {
             // Moved: the next fetch goes to its new owner. Waiting: it is
