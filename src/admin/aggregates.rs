@@ -24,15 +24,17 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::admin::streams::Failure;
-use crate::admin::{AdminState, ask_all, ask_all_within};
+use crate::admin::{AdminState, ShardUnavailable, ask_all, ask_all_within};
 use crate::config::Storage;
-use crate::process::{AGGREGATES_PER_STREAM_MAX, AggregateDeclaration, AggregateStats, TOP_N_MAX};
+use crate::process::{AGGREGATES_PER_STREAM_MAX, AggregateDeclaration, AggregateStats, KeyView, TOP_N_MAX};
 use crate::shard::aggregates::AggregateRequest;
 use crate::shard::control::ControlRequest;
 
 /// How long a shard may take to declare an aggregate (a checkpoint round,
 /// which waits for a synced commit).
 const DECLARE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a key query waits for the shards.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most bytes of a `key=` query value.
 const QUERY_KEY_BYTES_MAX: usize = 4096;
 
@@ -191,10 +193,7 @@ async fn key_view(state: &AdminState, name: &str, query: Option<&str>) -> Result
     check_known(state, name).await?;
     let key = query_param(query, "key")?.ok_or_else(|| bad_request("bad_request: ?key=K is required".into()))?;
     let key_text = String::from_utf8_lossy(&key).into_owned();
-    let make =
-        |reply| ControlRequest::Aggregate(AggregateRequest::Query { name: name.to_string(), key: key.clone(), reply });
-    let views = ask_all(state, make).await?;
-    match views.into_iter().flatten().next() {
+    match ask_owner(state, name, &key).await? {
         Some(view) => {
             let mut value = serde_json::to_value(&view).expect("a view serializes");
             value["key"] = Value::String(key_text);
@@ -205,6 +204,30 @@ async fn key_view(state: &AdminState, name: &str, query: Option<&str>) -> Result
             message: format!("no_state: aggregate {name} holds nothing for {key_text:?}\n"),
         }),
     }
+}
+
+/// Asks every shard for the key's view and answers with the first that
+/// holds it (only the owner of the key's partition does): the round trip is
+/// the owner's, not the slowest shard's.
+async fn ask_owner(state: &AdminState, name: &str, key: &[u8]) -> Result<Option<KeyView>, Failure> {
+    let (reply, replies) = flume::bounded(state.controls.len());
+    for (shard, control) in state.controls.iter().enumerate() {
+        let request = AggregateRequest::Query { name: name.to_string(), key: key.to_vec(), reply: reply.clone() };
+        if control.try_send(ControlRequest::Aggregate(request)).is_err() {
+            return Err(ShardUnavailable::Timeout { shard }.into());
+        }
+    }
+    drop(reply);
+    let deadline = tokio::time::Instant::now() + QUERY_TIMEOUT;
+    for shard in 0..state.controls.len() {
+        match tokio::time::timeout_at(deadline, replies.recv_async()).await {
+            Ok(Ok(Some(view))) => return Ok(Some(view)),
+            Ok(Ok(None)) => {}
+            Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }.into()),
+            Err(_) => return Err(ShardUnavailable::Timeout { shard }.into()),
+        }
+    }
+    Ok(None)
 }
 
 async fn top(state: &AdminState, name: &str, query: Option<&str>) -> Result<String, Failure> {

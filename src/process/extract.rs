@@ -4,13 +4,17 @@
 //!
 //! Every function here returns `None` for a value that is missing or
 //! malformed; the caller counts it and skips the event for that aggregate.
+//! A JSON payload is scanned only up to the value
+//! ([`crate::protocol::json::extract_value`]): what follows it is not
+//! validated (the JSON listener validated it on ingest; a line-protocol
+//! payload that is JSON up to the field still gives its value).
 
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::process::TIME_MS_MAX;
 use crate::process::declaration::{TimeSource, ValueSource};
 use crate::protocol::ilp::{self, FieldValue};
-use crate::protocol::json::extract_key;
+use crate::protocol::json::extract_value;
 
 /// What one event contributes to an aggregate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,7 +39,7 @@ pub(crate) fn event_time_ms(
     let time_ms = match source {
         TimeSource::Arrival => arrival_ms,
         TimeSource::Json(spec) => {
-            let text = extract_key(payload, spec, scratch).ok()?;
+            let text = extract_value(payload, spec, scratch).ok()?;
             parse_time_text(text)?
         }
         TimeSource::Ilp => match ilp::timestamp_ns(payload) {
@@ -66,7 +70,7 @@ fn parse_u64(digits: &[u8]) -> Option<u64> {
 #[inline]
 pub(crate) fn number(source: &ValueSource, payload: &[u8], scratch: &mut Vec<u8>) -> Option<f64> {
     let value = match source {
-        ValueSource::Json(spec) => parse_f64(extract_key(payload, spec, scratch).ok()?)?,
+        ValueSource::Json(spec) => parse_f64(extract_value(payload, spec, scratch).ok()?)?,
         ValueSource::Ilp(field) => match ilp::field_value(payload, field.as_bytes())? {
             FieldValue::Float(value) => value,
             FieldValue::Integer(value) => value as f64,
@@ -89,7 +93,7 @@ fn parse_f64(text: &[u8]) -> Option<f64> {
 #[inline]
 pub(crate) fn value_hash(source: &ValueSource, payload: &[u8], scratch: &mut Vec<u8>) -> Option<u64> {
     match source {
-        ValueSource::Json(spec) => Some(xxh3_64(extract_key(payload, spec, scratch).ok()?)),
+        ValueSource::Json(spec) => Some(xxh3_64(extract_value(payload, spec, scratch).ok()?)),
         ValueSource::Ilp(field) => Some(field_hash(ilp::field_value(payload, field.as_bytes())?)),
         ValueSource::Number => number(source, payload, scratch).map(number_hash),
         ValueSource::Payload => Some(xxh3_64(payload)),
@@ -271,7 +275,8 @@ mod tests {
         assert_eq!(value(&json("amount"), r#"{"amount":true}"#), None);
         assert_eq!(value(&json("amount"), r#"{"amount":null}"#), None);
         assert_eq!(value(&json("amount"), r#"{"amount":1e999}"#), None, "not finite");
-        assert_eq!(value(&json("amount"), r#"{"amount":1,}"#), None, "invalid JSON");
+        assert_eq!(value(&json("amount"), r#"{"amount":1,}"#), Some(1.0), "bytes after the value are not read");
+        assert_eq!(value(&json("amount"), r#"{"x":tru,"amount":1}"#), None, "invalid JSON before it");
         assert_eq!(value(&ValueSource::Ilp("u".into()), "cpu u=3i,v=2 1"), Some(3.0));
         assert_eq!(value(&ValueSource::Ilp("v".into()), "cpu u=3i,v=2.5"), Some(2.5));
         assert_eq!(value(&ValueSource::Ilp("s".into()), r#"cpu s="x""#), None);

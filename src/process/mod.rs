@@ -80,8 +80,10 @@
 //! function of the input, so windows closed after the checkpoint and before
 //! the crash are emitted again **identical** (same value, count, offsets and
 //! sequence); windows closed before the checkpoint are not in its state and
-//! are never emitted again. A reader (or the engine, before appending) drops
-//! a window whose `(aggregate, partition, sequence)` it has already seen.
+//! are never emitted again. A reader drops a window whose `(aggregate,
+//! partition, sequence)` it has already seen (the engine does not suppress
+//! the repeats itself; see `crate::shard::aggregates` for how checkpoints
+//! are ordered against the output's durability so that none is lost).
 //!
 //! ```
 //! use spate::process::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
@@ -126,8 +128,8 @@ pub const AGGREGATES_PER_STREAM_MAX: usize = 16;
 pub const AGGREGATE_NAME_SIZE_MAX: usize = 64;
 /// Keys one aggregate tracks on one partition, by default. Memory: this
 /// times [`key_cost_bytes`] per aggregate per partition, e.g. 16384 keys of
-/// 32 bytes in tumbling windows without lateness (2 windows per key
-/// allocated, see `aggregate.rs`) cost about 5.5 MiB.
+/// 32 bytes in tumbling windows without lateness (one open window per key)
+/// cost at most 16384 × 306 bytes, 4.8 MiB.
 pub const KEYS_PER_AGGREGATE_MAX: u32 = 16_384;
 /// Open windows one key may hold in one aggregate: a declaration implying
 /// more (`ceil((size + lateness) / step)`) is refused. Each open window is
@@ -182,5 +184,21 @@ pub struct ProcessorLimits {
 impl Default for ProcessorLimits {
     fn default() -> ProcessorLimits {
         ProcessorLimits { keys_per_aggregate_max: KEYS_PER_AGGREGATE_MAX }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memory formula's numbers, as the README states them: 226 bytes per key entry, 306
+    /// for a 32-byte key with one open window, 48 per window, 1028 per sketch.
+    #[test]
+    fn key_cost_matches_the_documented_formula() {
+        assert_eq!(WINDOW_ENTRY_BYTES, 48);
+        assert_eq!(KEY_ENTRY_BYTES, 226);
+        assert_eq!(key_cost_bytes(32, 1, false), 306);
+        assert_eq!(key_cost_bytes(32, 1, true), 306 + 2 * 1028);
+        assert_eq!(windows_per_key(60_000, 10_000, 5_000), 7);
     }
 }

@@ -327,6 +327,34 @@ pub fn extract_key<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Vec<
     Ok(key)
 }
 
+/// Like [`extract_key`], but stops scanning at the end of the pointer's
+/// target instead of validating the rest of the line: for reading a field of
+/// a payload that is already stored (keyed aggregates read a value or a time
+/// per event). Everything up to the target is checked as in
+/// [`extract_key`]; bytes after it are not looked at, and with a name given
+/// twice the first wins (the full scan keeps the last).
+pub fn extract_value<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], JsonError> {
+    let mut scanner = Scanner::new(line, &spec.tokens);
+    scanner.stop_at_target = true;
+    let found = scanner.run()?;
+    let Some(found) = found else { return Err(JsonError::KeyMissing) };
+    let text = &line[found.start..found.end];
+    let value = match found.kind {
+        Found::String { escaped: false } => &text[1..text.len() - 1],
+        Found::String { escaped: true } => {
+            scratch.clear();
+            unescape_into(&text[1..text.len() - 1], scratch);
+            &scratch[..]
+        }
+        Found::Scalar => text,
+        Found::NotScalar { found } => return Err(JsonError::KeyNotScalar { found }),
+    };
+    if value.is_empty() {
+        return Err(JsonError::KeyEmpty);
+    }
+    Ok(value)
+}
+
 /// JSON whitespace (RFC 8259): space, tab, LF, CR.
 #[inline]
 fn is_whitespace(byte: u8) -> bool {
@@ -371,6 +399,8 @@ struct Scanner<'a, 't> {
     /// Whether the value about to be scanned lies on the pointer's path.
     next_on_path: bool,
     found: Option<Target>,
+    /// Return as soon as a scalar target has been scanned ([`extract_value`]).
+    stop_at_target: bool,
 }
 
 impl<'a, 't> Scanner<'a, 't> {
@@ -386,6 +416,7 @@ impl<'a, 't> Scanner<'a, 't> {
             element_index: 0,
             next_on_path: true,
             found: None,
+            stop_at_target: false,
         }
     }
 
@@ -413,6 +444,9 @@ impl<'a, 't> Scanner<'a, 't> {
             if self.value()? {
                 // A container was opened and its first member's value is next.
                 continue;
+            }
+            if self.stop_at_target && self.found.is_some() {
+                return Ok(self.found);
             }
             // After a value: close containers, or move to the next member.
             loop {
@@ -1048,5 +1082,22 @@ mod tests {
                 prop_assert_eq!(ours, theirs, "{:?}", text);
             }
         }
+    }
+
+    /// extract_value reads the same fields as extract_key, stops after the target (so later
+    /// garbage is not looked at) and still refuses what comes before it broken.
+    #[test]
+    fn extract_value_stops_at_the_target() {
+        let mut scratch = Vec::new();
+        let spec = JsonKeySpec::parse("/a/b").unwrap();
+        for line in [&br#"{"a":{"b":12.5},"c":[1,2]}"#[..], br#"{"x":"y","a":{"z":1,"b":12.5}}"#] {
+            assert_eq!(extract_value(line, &spec, &mut scratch).unwrap(), b"12.5");
+            assert_eq!(extract_key(line, &spec, &mut scratch).unwrap(), b"12.5");
+        }
+        let line = br#"{"a":{"b":"x\u0041"},"c":tru"#;
+        assert_eq!(extract_value(line, &spec, &mut scratch).unwrap(), b"xA");
+        assert!(extract_key(line, &spec, &mut scratch).is_err(), "the full scan refuses it");
+        assert!(extract_value(br#"{"a":{"q":tru,"b":1}}"#, &spec, &mut scratch).is_err());
+        assert!(matches!(extract_value(br#"{"a":{"c":1}}"#, &spec, &mut scratch), Err(JsonError::KeyMissing)));
     }
 }
