@@ -118,6 +118,10 @@ pub struct ShardAggregates {
     /// Partition -> the offset its last checkpoint covers.
     checkpointed: RefCell<HashMap<u32, u64>>,
     checkpoint_serial: Cell<u64>,
+    /// A periodic checkpoint round is running: the clock starts no other
+    /// (a round waits for durability, which can take longer than the period
+    /// under load; rounds must not pile up).
+    round_running: Rc<Cell<bool>>,
     pub limits: ProcessorLimits,
 }
 
@@ -133,6 +137,7 @@ impl ShardAggregates {
             clock_ms: Cell::new(0),
             checkpointed: RefCell::default(),
             checkpoint_serial: Cell::new(0),
+            round_running: Rc::default(),
             limits: ProcessorLimits { keys_per_aggregate_max: config.aggregate_keys_max },
         }
     }
@@ -287,9 +292,16 @@ async fn run_clock(shard: Rc<Shard>) {
             }
             shard.aggregates.collect_all(&mut partitions);
         }
-        if shard.committer.is_some() && last_checkpoint.elapsed() >= checkpoint_every {
+        let running = shard.aggregates.round_running.clone();
+        if shard.committer.is_some() && last_checkpoint.elapsed() >= checkpoint_every && !running.get() {
             last_checkpoint = Instant::now();
-            glommio::spawn_local(checkpoint_round(shard.clone(), None)).detach();
+            running.set(true);
+            let round = checkpoint_round(shard.clone(), None);
+            glommio::spawn_local(async move {
+                let _ = round.await;
+                running.set(false);
+            })
+            .detach();
         }
     }
 }
