@@ -35,6 +35,10 @@
 //!    indexes, recovery, the data directory) and the named streams a
 //!    partition belongs to. A shard's committer (`shard::commit`) writes and
 //!    syncs each partition's new frames before it returns the credits.
+//! 10. [`process`]: keyed aggregates (counts, sums, windows) that a
+//!     partition runs on its events as they are applied; `shard::aggregates`
+//!     routes their closed windows to an output stream, checkpoints them
+//!     next to the log and recovers them by replay.
 //!
 //! ```
 //! use spate::protocol::{Line, parse_line, partition_of};
