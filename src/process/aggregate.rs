@@ -63,8 +63,73 @@ pub(crate) struct KeyState {
 }
 
 /// A key's slot in the table (for the memory formula).
-pub(crate) type KeySlot = (Box<[u8]>, KeyState);
-pub(crate) type KeyMap = HashMap<Box<[u8]>, KeyState, ahash::RandomState>;
+pub(crate) type KeySlot = (KeyBytes, KeyState);
+pub(crate) type KeyMap = HashMap<KeyBytes, KeyState, ahash::RandomState>;
+
+/// Keys up to this many bytes are stored in the table's slot itself.
+pub(crate) const KEY_INLINE_BYTES: usize = 22;
+
+/// A key's bytes in the table: inline when short (the lookup then costs no
+/// second cache miss for the key's own allocation, the largest share of an
+/// aggregate's per-event cost with many keys), else boxed. Hashes and
+/// compares as the byte slice, so the table is looked up by `&[u8]`.
+#[derive(Clone)]
+pub(crate) enum KeyBytes {
+    Inline { size: u8, bytes: [u8; KEY_INLINE_BYTES] },
+    Boxed(Box<[u8]>),
+}
+
+impl KeyBytes {
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { size, bytes } => &bytes[..usize::from(*size)],
+            KeyBytes::Boxed(bytes) => bytes,
+        }
+    }
+}
+
+impl From<&[u8]> for KeyBytes {
+    #[inline]
+    fn from(key: &[u8]) -> KeyBytes {
+        if key.len() <= KEY_INLINE_BYTES {
+            let mut bytes = [0; KEY_INLINE_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline { size: key.len() as u8, bytes }
+        } else {
+            KeyBytes::Boxed(key.into())
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for KeyBytes {
+    #[inline]
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::hash::Hash for KeyBytes {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for KeyBytes {
+    #[inline]
+    fn eq(&self, other: &KeyBytes) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for KeyBytes {}
+
+impl std::fmt::Debug for KeyBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
+    }
+}
 
 /// What one aggregate counted on one partition. Every counter is a pure
 /// function of the input, so replay after a crash counts the same.
@@ -381,7 +446,7 @@ impl AggregateState {
         keys.retain(|key, state| {
             let closed_count = state.open.iter().take_while(|window| window.start_ms + size_ms <= watermark_ms).count();
             for (index, window) in state.open.drain(..closed_count).enumerate() {
-                closing.push(key, window, value(kind, &window, sketches));
+                closing.push(key.as_slice(), window, value(kind, &window, sketches));
                 let replaced = if index + 1 == closed_count { state.last_closed.replace(window) } else { Some(window) };
                 release(sketches, replaced.map(|window| window.sketch));
             }
@@ -459,6 +524,7 @@ impl AggregateState {
     pub(crate) fn top(&self, n: usize) -> Vec<TopEntry> {
         let mut ranked: Vec<(f64, &[u8], &WindowState)> = Vec::with_capacity(self.table.keys.len());
         for (key, state) in &self.table.keys {
+            let key = key.as_slice();
             let window = match self.window {
                 None => state.open.first(),
                 Some(_) => self.visible_last_closed(state),
@@ -503,7 +569,10 @@ impl AggregateState {
             .table
             .keys
             .iter()
-            .map(|(key, state)| key.len() + state.open.capacity() * std::mem::size_of::<WindowState>() + 32)
+            .map(|(key, state)| {
+                let key_bytes = if key.as_slice().len() > KEY_INLINE_BYTES { key.as_slice().len() } else { 0 };
+                key_bytes + state.open.capacity() * std::mem::size_of::<WindowState>() + 32
+            })
             .sum();
         (table + per_key + self.table.sketches.capacity_bytes()) as u64
     }

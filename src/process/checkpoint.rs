@@ -288,7 +288,8 @@ fn encode_aggregate(aggregate: &AggregateState, out: &mut Vec<u8>) {
     for counter in counters_array(&aggregate.counters) {
         out.extend_from_slice(&counter.to_le_bytes());
     }
-    let mut keys: Vec<(&Box<[u8]>, &KeyState)> = aggregate.table.keys.iter().collect();
+    let mut keys: Vec<(&[u8], &KeyState)> =
+        aggregate.table.keys.iter().map(|(key, state)| (key.as_slice(), state)).collect();
     keys.sort_unstable_by(|left, right| left.0.cmp(right.0));
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     let distinct = aggregate.declaration.kind == AggregateKind::DistinctEstimate;
