@@ -372,14 +372,14 @@ pub struct Config {
 
     /// Keys one aggregate tracks per partition; a new key beyond it is
     /// refused (counted in spate_aggregate_keys_refused_total). Memory: see
-    /// README "Keyed aggregates" (about 330 bytes per key of 32 bytes in
+    /// README "Keyed aggregates" (at most 322 bytes per key of 32 bytes in
     /// tumbling windows).
     #[arg(long, default_value_t = crate::process::KEYS_PER_AGGREGATE_MAX)]
     pub aggregate_keys_max: u32,
 
     /// With `--storage disk`: how often each partition's aggregate state is
-    /// checkpointed next to its log, in ms (a crash replays at most this
-    /// much of the log).
+    /// checkpointed next to its log, in ms (a crash replays about this much
+    /// of the log; more when a round waits for durability under load).
     #[arg(long, default_value_t = 1000)]
     pub aggregate_checkpoint_ms: u64,
 
