@@ -29,8 +29,20 @@ fn fresh_data_dir(port: u16) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("spate-test-data-{}-{port}", std::process::id()))
 }
 
+/// A free loopback port, never one this test process handed out before:
+/// tests run in parallel threads, the kernel may give a just-released port
+/// again, and spate binds with SO_REUSEPORT, so two servers would silently
+/// share it and split each other's connections.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// The three addresses of a server.
