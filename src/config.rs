@@ -92,6 +92,9 @@ pub const GROUP_STATE_BYTES: usize = 256;
 /// A group's state per partition of its stream: holder, revoking flag,
 /// committed offset (and its copy in the offsets file being written).
 pub const GROUP_BYTES_PER_PARTITION: usize = 40;
+/// Commits a group member may have in flight (sent, not yet acknowledged);
+/// its connection's reader waits past this, so a member's inbox is bounded.
+pub const COMMITS_IN_FLIGHT_MAX: usize = 256;
 /// One commit acknowledgement in flight (the coordinator's entry and the
 /// member's inbox event).
 pub const GROUP_ACK_BYTES: usize = 64;
@@ -960,7 +963,7 @@ impl Config {
         let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
         let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
-            + shards * self.subscribers_per_shard_max * crate::shard::groups::COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
+            + shards * self.subscribers_per_shard_max * COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
         let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin + groups;
         MemoryBound {
             connection_buffers,

@@ -44,6 +44,7 @@
 
 pub mod assign;
 pub mod coordinator;
+pub mod messages;
 pub mod store;
 
 pub use coordinator::{Effect, GroupState, MemberId, Start};

@@ -41,8 +41,9 @@ pub enum Frame {
     /// routed to it before the switch (step 4).
     Handoff(Handoff),
     /// Consumer-group traffic: joins, commits, assignments, hold floors
-    /// ([`crate::shard::groups`]). Boxed: rare and larger than the rest.
-    Group(Box<crate::shard::groups::GroupFrame>),
+    /// ([`crate::shard::groups`] handles them). Boxed: rare and larger than
+    /// the rest.
+    Group(Box<crate::group::messages::GroupFrame>),
 }
 
 /// A partition in transit: its in-memory log (segments move, no copy), its

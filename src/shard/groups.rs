@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use ahash::AHashMap;
 
+pub use crate::config::COMMITS_IN_FLIGHT_MAX;
 use crate::group::coordinator::{CommitError, JoinError};
+pub use crate::group::messages::{GroupFrame, GroupKey, MemberEvent};
 use crate::group::store::{StoredGroup, group_path};
-use crate::group::{Effect, GroupState, MemberId, Start, coordinator_of};
+use crate::group::{Effect, GroupState, MemberId, coordinator_of};
 use crate::protocol::group::{GroupError, OffsetReset};
 use crate::shard::Shard;
 use crate::shard::frame::Frame;
@@ -29,62 +31,8 @@ use crate::shard::notify::Notify;
 /// while any exist (the overshoot past `--group-hold-lag-bytes` is what
 /// arrives in this time, plus the credits in flight).
 pub const HOLD_CHECK_MS: u64 = 5;
-/// Commits a member may have in flight (sent, not yet acknowledged); its
-/// connection's reader waits past this, so a member's inbox is bounded.
-pub const COMMITS_IN_FLIGHT_MAX: usize = 256;
 /// How long a failed offsets write waits before it is tried again.
 const OFFSET_WRITE_RETRY_MS: u64 = 100;
-
-/// A group: its stream's id and its name.
-pub type GroupKey = (u32, String);
-
-/// Consumer-group traffic between shards.
-#[derive(Debug, Clone)]
-pub enum GroupFrame {
-    /// To the coordinator: a member joins.
-    Join { member: MemberId, key: GroupKey, stream: String, base: u32, partitions: u32, reset: OffsetReset, hold: bool },
-    /// To the coordinator: a member's connection ended.
-    Leave { member: MemberId, key: GroupKey },
-    /// To the coordinator: a member commits.
-    Commit { member: MemberId, key: GroupKey, partition: u32, next_offset: u64 },
-    /// To the coordinator: where a member started in a partition the group
-    /// never committed.
-    CommitStart { key: GroupKey, partition: u32, offset: u64 },
-    /// To the coordinator: the member wrote `REVOKED` for these.
-    RevokeDone { member: MemberId, key: GroupKey, partitions: Vec<u32> },
-    /// To the shard holding the member's connection.
-    ToMember { member: MemberId, event: MemberEvent },
-    /// To every shard: a hold group's floors (committed offsets by global
-    /// partition id, `u64::MAX` where none), or `None` when it holds nothing.
-    Floors { key: GroupKey, base: u32, floors: Option<Vec<u64>> },
-    /// To every shard, from the partition's owner: hold or release ingest.
-    Held { partition: u32, held: bool },
-}
-
-/// What a member's session hears from its coordinator.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MemberEvent {
-    Assigned {
-        generation: u64,
-        partitions: Vec<u32>,
-        starts: Vec<Start>,
-    },
-    Revoke {
-        generation: u64,
-        partitions: Vec<u32>,
-    },
-    CommitOk {
-        partition: u32,
-        next_offset: u64,
-    },
-    CommitRefused {
-        partition: u32,
-    },
-    /// The join is refused: the `ERR` line to send, then close.
-    Refused(String),
-    /// Cut: it did not finish a revocation in time.
-    Expelled,
-}
 
 /// A member session's inbox on the shard that holds its connection.
 /// Bounded by the protocol: one `Assigned` and one `Revoke` per rebalance,
