@@ -284,18 +284,6 @@ fn windows_of_stream(server: &Server, stream: &str) -> Windows {
     windows
 }
 
-/// A small xorshift generator: the crash test prints its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// `kill -9` at random moments while producers write, each followed by an
 /// immediate restart: at the end every window on the output stream equals
 /// the independent computation over what the input stream holds (no event
@@ -305,11 +293,7 @@ impl Rng {
 fn windows_are_exact_across_kill_9_loops() {
     const KILLS: u64 = 6;
     const CONNECTIONS: u64 = 3;
-    let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    eprintln!("crash loop seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let mut rng = Rng(seed);
+    let mut rng = common::crash_rng();
     let mut server = Server::start(&["--shards", "2", "--partitions", "4", "--aggregate-checkpoint-ms", "100"]);
     server.create_stream(json!({ "name": "out", "partitions": 2 }));
     // Windows close all the time (1 s of event time is 10 000 events of a
@@ -347,8 +331,8 @@ fn windows_are_exact_across_kill_9_loops() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    eprintln!("{} windows, output stream holds {held} events (repeats included), seed {seed}", expected.len());
-    assert_windows_equal(&expected, &found, &format!("after {KILLS} kill -9s (seed {seed})"));
+    eprintln!("{} windows, output stream holds {held} events (repeats included), seed {}", expected.len(), rng.seed);
+    assert_windows_equal(&expected, &found, &format!("after {KILLS} kill -9s (seed {})", rng.seed));
     assert_eq!(server.metric("spate_aggregate_late_events_total"), 0.0);
     let log = server.log();
     assert!(!log.contains("panicked"), "{log}");

@@ -21,18 +21,6 @@ const SYNC_EVERY: u64 = 2000;
 /// Distinct keys per producer connection.
 const KEYS_PER_CONNECTION: u64 = 5;
 
-/// A small xorshift generator: the crash test prints its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Produces `c<conn>k<j> c<conn>-<seq>` lines to `stream` with a `#SYNC` every
 /// SYNC_EVERY events until `stop` or the connection fails; returns how many
 /// events (from seq 0) were acknowledged.
@@ -121,11 +109,7 @@ fn check_stream(server: &Server, stream: &str) -> StreamContents {
 fn acknowledged_events_survive_kill_9_loops() {
     const KILLS: u64 = 10;
     const CONNECTIONS: u64 = 6;
-    let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    eprintln!("crash loop seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let mut rng = Rng(seed);
+    let mut rng = common::crash_rng();
     let mut server = Server::start(&["--shards", "2", "--partitions", "3"]);
     server.create_stream(json!({ "name": "alpha", "partitions": 4 }));
     server.create_stream(json!({ "name": "beta", "partitions": 2 }));
@@ -160,7 +144,8 @@ fn acknowledged_events_survive_kill_9_loops() {
             for seq in 0..acked {
                 assert!(
                     present.contains(&(connection, seq)),
-                    "after kill {kill}: acknowledged c{connection}-{seq} of {stream} is missing (seed {seed})"
+                    "after kill {kill}: acknowledged c{connection}-{seq} of {stream} is missing (seed {})",
+                    rng.seed
                 );
             }
         }

@@ -386,20 +386,14 @@ fn committed_offsets_survive_kill_9() {
     let mut server = Server::start(&["--shards", "2"]);
     server.create_stream(serde_json::json!({"name": "pay", "partitions": 4}));
     produce(&server, "pay", 100, 40_000, 4000, Duration::ZERO).join().unwrap();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
-    eprintln!("seed {seed}");
-    let mut random = seed;
-    let mut next = move || {
-        random = random.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        random >> 33
-    };
+    let mut rng = common::crash_rng();
     let mut last_acked: HashMap<u32, u64> = HashMap::new();
     for round in 0..3 {
         // More events each round, so every round has commits in flight
         // when the server dies.
         let producer = produce(&server, "pay", 100, 40_000, 2000, Duration::from_millis(10));
         let member = Member::join(server.subscribe, "GROUP pay audit earliest");
-        std::thread::sleep(Duration::from_millis(100 + next() % 300));
+        std::thread::sleep(Duration::from_millis(100 + rng.next() % 300));
         server.crash();
         let seen = member.kill();
         // The producer's connection died with the server.

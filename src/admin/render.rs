@@ -146,6 +146,12 @@ pub fn partitions_json(partitions: &[PartitionInfo]) -> String {
     serde_json::to_string_pretty(&json!({ "partitions": partitions })).expect("json serializes")
 }
 
+/// The partition with global id `global` in `partitions` (sorted by id, as
+/// `collect_partitions` returns them).
+fn partition_info(partitions: &[PartitionInfo], global: u32) -> Option<&PartitionInfo> {
+    partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at])
+}
+
 /// One group's lag on one partition: events between its commit and the
 /// partition's end, and those events' payload bytes estimated from the
 /// partition's mean payload size. A partition never committed lags by
@@ -160,8 +166,7 @@ fn group_lag(committed: Option<u64>, partition: Option<&PartitionInfo>) -> (u64,
 /// `GET /groups`: every group with its members, generation, assignment,
 /// committed offsets and lag per partition.
 pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String {
-    let by_id =
-        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let by_id = |global: u32| partition_info(partitions, global);
     let list: Vec<serde_json::Value> = groups
         .iter()
         .map(|group| {
@@ -199,8 +204,7 @@ pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String
 /// Per-group families for `/metrics`: members, rebalances, lag summed and
 /// at most, per (stream, group).
 pub fn group_metrics(out: &mut String, groups: &[GroupInfo], partitions: &[PartitionInfo]) {
-    let by_id =
-        |global: u32| partitions.binary_search_by_key(&global, |info| info.partition).ok().map(|at| &partitions[at]);
+    let by_id = |global: u32| partition_info(partitions, global);
     let families: [(&str, &str, &str); 5] = [
         ("spate_group_members_live", "gauge", "Live members of each consumer group."),
         ("spate_group_generation", "gauge", "Each consumer group's generation (rebalances so far)."),

@@ -309,22 +309,7 @@ pub fn parse_json_line<'a>(
 /// longest escaped key there is no allocation per event).
 pub fn extract_key<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], JsonError> {
     let found = Scanner::new(line, &spec.tokens).run()?;
-    let Some(found) = found else { return Err(JsonError::KeyMissing) };
-    let text = &line[found.start..found.end];
-    let key = match found.kind {
-        Found::String { escaped: false } => &text[1..text.len() - 1],
-        Found::String { escaped: true } => {
-            scratch.clear();
-            unescape_into(&text[1..text.len() - 1], scratch);
-            &scratch[..]
-        }
-        Found::Scalar => text,
-        Found::NotScalar { found } => return Err(JsonError::KeyNotScalar { found }),
-    };
-    if key.is_empty() {
-        return Err(JsonError::KeyEmpty);
-    }
-    Ok(key)
+    target_bytes(line, found, scratch)
 }
 
 /// Like [`extract_key`], but stops scanning at the end of the pointer's
@@ -337,9 +322,16 @@ pub fn extract_value<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Ve
     let mut scanner = Scanner::new(line, &spec.tokens);
     scanner.stop_at_target = true;
     let found = scanner.run()?;
+    target_bytes(line, found, scratch)
+}
+
+/// The bytes of the pointer's target the scanner found: a string's content
+/// (borrowed, or unescaped into `scratch`), or a scalar's text; an error
+/// when it is missing, not a scalar, or empty.
+fn target_bytes<'a>(line: &'a [u8], found: Option<Target>, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], JsonError> {
     let Some(found) = found else { return Err(JsonError::KeyMissing) };
     let text = &line[found.start..found.end];
-    let value = match found.kind {
+    let bytes = match found.kind {
         Found::String { escaped: false } => &text[1..text.len() - 1],
         Found::String { escaped: true } => {
             scratch.clear();
@@ -349,10 +341,10 @@ pub fn extract_value<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Ve
         Found::Scalar => text,
         Found::NotScalar { found } => return Err(JsonError::KeyNotScalar { found }),
     };
-    if value.is_empty() {
+    if bytes.is_empty() {
         return Err(JsonError::KeyEmpty);
     }
-    Ok(value)
+    Ok(bytes)
 }
 
 /// JSON whitespace (RFC 8259): space, tab, LF, CR.

@@ -457,3 +457,29 @@ impl Subscriber {
         self.reader.read(buffer)
     }
 }
+
+/// A small xorshift generator for the crash loops' random moments.
+pub struct Rng {
+    state: u64,
+    /// What it started from (for messages).
+    pub seed: u64,
+}
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state
+    }
+}
+
+/// The crash loops' generator: seeded from `SPATE_CRASH_SEED` or the clock,
+/// with the seed printed so a failing run can be repeated.
+pub fn crash_rng() -> Rng {
+    let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    eprintln!("crash loop seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
+    Rng { state: seed, seed }
+}
