@@ -57,7 +57,7 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::config::{REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX};
 use crate::net::accept::Acceptor;
-use crate::net::socket::{send_space, set_keepalive, write_goodbye};
+use crate::net::socket::{send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
 use crate::protocol::control::{UnknownControl, write_err, write_ok};
 use crate::protocol::ilp::{IlpError, IlpLine, IlpScratch, parse_ilp_line};
@@ -178,8 +178,8 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
     let metrics = &shard.metrics;
     let mut acceptor = Acceptor::new(listener, format.name(), shard.id, &shard.lifecycle, &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
-        // Best effort: a socket without keepalive still works.
-        let _ = set_keepalive(&stream);
+        // Best effort: a socket without these options still works.
+        let _ = tune_accepted(&stream);
         let Some(slot) = net.admission.ingest.try_acquire() else {
             ShardMetrics::add(&metrics.connections_refused, 1);
             let limit = net.admission.ingest.max();

@@ -14,11 +14,18 @@ use crate::config::{
 };
 use crate::shard::notify::{Either, first};
 
-/// Turns TCP keepalive on for an accepted socket ([`KEEPALIVE_IDLE_S`],
-/// [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]).
-pub fn set_keepalive(stream: &TcpStream) -> std::io::Result<()> {
+/// Sets the options of an accepted socket: TCP keepalive
+/// ([`KEEPALIVE_IDLE_S`], [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]) and
+/// `TCP_NODELAY`. The server already gathers what it writes into few large
+/// writes (a subscriber's fetch reply, a chunk's replies), so Nagle's
+/// algorithm has nothing left to merge: it only held a write back until the
+/// peer acknowledged the previous one, which a receiver in delayed-ACK mode
+/// does after milliseconds (it was most of the 8 ms p99 of a 100 k/s
+/// subscriber).
+pub fn tune_accepted(stream: &TcpStream) -> std::io::Result<()> {
     let fd = stream.as_raw_fd();
     let options = [
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY, 1),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S as libc::c_int),
         (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S as libc::c_int),

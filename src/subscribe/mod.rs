@@ -35,7 +35,7 @@ use std::rc::Rc;
 use glommio::net::TcpListener;
 
 use crate::net::accept::Acceptor;
-use crate::net::socket::set_keepalive;
+use crate::net::socket::tune_accepted;
 use crate::net::{Face, ShardNet};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
@@ -46,8 +46,8 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
     let metrics = &shard.metrics;
     let mut acceptor = Acceptor::new(listener, "subscribe", shard.id, &shard.lifecycle, &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
-        // Best effort: a socket without keepalive still works.
-        let _ = set_keepalive(&stream);
+        // Best effort: a socket without these options still works.
+        let _ = tune_accepted(&stream);
         let Some(slot) = net.admission.subscribers.try_acquire() else {
             ShardMetrics::add(&metrics.subscribers_refused, 1);
             let limit = net.admission.subscribers.max();
