@@ -55,6 +55,14 @@ pub const BATCH_SPARE_BUFFERS_MAX: usize = 4;
 /// How long a thief waits for an answer to a steal request before it may ask
 /// again (an answer is a refusal or the placement update of a migration).
 pub const STEAL_REQUEST_TIMEOUT_MS: u64 = 1000;
+/// The gossip interval while the whole process is idle (no shard reports
+/// traffic, nothing migrates): an idle server wakes once a second per shard
+/// for gossip instead of ten times. The first batch applied, or the first
+/// report of traffic from a peer, brings the normal interval back at once.
+pub const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+/// Below this rate (events/s, the balancer's average) a shard counts as
+/// idle for the gossip pace: no traffic at all, not merely little.
+pub const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
 /// Control requests queued per shard (admin and signal threads to a shard):
 /// the admin thread waits for each answer, so a handful is plenty.
 pub const CONTROL_CHANNEL_CAPACITY: usize = 64;

@@ -24,8 +24,11 @@
 //! producers through the usual credits. Windows whose output stream does not
 //! exist (deleted) are dropped and counted.
 //!
-//! Arrival-time windows close by the clock: a tick every [`TICK_MS`]
-//! advances every processor whose next window end has passed.
+//! Arrival-time windows close by the clock: while any aggregate is
+//! declared, a tick every [`TICK_MS`] advances every processor whose next
+//! window end has passed. With none declared the clock waits for a
+//! declaration instead, so an idle server without aggregates never wakes
+//! for it (the tick cost 500 wake-ups a second per shard).
 //!
 //! # Checkpoints (disk storage)
 //!
@@ -122,6 +125,8 @@ pub struct ShardAggregates {
     /// (a round waits for durability, which can take longer than the period
     /// under load; rounds must not pile up).
     round_running: Rc<Cell<bool>>,
+    /// Wakes the clock when the first aggregate is declared.
+    declared_notify: Notify,
     pub limits: ProcessorLimits,
 }
 
@@ -138,6 +143,7 @@ impl ShardAggregates {
             checkpointed: RefCell::default(),
             checkpoint_serial: Cell::new(0),
             round_running: Rc::default(),
+            declared_notify: Notify::default(),
             limits: ProcessorLimits { keys_per_aggregate_max: config.aggregate_keys_max },
         }
     }
@@ -277,10 +283,11 @@ async fn run_clock(shard: Rc<Shard>) {
     let checkpoint_every = Duration::from_millis(shard.config.aggregate_checkpoint_ms);
     let mut last_checkpoint = Instant::now();
     loop {
-        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         if !any_declared(&shard) {
+            shard.aggregates.declared_notify.notified().await;
             continue;
         }
+        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         let now_ms = shard.aggregates.clock();
         {
             let mut partitions = shard.partitions.borrow_mut();
@@ -475,6 +482,7 @@ async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result
     let spec = shard.streams.borrow().catalog().get(&declaration.stream).cloned();
     let Some(spec) = spec else { return Err(format!("unknown stream {}", declaration.stream)) };
     shard.streams.borrow_mut().catalog_mut().add_aggregate(declaration);
+    shard.aggregates.declared_notify.notify();
     reconcile_stream(shard, &spec);
     checkpoint_round(shard.clone(), Some(spec.base)).await
 }

@@ -8,15 +8,17 @@
 //! migration ([`crate::partition::migration`]) or with a refusal. The
 //! balancer only decides; the shard sends the frames.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::balance::{
     BalanceConfig, Cooldowns, Direction, LoadReport, Migration, PartitionLoad, Refusal, ShardState, StealRequest, View,
     hottest_partitions, pick_partition, want_to_steal,
 };
-use crate::config::STEAL_REQUEST_TIMEOUT_MS;
+use crate::config::{GOSSIP_IDLE_EVENTS_PER_S, GOSSIP_IDLE_INTERVAL_MS, STEAL_REQUEST_TIMEOUT_MS};
 use crate::partition::PartitionManager;
+use crate::shard::notify::{Notify, first};
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
 /// so report ages compare across them). Only the engine reads it: the
@@ -87,6 +89,18 @@ impl Balancer {
             pending_request: None,
             counters: BalanceCounters::default(),
         }
+    }
+
+    /// No traffic anywhere this shard can see: its own rate and every
+    /// peer's last reported rate are below [`GOSSIP_IDLE_EVENTS_PER_S`], and
+    /// nothing migrates or waits for an answer.
+    pub fn is_idle(&self) -> bool {
+        let quiet = |events_per_s: f64| events_per_s < GOSSIP_IDLE_EVENTS_PER_S;
+        let peers_quiet = (0..self.view.shard_count())
+            .filter(|&shard| shard != self.me)
+            .filter_map(|shard| self.view.report(shard))
+            .all(|report| quiet(report.events_per_s) && !report.migrating);
+        quiet(self.events_per_s) && peers_quiet && self.pending_request.is_none() && !self.state.is_migrating()
     }
 
     /// The hottest partition's rate this shard owns.
@@ -236,5 +250,39 @@ impl Balancer {
         self.state.note_refusal(victim, refusal, now_ms, &self.config);
         self.counters.steal_refusals_received += 1;
         self.pending_request = None;
+    }
+}
+
+/// How often the gossip loop runs: every report interval while anything
+/// moves, every [`GOSSIP_IDLE_INTERVAL_MS`] while the whole process is idle
+/// ([`Balancer::is_idle`]), and at once when traffic shows up again.
+#[derive(Default)]
+pub struct GossipPace {
+    idle: Cell<bool>,
+    wake: Notify,
+}
+
+impl GossipPace {
+    pub fn set_idle(&self, idle: bool) {
+        self.idle.set(idle);
+    }
+
+    /// Traffic was seen (a batch applied, a peer's report of load): a loop
+    /// sleeping its idle interval ticks now.
+    #[inline]
+    pub fn traffic(&self) {
+        if self.idle.replace(false) {
+            self.wake.notify();
+        }
+    }
+
+    /// Sleeps until the next tick: `interval`, or the idle interval.
+    pub async fn sleep(&self, interval: Duration) {
+        if self.idle.get() {
+            let idle_interval = glommio::timer::sleep(Duration::from_millis(GOSSIP_IDLE_INTERVAL_MS));
+            first(idle_interval, self.wake.notified()).await;
+        } else {
+            glommio::timer::sleep(interval).await;
+        }
     }
 }

@@ -77,6 +77,8 @@ pub struct Shard {
     pub committer: Option<Committer>,
     pub subscriptions: Subscriptions,
     pub balancer: RefCell<Balancer>,
+    /// Slows the gossip loop down while the whole process is idle.
+    pub gossip_pace: balancer::GossipPace,
     pub lifecycle: Lifecycle,
     pub outbox: Rc<Outbox>,
     /// This shard's copy of the stream catalog.
@@ -119,6 +121,7 @@ impl Shard {
             committer: on_disk.then(|| Committer::new(&config)),
             subscriptions: Subscriptions::new(id),
             balancer: RefCell::new(balancer),
+            gossip_pace: balancer::GossipPace::default(),
             lifecycle: Lifecycle::default(),
             outbox,
             streams: RefCell::new(ShardStreams::new(catalog)),
@@ -177,6 +180,9 @@ impl Shard {
             Frame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             Frame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             Frame::Load(report) => {
+                if report.events_per_s >= crate::config::GOSSIP_IDLE_EVENTS_PER_S || report.migrating {
+                    self.gossip_pace.traffic();
+                }
                 self.balancer.borrow_mut().view.update(report);
             }
             Frame::StealRequest { thief_events_per_s } => self.on_steal_request(source, thief_events_per_s),
@@ -269,6 +275,7 @@ impl Shard {
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
         ShardMetrics::add(&self.metrics.events_discarded_deleted_stream, applied.discarded);
         ShardMetrics::add(&self.metrics.batches_applied, 1);
+        self.gossip_pace.traffic();
         aggregates::after_apply(self, any_processor).await;
         self.carry_out(effects);
         if self.has_hold_floors() {
@@ -456,7 +463,7 @@ impl Shard {
     pub async fn run_balancer(&self) {
         let interval = Duration::from_millis(self.balancer.borrow().config.report_interval_ms);
         loop {
-            glommio::timer::sleep(interval).await;
+            self.gossip_pace.sleep(interval).await;
             let sample = Sample {
                 now_ms: now_ms(),
                 runtime: glommio::executor().executor_stats().total_runtime(),
@@ -471,6 +478,7 @@ impl Shard {
                 let frame = Frame::StealRequest { thief_events_per_s: request.thief_events_per_s };
                 self.outbox.send(request.victim, frame, &self.metrics);
             }
+            self.gossip_pace.set_idle(self.balancer.borrow().is_idle() && !self.is_migrating());
         }
     }
 
