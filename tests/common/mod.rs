@@ -22,6 +22,9 @@ pub struct Server {
     pub data_dir: std::path::PathBuf,
     owns_data_dir: bool,
     args: Vec<String>,
+    /// Runs on the `spate serve` command before every spawn (e.g. a
+    /// `pre_exec` hook).
+    prepare: Option<fn(&mut Command)>,
 }
 
 /// A fresh temporary data directory for a server on `port`.
@@ -77,6 +80,13 @@ impl Server {
 
     /// Starts `spate serve` on `addresses` and waits until /stats answers.
     pub fn start_on(addresses: Addresses, args: &[&str]) -> Server {
+        let mut server = Server::start_on_unspawned(addresses, args);
+        server.spawn();
+        server
+    }
+
+    /// The server of [`Server::start_on`], not started yet.
+    fn start_on_unspawned(addresses: Addresses, args: &[&str]) -> Server {
         let Addresses { ingest, ingest_json, ingest_ilp, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
@@ -86,7 +96,7 @@ impl Server {
         if owns_data_dir {
             args.extend(["--data-dir".to_string(), data_dir.display().to_string()]);
         }
-        let mut server = Server {
+        Server {
             child: None,
             ingest,
             ingest_json,
@@ -97,7 +107,15 @@ impl Server {
             data_dir,
             owns_data_dir,
             args,
-        };
+            prepare: None,
+        }
+    }
+
+    /// Like [`Server::start`], with `prepare` run on the command before each
+    /// spawn.
+    pub fn start_prepared(args: &[&str], prepare: fn(&mut Command)) -> Server {
+        let mut server = Server::start_on_unspawned(Addresses::free(), args);
+        server.prepare = Some(prepare);
         server.spawn();
         server
     }
@@ -108,7 +126,11 @@ impl Server {
         assert!(self.child.is_none(), "the server is already running");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let child = Server::command(self.addresses(), &args).stdout(Stdio::null()).stderr(log).spawn();
+        let mut command = Server::command(self.addresses(), &args);
+        if let Some(prepare) = self.prepare {
+            prepare(&mut command);
+        }
+        let child = command.stdout(Stdio::null()).stderr(log).spawn();
         self.child = Some(child.expect("spawn spate"));
         self.wait_ready();
     }

@@ -1,0 +1,109 @@
+//! The patched glommio park path (src/vendor/README.md): shards park and are
+//! woken without the `membarrier` syscall, and no wake-up is lost.
+//!
+//! The server runs under a seccomp filter that kills the process the moment
+//! anything in it calls `membarrier(2)`; glommio 0.9.0 unpatched calls it on
+//! every park, so against it these tests die with SIGSYS.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Server, Subscriber};
+
+/// Installs a seccomp filter that kills the whole process on `membarrier`
+/// and allows every other system call. Runs in the forked child before
+/// `exec` (the filter survives it, with `no_new_privs`).
+fn kill_on_membarrier() -> std::io::Result<()> {
+    let statement = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let nr_offset = 0; // offsetof(struct seccomp_data, nr)
+    let mut filter = [
+        statement(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, nr_offset),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_membarrier as u32,
+        },
+        statement(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_KILL_PROCESS),
+        statement(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_mut_ptr() };
+    // SAFETY: prctl with integer arguments, then with a pointer to a filter
+    // program that lives across the call (the kernel copies it).
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &program as *const libc::sock_fprog) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn under_filter(command: &mut Command) {
+    // SAFETY: the hook only calls prctl, which is async-signal-safe.
+    unsafe { command.pre_exec(kill_on_membarrier) };
+}
+
+/// The filter works: a process that calls `membarrier` under it is killed
+/// with SIGSYS (so a server that survives it never called it).
+#[test]
+fn the_filter_kills_a_membarrier_caller() {
+    let mut command = Command::new("true");
+    // SAFETY: prctl and a raw syscall in the forked child, both
+    // async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            kill_on_membarrier()?;
+            libc::syscall(libc::SYS_membarrier, 0, 0);
+            Ok(())
+        })
+    };
+    let status = command.status().expect("run true");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGSYS), "membarrier under the filter must kill: {status:?}");
+}
+
+/// Paced bursts (the shards park between them and are woken by the socket
+/// and by each other across the mesh) all reach a subscriber, in order,
+/// from a server that may not call `membarrier`; it then stops cleanly.
+#[test]
+fn shards_park_and_wake_without_membarrier() {
+    const BURSTS: usize = 400;
+    const EVENTS_PER_BURST: usize = 25;
+    let server = Server::start_prepared(&["--shards", "2", "--storage", "memory"], under_filter);
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB * latest");
+    let started = Instant::now();
+    while server.total("subscribers_open") == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the subscriber never registered");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut producer = server.producer();
+    for burst in 0..BURSTS {
+        for event in 0..EVENTS_PER_BURST {
+            // Keys spread over both shards' partitions.
+            producer.send(format!("key{event} {burst}\n").as_bytes());
+        }
+        producer.flush();
+        // Long enough for both shards to run out of work and park.
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    producer.sync();
+    let delivered = subscriber.take(BURSTS * EVENTS_PER_BURST);
+    for event in 0..EVENTS_PER_BURST {
+        let key = format!("key{event}");
+        let bursts: Vec<usize> = delivered
+            .iter()
+            .filter(|delivered| delivered.key == key.as_bytes())
+            .map(|delivered| String::from_utf8_lossy(&delivered.payload).parse().unwrap())
+            .collect();
+        assert_eq!(bursts, (0..BURSTS).collect::<Vec<_>>(), "{key}: every burst, in order");
+    }
+    let status = server.terminate();
+    assert!(status.success(), "the server must exit cleanly (SIGSYS means it called membarrier): {status:?}");
+}
