@@ -136,6 +136,11 @@ shard_metrics! {
     Gauge batch_buffered_bytes: u64 => "spate_batch_buffered_bytes", "Bytes in open, unsent batches.";
     Gauge apply_queue_bytes: u64 => "spate_apply_queue_bytes", "Bytes in the local apply queue.";
     Counter mesh_overflow_frames: u64 => "spate_mesh_overflow_frames_total", "Frames queued behind a full mesh ring.";
+    Counter mesh_frames_data: u64 => "spate_mesh_frames_sent_total" ["kind" = "data"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber pulls), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
+    Counter mesh_frames_credit: u64 => "spate_mesh_frames_sent_total" ["kind" = "credit"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber pulls), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
+    Counter mesh_frames_fetch: u64 => "spate_mesh_frames_sent_total" ["kind" = "fetch"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber pulls), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
+    Counter mesh_frames_fetch_reply: u64 => "spate_mesh_frames_sent_total" ["kind" = "fetch_reply"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber pulls), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
+    Counter mesh_frames_other: u64 => "spate_mesh_frames_sent_total" ["kind" = "other"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber pulls), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
     Gauge mesh_queued_frames: u64 => "spate_mesh_queued_frames", "Frames waiting behind a full mesh ring now.";
     Gauge read_buffer_bytes: u64 => "spate_read_buffer_bytes", "Bytes held by ingest connections' read buffers.";
     Gauge subscribers_open: u64 => "spate_subscribers_open", "Subscriptions open (SUB accepted).";

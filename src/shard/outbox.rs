@@ -42,6 +42,14 @@ impl Outbox {
 
     /// Sends a frame to `peer` without waiting.
     pub fn send(&self, peer: u16, frame: Frame, metrics: &ShardMetrics) {
+        let counter = match &frame {
+            Frame::Data(_) => &metrics.mesh_frames_data,
+            Frame::Credit(_) => &metrics.mesh_frames_credit,
+            Frame::Fetch(_) => &metrics.mesh_frames_fetch,
+            Frame::FetchReply(_) => &metrics.mesh_frames_fetch_reply,
+            _ => &metrics.mesh_frames_other,
+        };
+        ShardMetrics::add(counter, 1);
         let queue = &self.peers[usize::from(peer)];
         if !queue.draining.get() && queue.queued.borrow().is_empty() {
             match self.senders.try_send_to(usize::from(peer), frame) {
