@@ -48,6 +48,13 @@ pub const SEGMENT_BYTES_LIMIT: usize = u32::MAX as usize;
 /// bad lines from a producer that never reads is bounded too. Costs up to
 /// this much per busy connection (a term of the memory formula).
 pub const REPLY_BUFFER_BYTES_MAX: usize = 64 * KIB;
+/// The largest read after which a connection's open batches go soon (see
+/// [`crate::shard::source`]) when the read drained its socket: a small read
+/// that empties the socket means the producer trickles, so waiting for the
+/// flush timer would only add latency. After a larger one batches fill
+/// quickly anyway and keep the flush timer, so that a peak-rate producer
+/// still sends full batches, not one small frame per read.
+pub const FLUSH_SOON_READ_BYTES_MAX: usize = 16 * KIB;
 /// Batch buffers a source keeps for reuse per destination beyond the one
 /// open batch: up to `shards * this * batch_bytes` per shard, inside the
 /// credit term (a spare buffer is one whose credits came back).

@@ -55,7 +55,9 @@ use std::time::Instant;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::config::{REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX};
+use crate::config::{
+    FLUSH_SOON_READ_BYTES_MAX, REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX,
+};
 use crate::net::accept::Acceptor;
 use crate::net::socket::{send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
@@ -256,9 +258,11 @@ async fn serve_connection(
     let mut parser = Parser::new(format);
     let mut target = Target::new(shard, format.start_stream(&shard.config));
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
+    // The last read left nothing waiting in the socket (see `read_more`).
+    let mut drained = false;
     loop {
         loop {
-            match process_buffered(shard, lines, &mut replies, &mut target, &mut parser) {
+            match process_buffered(shard, lines, &mut replies, &mut target, &mut parser, drained) {
                 Progress::NeedMore => break,
                 Progress::Blocked(Blocked { held: Some(partition), .. }) => {
                     shard.source.wait_for_release(partition).await;
@@ -284,7 +288,10 @@ async fn serve_connection(
             return Ok(());
         }
         let count = match read_more(shard, stream, lines, &replies, connection).await {
-            Read::Bytes(count) => count?,
+            Read::Bytes { count, drained: read_drained } => {
+                drained = read_drained;
+                count?
+            }
             Read::Shutdown => return Ok(()),
             Read::Trim => {
                 lines.trim();
@@ -303,7 +310,13 @@ async fn serve_connection(
 
 /// What waiting for the socket ended with.
 enum Read {
-    Bytes(std::io::Result<usize>),
+    /// `drained`: a small read (at most [`FLUSH_SOON_READ_BYTES_MAX`]) that
+    /// returned less than the buffer had room for: the socket had nothing
+    /// more waiting and the producer trickles.
+    Bytes {
+        count: std::io::Result<usize>,
+        drained: bool,
+    },
     Shutdown,
     /// The connection has been idle: give buffers back, then read again.
     Trim,
@@ -327,8 +340,13 @@ async fn read_more(
     connection.set_holds_spare_memory(spare_memory);
     connection.set_reading(Some(now));
     let stop = first(shard.lifecycle.shutdown_requested(), connection.trim_requested());
-    let read = match first(stream.read(lines.spare()), stop).await {
-        Either::Left(result) => Read::Bytes(result),
+    let spare = lines.spare();
+    let room = spare.len();
+    let read = match first(stream.read(spare), stop).await {
+        Either::Left(result) => {
+            let drained = result.as_ref().is_ok_and(|&count| count < room && count <= FLUSH_SOON_READ_BYTES_MAX);
+            Read::Bytes { count: result, drained }
+        }
         Either::Right(Either::Left(())) => Read::Shutdown,
         Either::Right(Either::Right(())) => {
             connection.take_trim_request();
@@ -444,17 +462,20 @@ impl Target {
 
 /// Parses and routes every complete buffered line, holding the shard's
 /// placement and router borrowed for the whole chunk (one borrow per chunk,
-/// not per event).
+/// not per event). `drained`: the chunk's read left the socket empty, so
+/// its open batches go soon ([`crate::shard::source`]).
 fn process_buffered(
     shard: &Shard,
     lines: &mut LineBuffer,
     replies: &mut Vec<u8>,
     target: &mut Target,
     parser: &mut Parser,
+    drained: bool,
 ) -> Progress {
     let config = &shard.config;
     let mut stream = target.check(shard);
     let mut route = shard.source.begin(&shard.placement);
+    route.drained = drained;
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
         if replies.len() + REPLY_LINE_SIZE_MAX > REPLY_BUFFER_BYTES_MAX {

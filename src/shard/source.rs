@@ -14,7 +14,19 @@
 //! [`Router`] and [`route`] are plain data and functions, unit-tested and
 //! benchmarked without executors. [`Source`] is the shard's service around
 //! them: it sends full batches (to the local apply queue or the mesh), runs
-//! the flush timer, and parks connections that wait for credits.
+//! the flusher, and parks connections that wait for credits.
+//!
+//! When an open batch leaves: when it is full, or when the flusher sends it.
+//! A chunk routed from a read that drained its socket (the read returned
+//! less than the buffer had room for: nothing more is waiting) asks for a
+//! flush *soon*: the flusher yields once, so every task that is ready now
+//! (the shard's other connections whose reads completed in the same poll)
+//! adds its events first, and then sends, with no timer. A chunk from a full
+//! read (more is waiting: the producer outruns one read) leaves its batch
+//! open for up to `--batch-flush-us`, so that at high rates batches fill
+//! instead of leaving one small frame per read. So an event at a moderate
+//! rate waits for no timer, and a core that has nothing else to do never
+//! wakes up again only to flush.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::rc::Rc;
@@ -279,6 +291,10 @@ pub struct Source {
     hold_waiters: WaitList,
     flush_notify: Notify,
     flush_requested: Cell<bool>,
+    /// The pending flush should go as soon as the ready tasks have run.
+    flush_soon: Cell<bool>,
+    /// Cuts the flusher's timer short for a flush requested soon.
+    soon_notify: Notify,
     batch_flush: Duration,
     /// Whether a `#SYNC` must ask owners for durability (disk storage).
     sync_requests: bool,
@@ -294,13 +310,16 @@ pub struct Route<'a> {
     source: &'a Source,
     placement: std::cell::Ref<'a, PlacementTable>,
     router: RefMut<'a, Router>,
+    /// The chunk came from a read that drained its socket: open batches go
+    /// soon, not after the flush timer.
+    pub drained: bool,
 }
 
 impl Route<'_> {
     /// Routes one event of `stream`; see [`route`].
     #[inline]
     pub fn route_event(&mut self, stream: StreamRoute, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
-        let Route { source, placement, router } = self;
+        let Route { source, placement, router, .. } = self;
         route(placement, router, stream, key, payload, |owner, batch| source.deliver(owner, batch))
     }
 }
@@ -308,7 +327,11 @@ impl Route<'_> {
 impl Drop for Route<'_> {
     fn drop(&mut self) {
         if self.router.pending_owners().next().is_some() {
-            self.source.request_flush();
+            if self.drained {
+                self.source.request_flush_soon();
+            } else {
+                self.source.request_flush();
+            }
         }
     }
 }
@@ -331,6 +354,8 @@ impl Source {
             hold_waiters: WaitList::default(),
             flush_notify: Notify::default(),
             flush_requested: Cell::new(false),
+            flush_soon: Cell::new(false),
+            soon_notify: Notify::default(),
             batch_flush: Duration::from_micros(config.batch_flush_us),
             sync_requests: config.storage == crate::config::Storage::Disk,
             outbox,
@@ -341,7 +366,7 @@ impl Source {
 
     /// Starts routing a chunk of events.
     pub fn begin<'a>(&'a self, placement: &'a RefCell<PlacementTable>) -> Route<'a> {
-        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut() }
+        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut(), drained: false }
     }
 
     pub fn router(&self) -> std::cell::Ref<'_, Router> {
@@ -389,12 +414,30 @@ impl Source {
         }
     }
 
+    /// Asks the flusher task to send open batches once the tasks that are
+    /// ready now have run (see the module doc).
+    pub fn request_flush_soon(&self) {
+        self.flush_soon.set(true);
+        if self.flush_requested.replace(true) {
+            self.soon_notify.notify();
+        } else {
+            self.flush_notify.notify();
+        }
+    }
+
     /// The flusher: bounds how long an event waits in an open batch.
     pub async fn run_flusher(&self) {
         loop {
             self.flush_notify.notified().await;
-            glommio::timer::sleep(self.batch_flush).await;
+            if !self.flush_soon.get() {
+                let timer = glommio::timer::sleep(self.batch_flush);
+                crate::shard::notify::first(timer, self.soon_notify.notified()).await;
+            }
+            // Tasks made ready by the same poll (other connections' reads)
+            // run first and add their events to the batches that leave.
+            futures_lite::future::yield_now().await;
             self.flush_requested.set(false);
+            self.flush_soon.set(false);
             self.flush_all();
         }
     }
