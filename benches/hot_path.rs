@@ -260,7 +260,16 @@ fn push_and_recycle(router: &mut Router, owner: u16, partition: u32, key: &[u8],
 fn grant_back(router: &mut Router, owner: u16, batch: DataBatch, recycle: bool) {
     let credit_bytes = batch.bytes.len();
     let recycled = if recycle { batch.bytes } else { Vec::new() };
-    router.grant(owner, CreditGrant { sequence: batch.sequence, credit_bytes, recycled, sync: false });
+    let grant = CreditGrant {
+        sequence: batch.sequence,
+        batch_count: 1,
+        credit_bytes,
+        recycled,
+        more_recycled: Vec::new(),
+        sync: false,
+        grant_now: false,
+    };
+    router.grant(owner, grant);
 }
 
 fn new_router() -> Router {

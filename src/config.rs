@@ -55,10 +55,14 @@ pub const REPLY_BUFFER_BYTES_MAX: usize = 64 * KIB;
 /// quickly anyway and keep the flush timer, so that a peak-rate producer
 /// still sends full batches, not one small frame per read.
 pub const FLUSH_SOON_READ_BYTES_MAX: usize = 16 * KIB;
+/// Applied batches whose credit grants an owner may hold for one source, to
+/// send them in one frame ([`crate::shard::grants`]).
+pub const GRANT_BATCHES_HELD_MAX: usize = 8;
 /// Batch buffers a source keeps for reuse per destination beyond the one
 /// open batch: up to `shards * this * batch_bytes` per shard, inside the
-/// credit term (a spare buffer is one whose credits came back).
-pub const BATCH_SPARE_BUFFERS_MAX: usize = 4;
+/// credit term (a spare buffer is one whose credits came back). As many as
+/// one merged grant returns, so steady state allocates no batch buffers.
+pub const BATCH_SPARE_BUFFERS_MAX: usize = GRANT_BATCHES_HELD_MAX;
 /// How long a thief waits for an answer to a steal request before it may ask
 /// again (an answer is a refusal or the placement update of a migration).
 pub const STEAL_REQUEST_TIMEOUT_MS: u64 = 1000;

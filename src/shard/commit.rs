@@ -451,6 +451,14 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
             }
         };
         let Some((source, grant)) = released else { break };
+        if source == shard.id {
+            shard.send_grant_now(source, grant);
+        } else {
+            shard.pending_grants.hold(source, grant);
+        }
+    }
+    // One frame per source for everything this round released.
+    for (source, grant) in shard.pending_grants.take_all() {
         shard.send_grant_now(source, grant);
     }
     if committer.failing.replace(false) {

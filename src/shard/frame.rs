@@ -75,20 +75,47 @@ pub struct DataBatch {
     /// A `#SYNC` waits for this batch: its grant returns only once the
     /// events before it are durable under the fsync policy.
     pub sync: bool,
+    /// The source wants its credits back promptly: the owner sends this
+    /// batch's grant, and every grant it holds for the source, at once
+    /// ([`crate::shard::grants`]). Otherwise grants may wait at the owner
+    /// to leave several in one frame.
+    pub grant_now: bool,
 }
 
-/// Credits returned by an owner after applying batches up to `sequence`.
+/// Credits returned by an owner after applying `batch_count` batches, the
+/// last of them `sequence` (grants arrive in order).
 #[derive(Debug)]
 pub struct CreditGrant {
-    /// Sequence of the last applied batch (grants arrive in order).
+    /// Sequence of the last applied batch covered.
     pub sequence: u64,
-    /// Credit bytes returned (the record bytes of the applied batch).
+    /// Batches covered: `sequence - batch_count + 1 ..= sequence`.
+    pub batch_count: u32,
+    /// Credit bytes returned (the record bytes of those batches).
     pub credit_bytes: usize,
-    /// The applied batch's buffer, returned for reuse so steady state
-    /// allocates no batch buffers (and frees none across threads).
+    /// The applied batches' buffers, returned for reuse so steady state
+    /// allocates no batch buffers (and frees none across threads): the
+    /// first here, the others in `more_recycled` (empty, so no allocation,
+    /// for a grant of one batch).
     pub recycled: Vec<u8>,
-    /// The batch carried a `#SYNC` (see [`DataBatch::sync`]).
+    pub more_recycled: Vec<Vec<u8>>,
+    /// A covered batch carried a `#SYNC` (see [`DataBatch::sync`]).
     pub sync: bool,
+    /// A covered batch asked for its grant at once ([`DataBatch::grant_now`]).
+    pub grant_now: bool,
+}
+
+impl CreditGrant {
+    /// Folds the grant of the next batch in sequence into this one.
+    pub fn merge(&mut self, next: CreditGrant) {
+        assert_eq!(next.sequence, self.sequence + u64::from(next.batch_count), "grants merge in sequence");
+        self.sequence = next.sequence;
+        self.batch_count += next.batch_count;
+        self.credit_bytes += next.credit_bytes;
+        self.more_recycled.push(next.recycled);
+        self.more_recycled.extend(next.more_recycled);
+        self.sync |= next.sync;
+        self.grant_now |= next.grant_now;
+    }
 }
 
 impl crate::partition::apply::Batch for DataBatch {
@@ -104,6 +131,14 @@ impl crate::partition::apply::Batch for DataBatch {
 
     /// The grant returns the batch's credits and its buffer, for reuse.
     fn into_grant(self) -> CreditGrant {
-        CreditGrant { sequence: self.sequence, credit_bytes: self.bytes.len(), recycled: self.bytes, sync: self.sync }
+        CreditGrant {
+            sequence: self.sequence,
+            batch_count: 1,
+            credit_bytes: self.bytes.len(),
+            recycled: self.bytes,
+            more_recycled: Vec::new(),
+            sync: self.sync,
+            grant_now: self.grant_now,
+        }
     }
 }

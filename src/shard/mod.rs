@@ -27,6 +27,7 @@ pub mod commit;
 pub mod control;
 pub mod disk_read;
 pub mod frame;
+pub mod grants;
 pub mod groups;
 pub mod lifecycle;
 pub mod metrics;
@@ -73,6 +74,8 @@ pub struct Shard {
     pub partitions: RefCell<PartitionManager>,
     pub migrations: RefCell<ShardMigrations<CreditGrant>>,
     pub apply_queue: Rc<ApplyQueue>,
+    /// Credit grants held to leave several in one frame.
+    pub pending_grants: grants::PendingGrants,
     /// Group commit to the partitions' files; `None` with memory storage.
     pub committer: Option<Committer>,
     pub subscriptions: Subscriptions,
@@ -118,6 +121,7 @@ impl Shard {
             partitions: RefCell::new(partitions),
             migrations: RefCell::new(Migrations::new(id, shard_count)),
             apply_queue,
+            pending_grants: grants::PendingGrants::new(usize::from(shard_count), config.credit_window_bytes()),
             committer: on_disk.then(|| Committer::new(&config)),
             subscriptions: Subscriptions::new(id),
             balancer: RefCell::new(balancer),
@@ -226,11 +230,17 @@ impl Shard {
     }
 
     /// Returns credits to `source` once the batch is stored as the storage
-    /// promises: at once in memory, after the committer's round on disk.
+    /// promises: once applied in memory (held to leave with later ones
+    /// unless due, [`grants`]), after the committer's round on disk.
     fn send_grant(&self, source: u16, grant: CreditGrant) {
         match &self.committer {
             Some(committer) => committer.queue_grant(source, grant),
-            None => self.send_grant_now(source, grant),
+            None if source == self.id => self.send_grant_now(source, grant),
+            None => {
+                if let Some(due) = self.pending_grants.add(source, grant) {
+                    self.send_grant_now(source, due);
+                }
+            }
         }
     }
 

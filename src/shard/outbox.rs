@@ -108,7 +108,15 @@ mod tests {
     use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 
     fn grant(sequence: u64) -> Frame {
-        Frame::Credit(CreditGrant { sequence, credit_bytes: 0, recycled: Vec::new(), sync: false })
+        Frame::Credit(CreditGrant {
+            sequence,
+            batch_count: 1,
+            credit_bytes: 0,
+            recycled: Vec::new(),
+            more_recycled: Vec::new(),
+            sync: false,
+            grant_now: false,
+        })
     }
 
     /// Sends never wait: past a full ring they queue, the drainer delivers

@@ -11,15 +11,27 @@
 //! connection stops reading its socket), so bytes in flight between any two
 //! shards never exceed the window.
 //!
+//! Grants need not come back one frame per batch: a frame to a parked shard
+//! wakes it, and a source with most of its window left has no use for its
+//! credits yet. So an owner may hold grants and send several in one frame
+//! ([`crate::shard::grants`]), and a source marks a batch
+//! [`DataBatch::grant_now`] when it wants them promptly: once less than half
+//! of its window (bytes or batches) is left after the batch, or when a
+//! `#SYNC` or a drain waits for the owner. The owner then
+//! sends that grant and every one it holds for the source. A source that
+//! lacks credits therefore never waits for grants an owner is holding: every
+//! batch it sent since it fell below half asked for them.
+//!
 //! [`Router`] and [`route`] are plain data and functions, unit-tested and
 //! benchmarked without executors. [`Source`] is the shard's service around
 //! them: it sends full batches (to the local apply queue or the mesh), runs
 //! the flusher, and parks connections that wait for credits.
 //!
 //! When an open batch leaves: when it is full, or when the flusher sends it.
-//! A chunk routed from a read that drained its socket (the read returned
-//! less than the buffer had room for: nothing more is waiting) asks for a
-//! flush *soon*: the flusher yields once, so every task that is ready now
+//! A chunk routed from a small read that drained its socket (the read
+//! returned less than the buffer had room for, and at most
+//! [`crate::config::FLUSH_SOON_READ_BYTES_MAX`]: nothing more is waiting
+//! and the producer trickles) asks for a flush *soon*: the flusher yields once, so every task that is ready now
 //! (the shard's other connections whose reads completed in the same poll)
 //! adds its events first, and then sends, with no timer. A chunk from a full
 //! read (more is waiting: the producer outruns one read) leaves its batch
@@ -92,6 +104,9 @@ struct Destination {
     markers: Vec<Marker>,
     /// The next batch must carry a sync request (a `#SYNC` waits for it).
     sync: bool,
+    /// The next batch (possibly an empty one) must ask for its grant at
+    /// once: a `#SYNC`, a drain or a stall waits for the owner's grants.
+    grant_requested: bool,
 }
 
 /// Why an event cannot be batched now.
@@ -136,6 +151,7 @@ impl Router {
                 spare_buffers: Vec::new(),
                 markers: Vec::new(),
                 sync: false,
+                grant_requested: false,
             })
             .collect();
         Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches, held: Vec::new() }
@@ -193,12 +209,18 @@ impl Router {
         self.destinations[usize::from(owner)].credit_bytes >= size
     }
 
-    /// Takes the owner's open batch for sending, if it has events and a batch
-    /// slot is free. The credits stay spent until the owner grants them back.
+    /// Takes the owner's open batch for sending, if it has events (or
+    /// markers, or a request) and a batch slot is free. The credits stay
+    /// spent until the owner grants them back. The batch asks for its grant
+    /// at once ([`DataBatch::grant_now`]) when less than half of the window
+    /// is left after it, or when asked to.
     pub fn take_batch(&mut self, owner: u16) -> Option<DataBatch> {
         let batch_bytes = self.batch_bytes;
         let destination = &mut self.destinations[usize::from(owner)];
-        let empty = destination.batch.is_empty() && destination.markers.is_empty() && !destination.sync;
+        let empty = destination.batch.is_empty()
+            && destination.markers.is_empty()
+            && !destination.sync
+            && !destination.grant_requested;
         if empty || destination.batch_slots == 0 {
             return None;
         }
@@ -209,7 +231,10 @@ impl Router {
         let event_count = std::mem::take(&mut destination.batch_event_count);
         let markers = std::mem::take(&mut destination.markers);
         let sync = std::mem::take(&mut destination.sync);
-        Some(DataBatch { sequence: destination.sequence_sent, bytes, event_count, markers, sync })
+        let requested = std::mem::take(&mut destination.grant_requested);
+        let sequence = destination.sequence_sent;
+        let grant_now = requested || sync || self.below_half(owner);
+        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
@@ -224,20 +249,39 @@ impl Router {
         self.destinations[usize::from(owner)].sync = true;
     }
 
-    /// Applies a grant from `owner`: credits and a batch slot come back.
+    /// Whether less than half of `owner`'s window (bytes or batches) is left.
+    pub fn below_half(&self, owner: u16) -> bool {
+        let destination = &self.destinations[usize::from(owner)];
+        destination.batch_slots * 2 < self.credit_window_batches
+            || destination.credit_bytes * 2 < self.credit_window_bytes
+    }
+
+    /// Makes the next batch for `owner` (possibly an empty one) ask for its
+    /// grant, and every grant the owner holds for this source, at once.
+    pub fn request_grant(&mut self, owner: u16) {
+        self.destinations[usize::from(owner)].grant_requested = true;
+    }
+
+    /// Applies a grant from `owner`: credits and batch slots come back.
     pub fn grant(&mut self, owner: u16, grant: CreditGrant) {
         let destination = &mut self.destinations[usize::from(owner)];
-        assert_eq!(grant.sequence, destination.sequence_applied + 1, "grants arrive in order");
+        let batch_count = u64::from(grant.batch_count);
+        assert!(batch_count > 0, "a grant covers at least one batch");
+        assert_eq!(grant.sequence, destination.sequence_applied + batch_count, "grants arrive in order");
         assert!(grant.sequence <= destination.sequence_sent, "grant for an unsent batch");
         destination.sequence_applied = grant.sequence;
         destination.credit_bytes += grant.credit_bytes;
-        destination.batch_slots += 1;
+        destination.batch_slots += grant.batch_count as usize;
         assert!(destination.credit_bytes <= self.credit_window_bytes, "credits returned twice");
         assert!(destination.batch_slots <= self.credit_window_batches);
-        if destination.spare_buffers.len() < BATCH_SPARE_BUFFERS_MAX && grant.recycled.capacity() >= self.batch_bytes {
-            let mut buffer = grant.recycled;
-            buffer.clear();
-            destination.spare_buffers.push(buffer);
+        for mut buffer in std::iter::once(grant.recycled).chain(grant.more_recycled) {
+            if destination.spare_buffers.len() >= BATCH_SPARE_BUFFERS_MAX {
+                break;
+            }
+            if buffer.capacity() >= self.batch_bytes {
+                buffer.clear();
+                destination.spare_buffers.push(buffer);
+            }
         }
     }
 
@@ -246,11 +290,14 @@ impl Router {
         self.destinations.iter().enumerate().map(|(owner, _)| owner as u16).filter(|&owner| self.has_pending(owner))
     }
 
-    /// Whether `owner` has an open batch (events, markers or a sync
+    /// Whether `owner` has an open batch (events, markers, a sync or grant
     /// request) not yet sent.
     pub fn has_pending(&self, owner: u16) -> bool {
         let destination = &self.destinations[usize::from(owner)];
-        !destination.batch.is_empty() || !destination.markers.is_empty() || destination.sync
+        !destination.batch.is_empty()
+            || !destination.markers.is_empty()
+            || destination.sync
+            || destination.grant_requested
     }
 
     /// Sequence of the last batch sent to / applied by `owner`.
@@ -265,6 +312,7 @@ impl Router {
             destination.batch.is_empty()
                 && destination.markers.is_empty()
                 && !destination.sync
+                && !destination.grant_requested
                 && destination.sequence_applied == destination.sequence_sent
         })
     }
@@ -457,6 +505,12 @@ impl Source {
     pub async fn wait_for_credits(&self, owner: u16, size: usize) -> Duration {
         let started = Instant::now();
         ShardMetrics::add(&self.metrics.credit_stalls, 1);
+        // Below half of the window, every batch sent asked for its grant at
+        // once, and the open one will. A record larger than half the window
+        // can stall above that: then ask explicitly.
+        if !self.router.borrow().below_half(owner) {
+            self.router.borrow_mut().request_grant(owner);
+        }
         self.flush(owner);
         self.credit_waiters[usize::from(owner)]
             .wait_until(|| {
@@ -506,6 +560,9 @@ impl Source {
             if self.sync_requests {
                 self.router.borrow_mut().request_sync(owner);
             }
+            // The owner may hold grants to send several in one frame: the
+            // barrier's last batch asks for them.
+            self.router.borrow_mut().request_grant(owner);
             let waiters = &self.credit_waiters[usize::from(owner)];
             // The open batch may lack a slot: flush until it is gone.
             waiters
@@ -525,12 +582,7 @@ mod tests {
     use super::*;
 
     fn grant_for(batch: DataBatch) -> CreditGrant {
-        CreditGrant {
-            sequence: batch.sequence,
-            credit_bytes: batch.bytes.len(),
-            recycled: batch.bytes,
-            sync: batch.sync,
-        }
+        crate::partition::apply::Batch::into_grant(batch)
     }
 
     /// A source can never have more than the window in flight: once spent,
