@@ -45,7 +45,7 @@ impl Outbox {
         let counter = match &frame {
             Frame::Data(_) => &metrics.mesh_frames_data,
             Frame::Credit(_) => &metrics.mesh_frames_credit,
-            Frame::Fetch(_) => &metrics.mesh_frames_fetch,
+            Frame::Fetch(_) | Frame::FetchCredit(_) | Frame::FetchWake { .. } => &metrics.mesh_frames_fetch,
             Frame::FetchReply(_) => &metrics.mesh_frames_fetch_reply,
             _ => &metrics.mesh_frames_other,
         };
@@ -125,33 +125,44 @@ mod tests {
     fn full_rings_queue_in_order_and_drain() {
         const FRAME_COUNT: u64 = 200;
         let mesh = MeshBuilder::full(2, 4);
+        // The receiver starts only once every frame was handed to the
+        // outbox, so the ring of 4 must overflow (a fast receiver could
+        // otherwise keep up and the test would prove nothing).
+        let all_sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pool = LocalExecutorPoolBuilder::new(PoolPlacement::Unbound(2))
-            .on_all_shards(move || async move {
-                let (senders, mut receivers) = mesh.join().await.expect("join");
-                let me = receivers.peer_id();
-                let outbox = Rc::new(Outbox::new(senders));
-                if me == 0 {
-                    let metrics = ShardMetrics::default();
-                    glommio::spawn_local(outbox.clone().drain(1)).detach();
-                    for sequence in 1..=FRAME_COUNT {
-                        outbox.send(1, grant(sequence), &metrics);
-                    }
-                    assert!(metrics.mesh_overflow_frames.get() > 0, "a ring of 4 overflowed");
-                    while outbox.queued_frames() > 0 {
-                        glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
-                    }
-                    Vec::new()
-                } else {
-                    let mut seen = Vec::new();
-                    for (_, stream) in receivers.streams() {
-                        while let Some(Frame::Credit(grant)) = stream.recv().await {
-                            seen.push(grant.sequence);
-                            if seen.len() as u64 == FRAME_COUNT {
-                                break;
+            .on_all_shards(move || {
+                let all_sent = all_sent.clone();
+                async move {
+                    let (senders, mut receivers) = mesh.join().await.expect("join");
+                    let me = receivers.peer_id();
+                    let outbox = Rc::new(Outbox::new(senders));
+                    if me == 0 {
+                        let metrics = ShardMetrics::default();
+                        glommio::spawn_local(outbox.clone().drain(1)).detach();
+                        for sequence in 1..=FRAME_COUNT {
+                            outbox.send(1, grant(sequence), &metrics);
+                        }
+                        all_sent.store(true, std::sync::atomic::Ordering::Release);
+                        assert!(metrics.mesh_overflow_frames.get() > 0, "a ring of 4 overflowed");
+                        while outbox.queued_frames() > 0 {
+                            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                        }
+                        Vec::new()
+                    } else {
+                        while !all_sent.load(std::sync::atomic::Ordering::Acquire) {
+                            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                        }
+                        let mut seen = Vec::new();
+                        for (_, stream) in receivers.streams() {
+                            while let Some(Frame::Credit(grant)) = stream.recv().await {
+                                seen.push(grant.sequence);
+                                if seen.len() as u64 == FRAME_COUNT {
+                                    break;
+                                }
                             }
                         }
+                        seen
                     }
-                    seen
                 }
             })
             .expect("pool");
