@@ -55,6 +55,11 @@ pub const REPLY_BUFFER_BYTES_MAX: usize = 64 * KIB;
 /// quickly anyway and keep the flush timer, so that a peak-rate producer
 /// still sends full batches, not one small frame per read.
 pub const FLUSH_SOON_READ_BYTES_MAX: usize = 16 * KIB;
+/// Replies a standing fetch may have in flight from one owner to one
+/// subscriber ([`crate::partition::fetch`]); its bytes in flight stay
+/// within `--fetch-bytes-max` (the window), so this bounds the replies'
+/// bookkeeping, not their data.
+pub const STANDING_FETCH_REPLIES_MAX: u32 = 32;
 /// Applied batches whose credit grants an owner may hold for one source, to
 /// send them in one frame ([`crate::shard::grants`]).
 pub const GRANT_BATCHES_HELD_MAX: usize = 8;
@@ -120,7 +125,12 @@ pub const GROUP_ACK_BYTES: usize = 64;
 /// A subscriber's cursor state per partition it reads: its cursor, the
 /// entry in a fetch request and in a fetch reply (compile-time checked in
 /// `subscribe::session`).
-pub const SUBSCRIBER_BYTES_PER_PARTITION: usize = 64;
+pub const SUBSCRIBER_BYTES_PER_PARTITION: usize = 72;
+/// The bookkeeping of one subscriber's standing-fetch replies from one
+/// owner: STANDING_FETCH_REPLIES_MAX replies of at most 256 bytes each
+/// (their data is in the fetch budget; compile-time checked in
+/// `partition::fetch`).
+pub const STANDING_REPLIES_STATE_BYTES: usize = STANDING_FETCH_REPLIES_MAX as usize * 256;
 /// The shutdown notice (`CLOSING ...`, one entry per partition) is written in
 /// chunks of about this size, so `SUB *` over 64 Ki partitions does not build
 /// a 1 MiB line per subscriber at once.
@@ -209,8 +219,9 @@ README \"Limits and memory\"):
     C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB + 2 * key_size_max)   busy connections: read buffer,
                                                                  replies, task state, parser scratch
   + S * 64 * 2 KiB                                               refusals being written
-  + N * ((S + 1) * fetch_bytes_max + 64 * P + 20 KiB)            subscribers: fetch replies,
-                                                                 cursors, state and notice
+  + N * ((S + 1) * fetch_bytes_max + S * 8 KiB + 72 * P + 20 KiB) subscribers: fetch replies
+                                                                 and their bookkeeping, cursors,
+                                                                 state and notice
   + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
                                                                  (includes events a thief buffers
                                                                  during a migration handoff)
@@ -633,6 +644,7 @@ pub struct MemoryBound {
     pub retention: usize,
     /// Subscriber connections (counted from accept, process-wide): shards *
     /// subscribers_per_shard_max * ((shards + 1) * fetch_bytes_max +
+    /// shards * STANDING_REPLIES_STATE_BYTES +
     /// partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES),
     /// that is one reply in flight per owner plus one being written, the
     /// cursors of a `SUB *`, and the request and closing-notice buffers.
@@ -973,8 +985,10 @@ impl Config {
             + connections * self.line_size_max.saturating_sub(self.parser_scratch_bytes_max());
         let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes());
         let retention = self.partition_log_bytes();
-        let per_subscriber =
-            (shards + 1) * self.fetch_bytes_max + partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES;
+        let per_subscriber = (shards + 1) * self.fetch_bytes_max
+            + shards * STANDING_REPLIES_STATE_BYTES
+            + partitions * SUBSCRIBER_BYTES_PER_PARTITION
+            + SUBSCRIBER_STATE_BYTES;
         let subscribers = shards * self.subscribers_per_shard_max * per_subscriber;
         let placement = partitions * std::mem::size_of::<crate::partition::Placement>();
         let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
@@ -1056,7 +1070,7 @@ mod tests {
         let per_connection =
             256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES + 2 * KIB;
         assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
-        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 1024 * 64 + SUBSCRIBER_STATE_BYTES));
+        assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 2 * 8 * KIB + 1024 * 72 + SUBSCRIBER_STATE_BYTES));
         assert_eq!(bound.admin, 16 * (32 * KIB + 1024 * 256 + 2 * 16 * KIB));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES);
         assert!(bound.total_worst_case > bound.total);

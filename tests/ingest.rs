@@ -94,3 +94,34 @@ fn million_events_arrive_exactly_once_in_order() {
     eprintln!("1M events over 32 connections into 4 shards, delivered in {elapsed:?}");
     assert!(server.terminate().success());
 }
+
+/// A backlog many fetch windows long, read after it was written (so every
+/// reply is cut by its budget, not by the end of the log): standing fetches
+/// serve it back to back, their windows coming back as the subscriber
+/// writes, and every event arrives once, in order, on memory and on disk.
+#[test]
+fn a_backlog_larger_than_the_fetch_window_arrives_whole() {
+    const EVENTS: usize = 200_000;
+    for storage in ["memory", "disk"] {
+        let server = Server::start(&["--shards", "2", "--storage", storage, "--fetch-bytes-max", "16384"]);
+        let mut producer = server.producer();
+        let mut lines = Vec::with_capacity(EVENTS * 16);
+        for event in 0..EVENTS {
+            lines.extend_from_slice(format!("k{} {event}\n", event % 97).as_bytes());
+        }
+        producer.send(&lines);
+        producer.sync();
+        let mut subscriber = Subscriber::connect(server.subscribe, "SUB * earliest");
+        let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
+        for index in 0..EVENTS {
+            let event = subscriber
+                .next_event()
+                .unwrap_or_else(|| panic!("{storage}: the stream ended after {index} of {EVENTS}"));
+            let sequence: i64 = String::from_utf8(event.payload).unwrap().parse().unwrap();
+            let previous = last.insert(event.key.clone(), sequence).unwrap_or(-1);
+            assert!(sequence > previous, "{storage}: key order broken at {index}");
+        }
+        assert_eq!(last.len(), 97);
+        assert_eq!(server.total("events_delivered"), EVENTS as u64, "{storage}: nothing twice");
+    }
+}

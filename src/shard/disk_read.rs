@@ -98,9 +98,14 @@ async fn read_one(
     }
 }
 
+/// Moves a cursor of the reply; a reply to a fetch that could stand lists
+/// only the cursors that moved, so it may not be there yet.
 fn set_cursor(reply: &mut FetchReply, partition_id: u32, offset: u64) {
-    if let Some(cursor) = reply.cursors.iter_mut().find(|(partition, _)| *partition == partition_id) {
-        debug_assert!(offset >= cursor.1, "a cursor only moves forward");
-        cursor.1 = offset;
+    match reply.cursors.iter_mut().find(|(partition, _)| *partition == partition_id) {
+        Some(cursor) => {
+            debug_assert!(offset >= cursor.1, "a cursor only moves forward");
+            cursor.1 = offset;
+        }
+        None => reply.cursors.push((partition_id, offset)),
     }
 }

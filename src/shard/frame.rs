@@ -7,7 +7,7 @@
 
 use crate::balance::{LoadReport, Refusal};
 use crate::partition::MovedPartition;
-use crate::partition::fetch::{FetchReply, FetchRequest};
+use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest};
 pub use crate::partition::migration::Marker;
 
 /// A message between two shards.
@@ -22,6 +22,9 @@ pub enum Frame {
     /// Events for a subscriber on the receiving shard (boxed: one per fetch,
     /// and it is the largest frame).
     FetchReply(Box<FetchReply>),
+    /// A subscriber on the sending shard wrote out replies of its standing
+    /// fetch here: the window comes back.
+    FetchCredit(FetchCredit),
     /// A subscriber on the sending shard went away: forget its parked fetch.
     FetchCancel { subscription_id: u64 },
     /// A subscriber on the sending shard has cursors for the receiver that

@@ -181,6 +181,7 @@ impl Shard {
             Frame::Credit(grant) => self.source.on_grant(source, grant),
             Frame::Fetch(request) => self.handle_fetch(source, request),
             Frame::FetchReply(reply) => self.subscriptions.deliver(*reply),
+            Frame::FetchCredit(credit) => self.subscriptions.credit(source, credit),
             Frame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             Frame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             Frame::Load(report) => {
@@ -388,10 +389,29 @@ impl Shard {
         self.subscriptions.wake_parked();
     }
 
-    /// A fetch from a subscriber on shard `origin` (possibly this one).
-    pub fn handle_fetch(self: &Rc<Self>, origin: u16, request: FetchRequest) {
-        match self.serve(&request, false) {
-            Some(reply) => self.reply_after_disk_reads(origin, reply, request.bytes_max),
+    /// A fetch from a subscriber on shard `origin` (possibly this one). A
+    /// reply that only carries events keeps a fetch that can stand parked
+    /// here, its cursors advanced and its window spent
+    /// ([`crate::partition::fetch`]).
+    pub fn handle_fetch(self: &Rc<Self>, origin: u16, mut request: FetchRequest) {
+        let could_stand = request.can_stand();
+        let budget = request.budget();
+        match self.serve(&mut request, false) {
+            Some(mut reply) => {
+                if could_stand && reply.is_tail_only() {
+                    reply.standing = true;
+                    if let Some(window) = request.window.as_mut() {
+                        window.spend(reply.data.len());
+                    }
+                    self.subscriptions.park(origin, request);
+                    if reply.more {
+                        // A backlog: serve it again soon, not only when
+                        // new events arrive (if its window allows).
+                        self.subscriptions.wake_parked();
+                    }
+                }
+                self.reply_after_disk_reads(origin, reply, budget);
+            }
             None => self.subscriptions.park(origin, request),
         }
     }
@@ -407,7 +427,7 @@ impl Shard {
 
     /// Serves a fetch from this shard's logs; `force` answers even when
     /// there is no news.
-    fn serve(&self, request: &FetchRequest, force: bool) -> Option<FetchReply> {
+    fn serve(&self, request: &mut FetchRequest, force: bool) -> Option<FetchReply> {
         let migrations = self.migrations.borrow();
         let partitions = self.partitions.borrow();
         serve_fetch(self.id, &partitions, |partition| migrations.is_incoming(partition), request, force)
@@ -416,9 +436,9 @@ impl Shard {
     /// A subscriber on `origin` wants its parked fetch back (it has cursors
     /// for this shard that the fetch does not carry): answer it now.
     fn wake_fetch(self: &Rc<Self>, origin: u16, subscription_id: u64) {
-        if let Some(request) = self.subscriptions.take_parked(origin, subscription_id) {
-            let reply = self.serve(&request, true).expect("a forced fetch always answers");
-            self.reply_after_disk_reads(origin, reply, request.bytes_max);
+        if let Some(mut request) = self.subscriptions.take_parked(origin, subscription_id) {
+            let reply = self.serve(&mut request, true).expect("a forced fetch always answers");
+            self.reply_after_disk_reads(origin, reply, request.budget());
         }
     }
 
@@ -445,6 +465,15 @@ impl Shard {
             self.handle_fetch(self.id, request);
         } else {
             self.outbox.send(owner, Frame::Fetch(request), &self.metrics);
+        }
+    }
+
+    /// Gives window back to this subscriber's standing fetch at `owner`.
+    pub fn send_fetch_credit(&self, owner: u16, credit: crate::partition::fetch::FetchCredit) {
+        if owner == self.id {
+            self.subscriptions.credit(self.id, credit);
+        } else {
+            self.outbox.send(owner, Frame::FetchCredit(credit), &self.metrics);
         }
     }
 

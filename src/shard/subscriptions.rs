@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use ahash::AHashMap;
 use glommio::channels::local_channel::LocalSender;
 
-use crate::partition::fetch::{FetchReply, FetchRequest, ParkedFetches};
+use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, ParkedFetches};
 use crate::shard::notify::Notify;
 
 pub struct Subscriptions {
@@ -45,8 +45,12 @@ impl Subscriptions {
     /// away drops it.
     pub fn deliver(&self, reply: FetchReply) {
         if let Some(inbox) = self.inboxes.borrow().get(&reply.subscription_id) {
-            let sent = inbox.try_send(reply);
-            debug_assert!(sent.is_ok(), "an inbox holds one reply per owner");
+            // Sized for every reply an owner may have in flight (its window,
+            // then a final one): a full inbox is a bug, and dropping the
+            // reply would lose its events without a word.
+            if inbox.try_send(reply).is_err() {
+                panic!("a subscriber inbox overflowed: more replies in flight than its owners' windows allow");
+            }
         }
     }
 
@@ -63,17 +67,26 @@ impl Subscriptions {
         self.parked.borrow_mut().cancel(origin, subscription_id);
     }
 
-    /// Tells the servicer that parked fetches may have news (after appends,
-    /// or when a partition left or arrived).
-    pub fn wake_parked(&self) {
-        if !self.parked.borrow().is_empty() {
+    /// Window came back to a standing fetch parked here.
+    pub fn credit(&self, origin: u16, credit: FetchCredit) {
+        if self.parked.borrow_mut().credit(origin, credit) {
+            // It was waiting for this credit: it may have news already.
             self.parked_notify.notify();
         }
     }
 
-    /// Waits for [`Subscriptions::wake_parked`], then takes every parked fetch.
+    /// Tells the servicer that parked fetches may have news (after appends,
+    /// or when a partition left or arrived).
+    pub fn wake_parked(&self) {
+        if self.parked.borrow().any_servable() {
+            self.parked_notify.notify();
+        }
+    }
+
+    /// Waits for [`Subscriptions::wake_parked`], then takes every parked
+    /// fetch that may be served.
     pub async fn parked_with_news(&self) -> Vec<(u16, FetchRequest)> {
         self.parked_notify.notified().await;
-        self.parked.borrow_mut().take_all()
+        self.parked.borrow_mut().take_servable()
     }
 }

@@ -66,16 +66,10 @@ pub async fn serve_member(
     let key: GroupKey = (route.id, join.group.to_string());
     let membership = Membership::join(shard, member, key, &join, (route.base, route.partitions));
     let cursors = (0..route.partitions).map(|local| Cursor::new(route.base + local, Position::Latest, false)).collect();
-    let session = Session {
-        shard,
-        base: route.base,
-        subscription_id: member,
-        cursors,
-        unresolved: 0,
-        outstanding: vec![Outstanding::None; usize::from(shard.shard_count)],
-        rotation: 0,
-        held: Vec::new(),
-    };
+    // Members' fetches do not stand: a revocation must be able to see each
+    // fetch come back (one reply per fetch, as before standing fetches).
+    let mut session = Session::new(shard, route.base, member, cursors, None);
+    session.unresolved = 0;
     let shared = Shared {
         session: RefCell::new(session),
         report_start: RefCell::new(vec![false; route.partitions as usize]),
@@ -394,7 +388,7 @@ async fn watchdog(shared: &Shared<'_>) -> Vec<u8> {
 /// A revocation can finish once no fetch carrying its partitions is out.
 fn revocation_ready(shared: &Shared<'_>, partitions: &[u32]) -> bool {
     let session = shared.session.borrow();
-    partitions.iter().all(|&local| !session.cursors[local as usize].in_flight)
+    partitions.iter().all(|&local| !session.cursors[local as usize].in_flight())
 }
 
 /// Writes the replies applied so far.
@@ -487,7 +481,7 @@ fn on_member_event(
                 let placement = session.shard.placement.borrow();
                 partitions
                     .iter()
-                    .filter(|&&local| session.cursors[local as usize].in_flight)
+                    .filter(|&&local| session.cursors[local as usize].in_flight())
                     .map(|&local| placement.owner(session.base + local))
                     .collect()
             };

@@ -9,10 +9,12 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
-use crate::config::{CLOSING_NOTICE_CHUNK_BYTES, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION};
+use crate::config::{
+    CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
+};
 use crate::net::socket::write_goodbye;
 use crate::net::{CloseReason, Connection};
-use crate::partition::fetch::{FetchReply, FetchRequest, Position};
+use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, FetchWindow, Position};
 use crate::protocol::subscribe::{
     write_closing_end, write_closing_entry, write_closing_start, write_offset_out_of_range,
 };
@@ -24,8 +26,9 @@ use crate::shard::notify::{Either, first};
 pub(super) struct Cursor {
     pub(super) partition: u32,
     pub(super) position: Position,
-    /// A fetch that carries this cursor is out; do not send it elsewhere.
-    pub(super) in_flight: bool,
+    /// The owner a fetch that carries this cursor is out to (it may stand
+    /// there); do not send it elsewhere meanwhile.
+    pub(super) fetch_owner: Option<u16>,
     /// An owner has answered for it once (its start is checked and known).
     pub(super) resolved: bool,
     /// It is read: always for `SUB`; for a group member, while assigned.
@@ -36,7 +39,12 @@ pub(super) struct Cursor {
 
 impl Cursor {
     pub(super) fn new(partition: u32, position: Position, active: bool) -> Cursor {
-        Cursor { partition, position, in_flight: false, resolved: false, active, revoking: false }
+        Cursor { partition, position, fetch_owner: None, resolved: false, active, revoking: false }
+    }
+
+    /// A fetch that carries this cursor is out.
+    pub(super) fn in_flight(&self) -> bool {
+        self.fetch_owner.is_some()
     }
 }
 
@@ -102,18 +110,13 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         PartitionSelector::One(partition) => vec![route.base + partition],
     };
     let cursors: Vec<Cursor> = partitions.into_iter().map(|partition| Cursor::new(partition, start, true)).collect();
-    let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
+    // Per owner: up to STANDING_FETCH_REPLIES_MAX replies of a standing
+    // fetch and the final one that may follow them; and one being written.
+    let inbox_capacity = usize::from(shard.shard_count) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1;
+    let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender);
-    let mut session = Session {
-        shard,
-        base: route.base,
-        subscription_id: registration.subscription_id,
-        unresolved: cursors.len(),
-        cursors,
-        outstanding: vec![Outstanding::None; usize::from(shard.shard_count)],
-        rotation: 0,
-        held: Vec::new(),
-    };
+    let window = FetchWindow { bytes: shard.config.fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
+    let mut session = Session::new(shard, route.base, registration.subscription_id, cursors, Some(window));
     let _ = session.run(stream, &inbox).await;
 }
 
@@ -191,8 +194,15 @@ pub(super) struct Session<'a> {
     /// fairly among partitions over time.
     pub(super) rotation: usize,
     /// Replies applied but not yet written (while cursors are unresolved).
-    /// At most one per owner: within the (S + 1) replies of the formula.
+    /// Their data is within each owner's window: the (S + 1) fetch budgets
+    /// of the formula.
     pub(super) held: Vec<FetchReply>,
+    /// The window each fetch offers its owner to stand with (`None`: one
+    /// reply per fetch, as group members read).
+    pub(super) window: Option<FetchWindow>,
+    /// Per owner: what its standing fetch has sent and this session has
+    /// written out since the window was last given back.
+    pub(super) used: Vec<FetchWindow>,
 }
 
 /// What a subscriber session waited for.
@@ -201,6 +211,30 @@ enum Wake {
     Shutdown,
     /// The subscriber sent bytes (ignored) or closed (`Ok(0)` or an error).
     Read(std::io::Result<usize>),
+}
+
+impl<'a> Session<'a> {
+    pub(super) fn new(
+        shard: &'a Rc<Shard>,
+        base: u32,
+        subscription_id: u64,
+        cursors: Vec<Cursor>,
+        window: Option<FetchWindow>,
+    ) -> Session<'a> {
+        let shard_count = usize::from(shard.shard_count);
+        Session {
+            shard,
+            base,
+            subscription_id,
+            unresolved: cursors.len(),
+            cursors,
+            outstanding: vec![Outstanding::None; shard_count],
+            rotation: 0,
+            held: Vec::new(),
+            window,
+            used: vec![FetchWindow::default(); shard_count],
+        }
+    }
 }
 
 impl Session<'_> {
@@ -232,6 +266,7 @@ impl Session<'_> {
                     let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
                     self.apply_reply(reply);
                     self.write_held(stream, false).await?;
+                    self.give_back_windows();
                     if in_flight_between_owners {
                         // A partition is moving: ask again shortly, not at
                         // once. The owner may be this shard, which answers
@@ -309,6 +344,11 @@ impl Session<'_> {
             return Ok(());
         }
         for reply in std::mem::take(&mut self.held) {
+            let owner = usize::from(reply.owner);
+            if reply.standing && self.outstanding[owner] != Outstanding::None {
+                self.used[owner].bytes += reply.data.len();
+                self.used[owner].replies += 1;
+            }
             if reply.data.is_empty() {
                 continue;
             }
@@ -334,7 +374,7 @@ impl Session<'_> {
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
             let owner = usize::from(placement.owner(cursor.partition));
-            if cursor.in_flight || !cursor.active || cursor.revoking {
+            if cursor.in_flight() || !cursor.active || cursor.revoking {
                 continue;
             }
             if self.outstanding[owner] != Outstanding::None {
@@ -344,12 +384,13 @@ impl Session<'_> {
                 }
                 continue;
             }
-            cursor.in_flight = true;
+            cursor.fetch_owner = Some(owner as u16);
             requests[owner]
                 .get_or_insert_with(|| FetchRequest {
                     subscription_id: self.subscription_id,
                     cursors: Vec::new(),
                     bytes_max: self.shard.config.fetch_bytes_max,
+                    window: self.window,
                 })
                 .cursors
                 .push((cursor.partition, cursor.position));
@@ -358,8 +399,26 @@ impl Session<'_> {
         for (owner, request) in requests.into_iter().enumerate() {
             if let Some(request) = request {
                 self.outstanding[owner] = Outstanding::Out;
+                self.used[owner] = FetchWindow::default();
                 self.shard.send_fetch(owner as u16, request);
             }
+        }
+    }
+
+    /// Gives each standing fetch back the window its written-out replies
+    /// used, once that is half of it (so a subscriber that keeps up sends
+    /// one credit per half window, not one request per reply).
+    pub(super) fn give_back_windows(&mut self) {
+        let Some(window) = self.window else { return };
+        for owner in 0..self.used.len() {
+            let used = self.used[owner];
+            let half_used = used.bytes * 2 >= window.bytes || used.replies * 2 >= window.replies;
+            if self.outstanding[owner] == Outstanding::None || !half_used {
+                continue;
+            }
+            self.used[owner] = FetchWindow::default();
+            let credit = FetchCredit { subscription_id: self.subscription_id, returned: used };
+            self.shard.send_fetch_credit(owner as u16, credit);
         }
     }
 
@@ -371,23 +430,33 @@ impl Session<'_> {
     }
 
     /// Moves the cursors a reply answers and holds the reply for writing.
+    /// The last reply of a fetch (not standing) frees every cursor the fetch
+    /// carried, those it names and the others (on a standing fetch a reply
+    /// names only the cursors that moved on; a partition that moved away or
+    /// is still arriving gets its next fetch from the next `send_fetches`).
     pub(super) fn apply_reply(&mut self, reply: FetchReply) {
-        self.outstanding[usize::from(reply.owner)] = Outstanding::None;
+        let owner = reply.owner;
         for &(partition, offset) in &reply.cursors {
             let cursor = self.cursor_mut(partition);
-            debug_assert!(cursor.in_flight);
+            debug_assert_eq!(cursor.fetch_owner, Some(owner));
             if let Position::At(previous) | Position::Requested(previous) = cursor.position {
                 debug_assert!(offset >= previous, "cursor went back on partition {partition}");
             }
             cursor.position = Position::At(offset);
-            cursor.in_flight = false;
             let newly_resolved = !std::mem::replace(&mut cursor.resolved, true);
             self.unresolved = self.unresolved.saturating_sub(usize::from(newly_resolved));
         }
-        for &partition in reply.moved.iter().chain(&reply.waiting) {
-            // Moved: the next fetch goes to its new owner. Waiting: it is
-            // being installed there; the next fetch goes there again.
-            self.cursor_mut(partition).in_flight = false;
+        if reply.standing && self.outstanding[usize::from(owner)] == Outstanding::Woken {
+            // The wake-up found the fetch out of its parking spot (being
+            // served): it stands again now, so ask again.
+            self.outstanding[usize::from(owner)] = Outstanding::Out;
+        }
+        if !reply.standing {
+            self.outstanding[usize::from(owner)] = Outstanding::None;
+            self.used[usize::from(owner)] = FetchWindow::default();
+            for cursor in self.cursors.iter_mut().filter(|cursor| cursor.fetch_owner == Some(owner)) {
+                cursor.fetch_owner = None;
+            }
         }
         self.held.push(reply);
     }
