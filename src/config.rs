@@ -231,6 +231,7 @@ README \"Limits and memory\"):
       P * (tail_cache_bytes * 5/4 + retention_bytes / 8192 + 4 KiB) tail caches, offset index
       + S * fsync_pending_bytes_max + S * S * credit_window_bytes    write buffers
   + S * (io_memory_bytes + 8 * P + 64 MiB)                       fixed per shard
+  + S * log_prefault_bytes                                       log segments kept ready
   + S * S * mesh_channel_frames * frame size                     mesh rings
   + 16 * (2 * 16 KiB + 256 * P + 16 KiB * S)                     admin connections and responses
 plus, only if every connection holds a maximum-size line at once,
@@ -472,10 +473,21 @@ pub struct Config {
     pub io_memory_bytes: usize,
 
     /// Microseconds an idle shard spins before it parks (glommio
-    /// spin_before_park). Parking costs a process-wide membarrier IPI and a
-    /// wake-up later; spinning trades idle CPU for that. 0 = park at once.
+    /// spin_before_park): it trades CPU for a cheaper wake-up. 0 = park at
+    /// once. Measured on a 2-core VM that also runs the load generator,
+    /// 20-100 us made the tail worse and cost 8-25 % more CPU: the spinning
+    /// took the cores the producers needed. Try it on dedicated cores.
     #[arg(long, default_value_t = 0)]
     pub spin_before_park_us: u64,
+
+    /// Bytes of log segments each shard writes once at start and keeps
+    /// ready, so that logs growing toward their retention take memory that
+    /// is already mapped instead of faulting in fresh pages while events
+    /// arrive ([`crate::partition::log::SegmentPool`]). The pool also keeps
+    /// segments that logs give up, up to this size. Costs shards * this of
+    /// memory at once, and start-up time to write it. 0 = no pool.
+    #[arg(long, default_value_t = 0)]
+    pub log_prefault_bytes: usize,
 
     /// Dynamic partitioning: `on` lets idle shards steal hot partitions from
     /// busy ones at runtime; `off` keeps the initial static placement.
@@ -659,6 +671,8 @@ pub struct MemoryBound {
     /// partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards *
     /// ADMIN_RESPONSE_BYTES_PER_SHARD.
     pub admin: usize,
+    /// Log segments kept ready: shards * log_prefault_bytes.
+    pub segment_pool: usize,
     /// Consumer groups: groups_max * (GROUP_STATE_BYTES + partitions *
     /// (GROUP_BYTES_PER_PARTITION + 8 * shards)), the state on the
     /// coordinator and the hold floors every shard keeps, plus each member's
@@ -997,7 +1011,16 @@ impl Config {
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
         let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
             + shards * self.subscribers_per_shard_max * COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
-        let total = connection_buffers + batches_and_credits + retention + subscribers + fixed + mesh + admin + groups;
+        let segment_pool = shards * self.log_prefault_bytes;
+        let total = connection_buffers
+            + batches_and_credits
+            + retention
+            + subscribers
+            + fixed
+            + mesh
+            + admin
+            + groups
+            + segment_pool;
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -1008,6 +1031,7 @@ impl Config {
             mesh,
             admin,
             groups,
+            segment_pool,
             total,
             total_worst_case: total + long_line_worst_case,
         }
@@ -1083,8 +1107,12 @@ mod tests {
             bound.mesh,
             bound.admin,
             bound.groups,
+            bound.segment_pool,
         ];
         assert_eq!(bound.total, terms.iter().sum::<usize>(), "the total is the sum of its terms");
+        assert_eq!(bound.segment_pool, 0, "no pool by default");
+        let pooled = parse(&["--shards", "2", "--log-prefault-bytes", "1048576"]);
+        assert_eq!(pooled.memory_bound().segment_pool, 2 * MIB);
     }
 
     /// The fd budget counts every connection the limits admit, the fixed

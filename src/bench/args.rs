@@ -76,6 +76,14 @@ pub struct BenchArgs {
     /// `--server-arg=--partitions --server-arg=64`.
     #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub server_args: Vec<String>,
+    /// --log-prefault-bytes of the server --start-server starts with memory
+    /// storage. Default: about the log this run writes per shard (its
+    /// events, or rate times seconds, closed loop by duration at 10 M/s),
+    /// at most 1 GiB, so a run measures the engine rather than how fast the
+    /// machine faults in fresh pages. 0 = none. The report's server command
+    /// line shows the value.
+    #[arg(long, value_name = "BYTES")]
+    pub server_prefault_bytes: Option<usize>,
 
     /// Producer connections (closed loop: a thread each; open loop: shared by the --pacer-threads).
     #[arg(long, default_value_t = 4)]
@@ -187,10 +195,39 @@ impl BenchArgs {
                 args.extend([flag.to_string(), value]);
             }
         }
+        let named = |flag: &str| self.server_args.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")));
+        if self.storage == crate::config::Storage::Memory && !named("--log-prefault-bytes") {
+            let bytes = self.server_prefault_bytes.unwrap_or_else(|| self.log_bytes_per_shard());
+            args.extend(["--log-prefault-bytes".to_string(), bytes.to_string()]);
+        }
         args.extend(self.server_args.iter().cloned());
         args
     }
+
+    /// About the log bytes one shard of a started server will hold after
+    /// this run (records and their index slots, a quarter more for uneven
+    /// partitions), at most [`PREFAULT_BYTES_PER_SHARD_MAX`].
+    fn log_bytes_per_shard(&self) -> usize {
+        let warmup_s = self.warmup_s.unwrap_or(if self.sweep.is_some() { 1.0 } else { 0.0 });
+        let seconds = self.duration_s.unwrap_or(10.0) + warmup_s;
+        let events = match (self.events, &self.sweep, self.rate) {
+            (Some(events), _, _) => events as f64,
+            (None, Some(rates), _) => rates.iter().sum::<f64>() * seconds,
+            (None, None, Some(rate)) => rate * seconds,
+            (None, None, None) => CLOSED_LOOP_EVENTS_PER_S_ASSUMED * seconds,
+        };
+        let record_bytes = crate::protocol::record::batch_record_size(&[0; 8], &vec![0; self.payload_bytes]) + 4;
+        let bytes = events * record_bytes as f64 * 1.25 / self.server_shards.max(1) as f64;
+        (bytes as usize).min(PREFAULT_BYTES_PER_SHARD_MAX)
+    }
 }
+
+/// The most a started server pre-faults per shard by default (the default
+/// memory retention of 256 partitions over 2 shards is 1 GiB per shard).
+pub const PREFAULT_BYTES_PER_SHARD_MAX: usize = 1 << 30;
+/// The closed-loop rate assumed for a run by duration when sizing the
+/// started server's pre-faulted log (about this machine's peak).
+const CLOSED_LOOP_EVENTS_PER_S_ASSUMED: f64 = 10e6;
 
 fn value_name(value: &impl clap::ValueEnum) -> String {
     value.to_possible_value().map(|value| value.get_name().to_string()).unwrap_or_default()
@@ -545,5 +582,31 @@ mod tests {
     fn server_args_pass_through() {
         let cli = Cli::try_parse_from(["bench", "--server-arg=--partitions", "--server-arg", "64"]).unwrap();
         assert_eq!(cli.args.server_args, ["--partitions", "64"]);
+    }
+
+    /// A started memory server pre-faults about the log the run writes per
+    /// shard, at most 1 GiB; a flag or a --server-arg overrides it, and a
+    /// disk server gets none.
+    #[test]
+    fn a_started_server_prefaults_the_run_s_log() {
+        let prefault = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).unwrap();
+            let command = cli.args.server_command_args();
+            let at = command.iter().position(|arg| arg == "--log-prefault-bytes");
+            at.map(|at| command[at + 1].parse::<usize>().unwrap())
+        };
+        // 1 M events of 64 bytes (8-byte keys): 88 B records + 4 B of index,
+        // a quarter more, over 2 shards.
+        let record = crate::protocol::record::batch_record_size(&[0; 8], &[0; 64]) + 4;
+        assert_eq!(prefault(&["--events", "1000000"]), Some(1_000_000 * record * 5 / 4 / 2));
+        assert_eq!(prefault(&["--rate", "100000", "--duration-s", "5"]), Some(500_000 * record * 5 / 4 / 2));
+        assert_eq!(prefault(&[]), Some(PREFAULT_BYTES_PER_SHARD_MAX), "closed loop for 10 s: capped");
+        assert_eq!(prefault(&["--server-prefault-bytes", "0"]), Some(0));
+        assert_eq!(
+            prefault(&["--server-arg=--log-prefault-bytes", "--server-arg=7"]),
+            Some(7),
+            "passed through as given"
+        );
+        assert_eq!(prefault(&["--storage", "disk"]), None);
     }
 }

@@ -18,6 +18,7 @@
 //! (`--fsync interval|never`) or durable (`--fsync always`), so no reader
 //! ever sees an event that a crash could take back and give to another.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use crate::partition::disk::DiskLog;
@@ -126,7 +127,7 @@ impl MemoryLog {
         // Index slots: enough for a segment of smallest records (1-byte key,
         // empty payload) would waste memory; size for ~32-byte records and
         // roll early when the index is full instead.
-        let index_slots = (data_size / 32).max(1);
+        let index_slots = index_slots_for(data_size);
         let new_cost = data_size + index_slots * std::mem::size_of::<u32>();
         let mut reused = None;
         while self.cost_bytes + new_cost > self.retention_bytes
@@ -134,18 +135,28 @@ impl MemoryLog {
         {
             let oldest = self.segments.pop_front().expect("not empty");
             self.cost_bytes -= oldest.cost_bytes();
-            reused = Some(oldest);
+            if let Some(earlier) = reused.replace(oldest) {
+                give_to_pool(earlier);
+            }
         }
-        let segment = match reused {
-            Some(mut segment)
-                if segment.data.capacity() == data_size && segment.positions.capacity() == index_slots =>
-            {
+        let fits =
+            |segment: &Segment| segment.data.capacity() == data_size && segment.positions.capacity() == index_slots;
+        let recycled = match reused {
+            Some(segment) if fits(&segment) => Some(segment),
+            Some(other) => {
+                give_to_pool(other);
+                None
+            }
+            None => None,
+        };
+        let segment = match recycled.or_else(|| take_from_pool(data_size, index_slots)) {
+            Some(mut segment) => {
                 segment.data.clear();
                 segment.positions.clear();
                 segment.base_offset = self.next_offset;
                 segment
             }
-            _ => Segment {
+            None => Segment {
                 base_offset: self.next_offset,
                 data: Vec::with_capacity(data_size),
                 positions: Vec::with_capacity(index_slots),
@@ -176,6 +187,104 @@ impl MemoryLog {
         }
         offset
     }
+}
+
+impl Drop for MemoryLog {
+    /// A log that goes away (its stream was deleted) leaves its segments to
+    /// the shard's pool, when it keeps one.
+    fn drop(&mut self) {
+        for segment in self.segments.drain(..) {
+            give_to_pool(segment);
+        }
+    }
+}
+
+/// Segments a shard keeps ready for its logs, when `--log-prefault-bytes`
+/// asks for them: written once at start so their pages are mapped, and
+/// refilled by the segments logs give up (a deleted stream, a retention step
+/// that drops more than it reuses). A log that grows takes one of them
+/// instead of memory the kernel must first fault in and zero page by page.
+/// On the VM this project is measured on a fresh page costs 2 to 18 us
+/// (its host backs guest memory lazily), so a log filling at hundreds of
+/// MB/s could spend most of a core in page faults (flamegraphs/peak-sub-*).
+/// A log at its retention already reuses its own oldest segment and needs
+/// none.
+///
+/// The pool is per shard (a thread-local: every shard is one thread, and a
+/// log is only ever appended to and dropped on the shard that owns it). It
+/// holds at most `bytes_max` (S * `--log-prefault-bytes` in the memory
+/// formula), only segments of the one size its shard's logs use, and does
+/// nothing when `bytes_max` is 0, the default.
+#[derive(Debug, Default)]
+pub struct SegmentPool {
+    segments: Vec<Segment>,
+    bytes: usize,
+    bytes_max: usize,
+    data_size: usize,
+    index_slots: usize,
+}
+
+thread_local! {
+    static POOL: RefCell<SegmentPool> = RefCell::new(SegmentPool::default());
+}
+
+/// Index slots of a segment of `data_size` bytes (see [`MemoryLog::roll`]).
+fn index_slots_for(data_size: usize) -> usize {
+    (data_size / 32).max(1)
+}
+
+/// Sets up this shard's pool for segments of `segment_bytes` and fills it
+/// with `bytes_max` bytes of them, each page written once; returns the bytes
+/// it holds. Runs once, at shard start.
+pub fn prefault_segment_pool(bytes_max: usize, segment_bytes: usize) -> usize {
+    const PAGE_SIZE: usize = 4096;
+    let index_slots = index_slots_for(segment_bytes);
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        *pool = SegmentPool { bytes_max, data_size: segment_bytes, index_slots, ..SegmentPool::default() };
+        let cost = segment_bytes + index_slots * std::mem::size_of::<u32>();
+        while pool.bytes + cost <= bytes_max {
+            let mut data: Vec<u8> = Vec::with_capacity(segment_bytes);
+            let mut positions: Vec<u32> = Vec::with_capacity(index_slots);
+            for page in data.spare_capacity_mut().iter_mut().step_by(PAGE_SIZE) {
+                page.write(0);
+            }
+            for page in positions.spare_capacity_mut().iter_mut().step_by(PAGE_SIZE / 4) {
+                page.write(0);
+            }
+            pool.bytes += cost;
+            pool.segments.push(Segment { base_offset: 0, data, positions });
+        }
+        pool.bytes
+    })
+}
+
+fn take_from_pool(data_size: usize, index_slots: usize) -> Option<Segment> {
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.data_size != data_size || pool.index_slots != index_slots {
+            return None;
+        }
+        let segment = pool.segments.pop()?;
+        pool.bytes -= segment.cost_bytes();
+        Some(segment)
+    })
+}
+
+fn give_to_pool(segment: Segment) {
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        let fits = segment.data.capacity() == pool.data_size && segment.positions.capacity() == pool.index_slots;
+        if fits && pool.bytes + segment.cost_bytes() <= pool.bytes_max {
+            pool.bytes += segment.cost_bytes();
+            pool.segments.push(segment);
+        }
+    });
+}
+
+/// Bytes in this shard's segment pool now.
+pub fn segment_pool_bytes() -> usize {
+    POOL.with(|pool| pool.borrow().bytes)
 }
 
 /// The log a partition owns: its in-memory records, and on disk storage the
@@ -350,6 +459,32 @@ mod tests {
             log.append(&log_record(b"k", &[b'x'; 20]));
         }
         assert!(log.earliest_offset() > 0 && log.earliest_offset() <= 400, "{}", log.earliest_offset());
+    }
+
+    /// With a pool, a growing log takes the pre-faulted segments first, a
+    /// dropped log gives its segments back (up to the pool's bound), and a
+    /// log of another segment size is left alone.
+    #[test]
+    fn a_segment_pool_feeds_growing_logs() {
+        std::thread::spawn(|| {
+            let segment_cost = 1024 + index_slots_for(1024) * 4;
+            assert_eq!(prefault_segment_pool(3 * segment_cost + 10, 1024), 3 * segment_cost);
+            let mut log = MemoryLog::new(1 << 20, 1024);
+            for _ in 0..40 {
+                log.append(&log_record(b"k", &[b'x'; 40]));
+            }
+            assert_eq!(log.segments.len(), 2);
+            assert_eq!(segment_pool_bytes(), segment_cost, "two taken");
+            let mut other = MemoryLog::new(1 << 20, 2048);
+            other.append(&log_record(b"k", b"v"));
+            assert_eq!(segment_pool_bytes(), segment_cost, "another size neither takes nor gives");
+            drop(other);
+            assert_eq!(segment_pool_bytes(), segment_cost);
+            drop(log);
+            assert_eq!(segment_pool_bytes(), 3 * segment_cost, "a dropped log gives back, within the bound");
+        })
+        .join()
+        .unwrap();
     }
 
     /// Reads across segment boundaries see every offset once, from any start.

@@ -40,6 +40,15 @@ pub async fn run_shard(context: ShardContext) {
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
+    if context.config.log_prefault_bytes > 0 {
+        // Before the shard serves anything: /stats answers once every
+        // shard's pool is written.
+        let segment_bytes = match context.config.storage {
+            crate::config::Storage::Memory => context.config.segment_bytes(),
+            crate::config::Storage::Disk => context.config.tail_cache_segment_bytes(),
+        };
+        crate::partition::log::prefault_segment_pool(context.config.log_prefault_bytes, segment_bytes);
+    }
     if context.config.storage == crate::config::Storage::Disk {
         let (stored, problems) = crate::group::store::load_all(&context.config.data_dir);
         if id == 0 {

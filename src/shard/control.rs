@@ -196,6 +196,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.subscriber_connections_open.set(shard.lifecycle.sessions_open());
     metrics.apply_queue_bytes.set(shard.apply_queue.bytes() as u64);
     metrics.grants_held_batches.set(shard.pending_grants.held_batches() as u64);
+    metrics.segment_pool_bytes.set(crate::partition::log::segment_pool_bytes() as u64);
     crate::shard::aggregates::set_metrics(shard);
     metrics.storage_failing.set(u64::from(shard.committer.as_ref().is_some_and(|committer| committer.is_failing())));
     metrics.mesh_queued_frames.set(shard.outbox.queued_frames() as u64);

@@ -135,6 +135,7 @@ shard_metrics! {
     Gauge credits_outstanding_bytes: u64 => "spate_credits_outstanding_bytes", "Credit bytes spent by this shard and not yet returned.";
     Gauge batch_buffered_bytes: u64 => "spate_batch_buffered_bytes", "Bytes in open, unsent batches.";
     Gauge apply_queue_bytes: u64 => "spate_apply_queue_bytes", "Bytes in the local apply queue.";
+    Gauge segment_pool_bytes: u64 => "spate_segment_pool_bytes", "Log segments this shard keeps ready for growing logs (--log-prefault-bytes).";
     Gauge grants_held_batches: u64 => "spate_grants_held_batches", "Applied batches whose credit grants this shard holds, to send several to their source in one frame.";
     Counter mesh_overflow_frames: u64 => "spate_mesh_overflow_frames_total", "Frames queued behind a full mesh ring.";
     Counter mesh_frames_data: u64 => "spate_mesh_frames_sent_total" ["kind" = "data"], "Frames this shard sent to other shards, by kind: data (event batches), credit (grants), fetch (subscriber requests, window credits and wake-ups), fetch_reply (events for a subscriber) or other (gossip, migration, groups). A frame to a parked shard wakes it.";
