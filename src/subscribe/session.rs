@@ -263,8 +263,18 @@ impl Session<'_> {
                     if self.refuse_out_of_range(stream, &reply).await {
                         return Ok(());
                     }
-                    let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
+                    let mut in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
                     self.apply_reply(reply);
+                    // Replies that are here already (from the other owners,
+                    // or more of a standing fetch) leave in the same write:
+                    // every write wakes the subscriber's reader.
+                    while let Some(Some(reply)) = futures_lite::future::poll_once(inbox.recv()).await {
+                        if self.refuse_out_of_range(stream, &reply).await {
+                            return Ok(());
+                        }
+                        in_flight_between_owners |= !reply.moved.is_empty() || !reply.waiting.is_empty();
+                        self.apply_reply(reply);
+                    }
                     self.write_held(stream, false).await?;
                     self.give_back_windows();
                     if in_flight_between_owners {
@@ -343,20 +353,31 @@ impl Session<'_> {
         if self.unresolved > 0 && !force {
             return Ok(());
         }
+        // One write for all of them (each write wakes the reader): the
+        // first reply's buffer takes the others' lines, which are within
+        // the same windows.
+        let mut out: Option<Vec<u8>> = None;
+        let (mut events, mut truncations) = (0, 0);
         for reply in std::mem::take(&mut self.held) {
             let owner = usize::from(reply.owner);
             if reply.standing && self.outstanding[owner] != Outstanding::None {
                 self.used[owner].bytes += reply.data.len();
                 self.used[owner].replies += 1;
             }
-            if reply.data.is_empty() {
-                continue;
+            events += reply.event_count;
+            truncations += reply.truncation_count;
+            match out.as_mut() {
+                Some(out) => out.extend_from_slice(&reply.data),
+                None if !reply.data.is_empty() => out = Some(reply.data),
+                None => {}
             }
-            stream.write_all(&reply.data).await?;
+        }
+        if let Some(out) = out {
+            stream.write_all(&out).await?;
             let metrics = &self.shard.metrics;
-            ShardMetrics::add(&metrics.events_delivered, reply.event_count);
-            ShardMetrics::add(&metrics.bytes_delivered, reply.data.len() as u64);
-            ShardMetrics::add(&metrics.truncation_notices, reply.truncation_count);
+            ShardMetrics::add(&metrics.events_delivered, events);
+            ShardMetrics::add(&metrics.bytes_delivered, out.len() as u64);
+            ShardMetrics::add(&metrics.truncation_notices, truncations);
         }
         Ok(())
     }
