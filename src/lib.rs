@@ -21,9 +21,11 @@
 //!    reports, migrations.
 //! 4. [`partition`]: the owner side, pure: the log, the placement table,
 //!    applying a batch, the migration state machine, serving fetches.
-//! 5. `subscribe` (private): a subscriber's session pulls from every owner;
-//!    a consumer-group member's session does the same for the partitions
-//!    its group's coordinator ([`group`], `shard::groups`) assigns it.
+//! 5. `subscribe` (private): a subscriber's session pulls from every owner,
+//!    where its fetch stands and is answered as events arrive
+//!    ([`partition::fetch`]); a consumer-group member's session pulls one
+//!    reply at a time for the partitions its group's coordinator ([`group`],
+//!    `shard::groups`) assigns it.
 //! 6. [`balance`]: load reports and the stealing rule, and the simulator
 //!    that drives the rule and the migration state machine.
 //! 7. `net` (private): what every face does around its protocol: process-wide
