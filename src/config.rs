@@ -49,7 +49,7 @@ pub const SEGMENT_BYTES_LIMIT: usize = u32::MAX as usize;
 /// this much per busy connection (a term of the memory formula).
 pub const REPLY_BUFFER_BYTES_MAX: usize = 64 * KIB;
 /// The largest read after which a connection's open batches go soon (see
-/// [`crate::shard::source`]) when the read drained its socket: a small read
+/// `shard::source`) when the read drained its socket: a small read
 /// that empties the socket means the producer trickles, so waiting for the
 /// flush timer would only add latency. After a larger one batches fill
 /// quickly anyway and keep the flush timer, so that a peak-rate producer
@@ -61,7 +61,7 @@ pub const FLUSH_SOON_READ_BYTES_MAX: usize = 16 * KIB;
 /// bookkeeping, not their data.
 pub const STANDING_FETCH_REPLIES_MAX: u32 = 32;
 /// Applied batches whose credit grants an owner may hold for one source, to
-/// send them in one frame ([`crate::shard::grants`]).
+/// send them in one frame (`shard::grants`).
 pub const GRANT_BATCHES_HELD_MAX: usize = 8;
 /// Batch buffers a source keeps for reuse per destination beyond the one
 /// open batch: up to `shards * this * batch_bytes` per shard, inside the

@@ -80,7 +80,7 @@ pub struct DataBatch {
     pub sync: bool,
     /// The source wants its credits back promptly: the owner sends this
     /// batch's grant, and every grant it holds for the source, at once
-    /// ([`crate::shard::grants`]). Otherwise grants may wait at the owner
+    /// (`shard::grants`). Otherwise grants may wait at the owner
     /// to leave several in one frame.
     pub grant_now: bool,
 }
