@@ -107,3 +107,69 @@ fn shards_park_and_wake_without_membarrier() {
     let status = server.terminate();
     assert!(status.success(), "the server must exit cleanly (SIGSYS means it called membarrier): {status:?}");
 }
+
+/// CPU time (user + system, in clock ticks) of process `pid`, and its
+/// threads' context switches (voluntary and not) so far.
+fn cpu_ticks_and_switches(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server's /proc stat");
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a comm field") + 2..].split(' ').collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let mut switches = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads") {
+        let Ok(status) = std::fs::read_to_string(task.unwrap().path().join("status")) else { continue };
+        switches += status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    (ticks, switches)
+}
+
+/// Asserts the server at `pid` is asleep over `window`: at most 3 % of a
+/// core and 100 context switches a second (gossip, the sweeper and the
+/// admin thread wake it a few times a second; a shard that spins or wakes
+/// for every pass of its loop shows thousands).
+fn assert_idle(pid: u32, window: Duration, when: &str) {
+    let clock_ticks_per_s = (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64;
+    let (ticks_before, switches_before) = cpu_ticks_and_switches(pid);
+    std::thread::sleep(window);
+    let (ticks_after, switches_after) = cpu_ticks_and_switches(pid);
+    let core_share = (ticks_after - ticks_before) as f64 / clock_ticks_per_s / window.as_secs_f64();
+    let switches_per_s = (switches_after - switches_before) as f64 / window.as_secs_f64();
+    assert!(core_share <= 0.03, "{when}: an idle server used {:.1} % of a core", core_share * 100.0);
+    assert!(switches_per_s <= 100.0, "{when}: an idle server switched {switches_per_s:.0} times a second");
+}
+
+/// An idle server sleeps, before any traffic and after a burst of it: the
+/// patched reactor keeps its timers armed across passes of the executor
+/// loop (src/vendor/README.md), and none of them may keep a shard awake
+/// or wake it over and over once the events stop.
+#[test]
+fn an_idle_server_sleeps_before_and_after_traffic() {
+    let server = Server::start(&["--shards", "2", "--storage", "memory"]);
+    let pid = server.pid();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_idle(pid, Duration::from_secs(2), "before traffic");
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB * latest");
+    while server.total("subscribers_open") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut producer = server.producer();
+    for burst in 0..200 {
+        for event in 0..50 {
+            producer.send(format!("key{event} {burst}\n").as_bytes());
+        }
+        producer.flush();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    producer.sync();
+    assert_eq!(subscriber.take(200 * 50).len(), 200 * 50);
+    // Gossip notices that nothing moves within a second or two.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_idle(pid, Duration::from_secs(2), "after traffic, with a producer and a subscriber connected");
+    drop(producer);
+    drop(subscriber);
+    let status = server.terminate();
+    assert!(status.success(), "the server must exit cleanly: {status:?}");
+}
