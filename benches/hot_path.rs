@@ -17,7 +17,9 @@
 //!   (steady state: the window never blocks), and all of them in one loop.
 //! * `owner`: `PartitionLog::append` of records decoded from 64 KiB batches
 //!   with `BatchIter`, retention active (8 MiB retention, 1 MiB segments), into
-//!   one log and into the 128 partitions one of two shards owns.
+//!   one log and into the 128 partitions one of two shards owns; `_grouped`:
+//!   the same in the order `apply_batch` applies a large batch (grouped by
+//!   partition, `RecordOrder`, the grouping included).
 //! * `subscribe`: `partition::fetch::write_lines` (subscriber lines from a
 //!   log, as a fetch writes them) of a full log in 256 KiB fetches.
 //!
@@ -36,6 +38,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use spate::partition::apply::RecordOrder;
 use spate::partition::fetch::write_lines;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
 use spate::protocol::{BatchIter, Line, LineBuffer, Next, encode_batch_record, parse_line, partition_of};
@@ -462,6 +465,23 @@ fn apply_all(partitions: &mut PartitionManager, batches: &[Vec<u8>]) -> u64 {
     stored
 }
 
+/// `apply_all` in the order `apply_batch` applies a large batch: grouped by
+/// partition (`RecordOrder`), batch order within a partition.
+fn apply_all_grouped(partitions: &mut PartitionManager, batches: &[Vec<u8>], order: &mut RecordOrder) -> u64 {
+    let mut stored = 0;
+    for batch in batches {
+        for &position in order.group(batch) {
+            let (partition_id, record) = BatchIter::new(&batch[position as usize..]).next().expect("a record");
+            let partition = partitions.get_mut(partition_id).expect("batch holds owned partitions only");
+            partition.log.append(record.log_record);
+            partition.events_total += 1;
+            partition.bytes_total += record.payload.len() as u64;
+            stored += 1;
+        }
+    }
+    stored
+}
+
 /// A log already past its retention, so every bench iteration runs the
 /// steady state: segments roll and reuse the dropped ones.
 fn full_log(batches: &[Vec<u8>]) -> PartitionLog {
@@ -499,6 +519,11 @@ fn bench_owner(criterion: &mut Criterion, input: &Input) {
             apply_all(&mut partitions, &owned_batches);
         }
         group.bench_function(name, |bencher| bencher.iter(|| apply_all(&mut partitions, black_box(&owned_batches))));
+        let mut order = RecordOrder::default();
+        throughput(&mut group, "owner", &format!("{name}_grouped"), owned_events);
+        group.bench_function(format!("{name}_grouped"), |bencher| {
+            bencher.iter(|| apply_all_grouped(&mut partitions, black_box(&owned_batches), &mut order))
+        });
     }
 
     throughput(&mut group, "owner", "apply_128_logs_inline", owned_events);

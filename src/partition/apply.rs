@@ -1,12 +1,82 @@
-//! Applying a batch on its owner: every record goes to its partition's log
-//! in batch order, records of partitions still migrating here are buffered,
-//! the batch's markers advance migrations, and its credit grant is returned
-//! or held. What must happen next comes back as data ([`Applied`] and the
-//! migration [`Effect`]s); the shard carries it out.
+//! Applying a batch on its owner: every record goes to its partition's log,
+//! records of partitions still migrating here are buffered, the batch's
+//! markers advance migrations, and its credit grant is returned or held.
+//! What must happen next comes back as data ([`Applied`] and the migration
+//! [`Effect`]s); the shard carries it out.
+//!
+//! A large batch is applied partition by partition ([`RecordOrder`]): its
+//! records grouped by partition, each group in batch order. Offsets and
+//! ordering are per partition, so nothing a reader can see changes; what
+//! changes is the memory traffic. A batch holds records for every partition
+//! the owner has, so applying it in arrival order touches a different
+//! partition (its struct, its segment, the tail of its index and data)
+//! at nearly every record, each a cache miss; grouped, a partition's lines
+//! are fetched once per batch and its records are copied to one tail.
+//! `benches/hot_path.rs` (`owner/apply_128_partitions` and
+//! `..._grouped`): 43.9 ns/event in arrival order, 25.9 grouped, the
+//! grouping included.
 
 use crate::partition::migration::{Effect, Marker, Migrations};
 use crate::partition::{Partition, PartitionManager};
-use crate::protocol::record::{BatchIter, decode_log_record};
+use crate::protocol::record::{BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, decode_log_record};
+
+/// Batches smaller than this are applied in arrival order: a small batch
+/// touches few partitions, and grouping would cost more than it saves.
+pub const GROUPED_APPLY_BYTES_MIN: usize = 4096;
+
+/// The order in which a batch's records are applied: grouped by partition,
+/// arrival order within each group (a counting sort of record positions).
+/// Kept by the shard and reused, so applying allocates nothing once it has
+/// seen its largest batch (`positions` and `order` hold 4 bytes per record
+/// of it, `counts` 4 bytes per partition id).
+#[derive(Debug, Default)]
+pub struct RecordOrder {
+    /// Per partition id + 1: records, then (prefix sums) where its group starts.
+    counts: Vec<u32>,
+    /// `(partition, position)` of every record, in batch order.
+    records: Vec<(u32, u32)>,
+    /// Record positions in application order.
+    order: Vec<u32>,
+}
+
+impl RecordOrder {
+    /// Orders the records of `batch` (batch records, as
+    /// [`crate::protocol::record`] encodes them); returns their positions in
+    /// `batch`, grouped by partition, arrival order within a group.
+    pub fn group(&mut self, batch: &[u8]) -> &[u32] {
+        self.records.clear();
+        let mut position = 0;
+        let mut partition_end = 0;
+        while position < batch.len() {
+            let rest = &batch[position..];
+            let partition = u32::from_le_bytes(rest[..4].try_into().expect("a batch record header"));
+            let record = decode_log_record(&rest[4..]).expect("batches hold whole records");
+            let position_u32 = u32::try_from(position).expect("a batch is smaller than 4 GiB");
+            self.records.push((partition, position_u32));
+            partition_end = partition_end.max(partition as usize + 1);
+            position += BATCH_HEADER_SIZE - LOG_HEADER_SIZE + record.log_record.len();
+        }
+        if self.counts.len() < partition_end + 1 {
+            self.counts.resize(partition_end + 1, 0);
+        }
+        let counts = &mut self.counts[..partition_end + 1];
+        counts.fill(0);
+        for &(partition, _) in &self.records {
+            counts[partition as usize + 1] += 1;
+        }
+        for index in 1..counts.len() {
+            counts[index] += counts[index - 1];
+        }
+        self.order.clear();
+        self.order.resize(self.records.len(), 0);
+        for &(partition, position) in &self.records {
+            let slot = &mut counts[partition as usize];
+            self.order[*slot as usize] = position;
+            *slot += 1;
+        }
+        &self.order
+    }
+}
 
 /// Log records that reached this shard for a partition still migrating to
 /// it, in arrival order. Bounded by the sources' credit windows (their
@@ -70,23 +140,18 @@ pub fn apply_batch<B: Batch>(
     // Incoming partitions this batch carried records for (almost always
     // none; a Vec that stays empty does not allocate).
     let mut held_for: Vec<u32> = Vec::new();
-    for (partition_id, record) in BatchIter::new(batch.records()) {
-        if let Some(bytes) = partitions.append(partition_id, &record) {
-            applied.stored += 1;
-            applied.stored_bytes += bytes;
-        } else if partitions.is_retired(partition_id) {
-            // In flight when its stream was deleted.
-            applied.discarded += 1;
-        } else if let Some(pending) = migrations.pending_mut(partition_id) {
-            pending.push(record.log_record);
-            if !held_for.contains(&partition_id) {
-                held_for.push(partition_id);
-            }
-        } else {
-            // Routing follows the placement table and migrations put markers
-            // behind every event routed to an old owner, so this is a bug,
-            // never a client's doing: stop rather than lose the event.
-            panic!("batch from shard {source} for partition {partition_id}, neither owned nor incoming here");
+    let records = batch.records();
+    if records.len() >= GROUPED_APPLY_BYTES_MIN {
+        let mut order = std::mem::take(&mut partitions.record_order);
+        for &position in order.group(records) {
+            let (partition_id, record) =
+                BatchIter::new(&records[position as usize..]).next().expect("grouping found a record here");
+            apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
+        }
+        partitions.record_order = order;
+    } else {
+        for (partition_id, record) in BatchIter::new(records) {
+            apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
         }
     }
     for marker in batch.markers() {
@@ -94,6 +159,37 @@ pub fn apply_batch<B: Batch>(
     }
     migrations.settle_grant(source, batch.into_grant(), held_for, effects);
     applied
+}
+
+/// Applies one record of a batch from `source`: appends it to its
+/// partition, or buffers it for a partition migrating here (noting it in
+/// `held_for`), or discards it for a deleted stream.
+fn apply_record<G>(
+    partitions: &mut PartitionManager,
+    migrations: &mut ShardMigrations<G>,
+    source: u16,
+    partition_id: u32,
+    record: &RecordRef<'_>,
+    applied: &mut Applied,
+    held_for: &mut Vec<u32>,
+) {
+    if let Some(bytes) = partitions.append(partition_id, record) {
+        applied.stored += 1;
+        applied.stored_bytes += bytes;
+    } else if partitions.is_retired(partition_id) {
+        // In flight when its stream was deleted.
+        applied.discarded += 1;
+    } else if let Some(pending) = migrations.pending_mut(partition_id) {
+        pending.push(record.log_record);
+        if !held_for.contains(&partition_id) {
+            held_for.push(partition_id);
+        }
+    } else {
+        // Routing follows the placement table and migrations put markers
+        // behind every event routed to an old owner, so this is a bug,
+        // never a client's doing: stop rather than lose the event.
+        panic!("batch from shard {source} for partition {partition_id}, neither owned nor incoming here");
+    }
 }
 
 /// Installs a partition that was handed over, then appends the records
@@ -175,6 +271,68 @@ mod tests {
         assert_eq!(applied.stored, 3);
         assert_eq!(payloads(&partitions, 0), ["a", "c"]);
         assert_eq!(effects, [Effect::Grant { source: 1, grant: 7 }]);
+    }
+
+    /// A batch large enough to be applied grouped by partition stores every
+    /// record, each partition's in batch order, and buffers a migrating
+    /// partition's records in batch order too.
+    #[test]
+    fn grouped_batches_keep_each_partitions_order() {
+        let mut table = PlacementTable::spread(8, 2);
+        let mut partitions = manager(&[0, 3, 5]);
+        let mut migrations: ShardMigrations<u64> = Migrations::new(1, 2);
+        let mut effects = Vec::new();
+        migrations.on_placement(&mut table, 6, 1, 1, 0, &mut effects);
+        effects.clear();
+        let owners = [5, 0, 6, 3, 0, 6, 5, 3];
+        let events: Vec<(u32, String)> =
+            (0..2000).map(|index| (owners[index * 7 % owners.len()], format!("event-{index}"))).collect();
+        let borrowed: Vec<(u32, &str)> =
+            events.iter().map(|(partition, payload)| (*partition, payload.as_str())).collect();
+        let records = batch(&borrowed);
+        assert!(records.len() >= GROUPED_APPLY_BYTES_MIN);
+        let applied = apply_batch(&mut partitions, &mut migrations, 0, TestBatch(records, 4), 0, &mut effects);
+        let expected = |partition: u32| -> Vec<String> {
+            events.iter().filter(|(owner, _)| *owner == partition).map(|(_, payload)| payload.clone()).collect()
+        };
+        for partition in [0, 3, 5] {
+            assert_eq!(payloads(&partitions, partition), expected(partition), "partition {partition}");
+        }
+        assert_eq!(applied.stored, 2000 - expected(6).len() as u64);
+        let pending = migrations.pending_mut(6).expect("partition 6 is migrating here");
+        assert_eq!(pending.count(), expected(6).len() as u64);
+        let mut buffered = Vec::new();
+        let mut position = 0;
+        while position < pending.bytes.len() {
+            let record = decode_log_record(&pending.bytes[position..]).unwrap();
+            buffered.push(String::from_utf8(record.payload.to_vec()).unwrap());
+            position += record.log_record.len();
+        }
+        assert_eq!(buffered, expected(6));
+    }
+
+    /// The grouping is a stable counting sort: positions grouped by
+    /// partition in ascending partition order, batch order within a group,
+    /// and the scratch space is reused from one batch to the next.
+    #[test]
+    fn record_order_groups_stably() {
+        let mut order = RecordOrder::default();
+        let first = batch(&[(3, "a"), (1, "b"), (3, "c"), (0, "d"), (1, "e")]);
+        let payloads_in_order = |bytes: &[u8], positions: &[u32]| -> Vec<String> {
+            positions
+                .iter()
+                .map(|&position| {
+                    let (_, record) = BatchIter::new(&bytes[position as usize..]).next().unwrap();
+                    String::from_utf8(record.payload.to_vec()).unwrap()
+                })
+                .collect()
+        };
+        let positions = order.group(&first).to_vec();
+        assert_eq!(payloads_in_order(&first, &positions), ["d", "b", "e", "a", "c"]);
+        let second = batch(&[(7, "x"), (2, "y")]);
+        let positions = order.group(&second).to_vec();
+        assert_eq!(payloads_in_order(&second, &positions), ["y", "x"]);
+        assert!(order.group(&[]).is_empty());
     }
 
     /// Records for a partition migrating here wait, with their grant, until

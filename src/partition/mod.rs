@@ -184,6 +184,9 @@ pub struct PartitionManager {
     /// Partitions of deleted streams: records still in flight for them are
     /// discarded (the stream is gone), and fetches are told so.
     retired: Vec<bool>,
+    /// The order [`apply::apply_batch`] applies a batch's records in,
+    /// reused from batch to batch.
+    pub(crate) record_order: apply::RecordOrder,
 }
 
 impl PartitionManager {
@@ -198,6 +201,7 @@ impl PartitionManager {
             emitting: Vec::new(),
             emitting_flags: vec![false; count],
             retired: vec![false; count],
+            record_order: apply::RecordOrder::default(),
         }
     }
 
