@@ -41,7 +41,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use spate::partition::apply::RecordOrder;
 use spate::partition::fetch::write_lines;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
-use spate::protocol::{BatchIter, Line, LineBuffer, Next, encode_batch_record, parse_line, partition_of};
+use spate::protocol::{BatchIter, Line, LineBuffer, Next, RecordRef, encode_batch_record, parse_line, partition_of};
 use spate::stream::StreamRoute;
 use spate::{CreditGrant, DataBatch, Router, route};
 
@@ -455,11 +455,7 @@ fn apply_all(partitions: &mut PartitionManager, batches: &[Vec<u8>]) -> u64 {
     let mut stored = 0;
     for batch in batches {
         for (partition_id, record) in BatchIter::new(batch) {
-            let partition = partitions.get_mut(partition_id).expect("batch holds owned partitions only");
-            partition.log.append(record.log_record);
-            partition.events_total += 1;
-            partition.bytes_total += record.payload.len() as u64;
-            stored += 1;
+            stored += apply_one(partitions, partition_id, &record);
         }
     }
     stored
@@ -472,14 +468,20 @@ fn apply_all_grouped(partitions: &mut PartitionManager, batches: &[Vec<u8>], ord
     for batch in batches {
         for &position in order.group(batch) {
             let (partition_id, record) = BatchIter::new(&batch[position as usize..]).next().expect("a record");
-            let partition = partitions.get_mut(partition_id).expect("batch holds owned partitions only");
-            partition.log.append(record.log_record);
-            partition.events_total += 1;
-            partition.bytes_total += record.payload.len() as u64;
-            stored += 1;
+            stored += apply_one(partitions, partition_id, &record);
         }
     }
     stored
+}
+
+/// Appends one record to its (owned) partition and counts it; returns 1.
+#[inline]
+fn apply_one(partitions: &mut PartitionManager, partition_id: u32, record: &RecordRef<'_>) -> u64 {
+    let partition = partitions.get_mut(partition_id).expect("batch holds owned partitions only");
+    partition.log.append(record.log_record);
+    partition.events_total += 1;
+    partition.bytes_total += record.payload.len() as u64;
+    1
 }
 
 /// A log already past its retention, so every bench iteration runs the
