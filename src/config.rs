@@ -230,7 +230,7 @@ README \"Limits and memory\"):
     with --storage disk (the files are on disk, not in this sum):
       P * (tail_cache_bytes * 5/4 + retention_bytes / 8192 + 4 KiB) tail caches, offset index
       + S * fsync_pending_bytes_max + S * S * credit_window_bytes    write buffers
-  + S * (io_memory_bytes + 8 * P + 64 MiB)                       fixed per shard
+  + S * (io_memory_bytes + 12 * P + batch_bytes * 12 / 11 + 64 MiB) fixed per shard
   + S * log_prefault_bytes                                       log segments kept ready
   + S * S * mesh_channel_frames * frame size                     mesh rings
   + 16 * (2 * 16 KiB + 256 * P + 16 KiB * S)                     admin connections and responses
@@ -661,8 +661,9 @@ pub struct MemoryBound {
     /// that is one reply in flight per owner plus one being written, the
     /// cursors of a `SUB *`, and the request and closing-notice buffers.
     pub subscribers: usize,
-    /// Fixed per-shard costs: io_memory, placement table and an allowance
-    /// for code, stacks and allocator slack (SHARD_FIXED_ALLOWANCE_BYTES).
+    /// Fixed per-shard costs: io_memory, placement table, the order a batch
+    /// is applied in ([`Config::apply_order_bytes`]) and an allowance for
+    /// code, stacks and allocator slack (SHARD_FIXED_ALLOWANCE_BYTES).
     pub fixed: usize,
     /// Mesh rings: shards * shards * mesh_channel_frames * FRAME_SIZE_BYTES.
     pub mesh: usize,
@@ -981,6 +982,15 @@ impl Config {
         }
     }
 
+    /// The scratch space `partition::apply::RecordOrder` keeps per shard to
+    /// apply a batch partition by partition: 12 bytes per record of the
+    /// largest batch (records are at least `BATCH_HEADER_SIZE + 1` bytes, a
+    /// batch at most `batch_bytes` plus one record) and 4 per partition id.
+    pub fn apply_order_bytes(&self, partitions: usize) -> usize {
+        let record_size_min = crate::protocol::record::BATCH_HEADER_SIZE + 1;
+        12 * (self.batch_bytes / record_size_min + 2) + 4 * (partitions + 1)
+    }
+
     /// The peak-memory formula for this configuration.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
@@ -1006,7 +1016,8 @@ impl Config {
         let subscribers = shards * self.subscribers_per_shard_max * per_subscriber;
         let placement = partitions * std::mem::size_of::<crate::partition::Placement>();
         let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
-        let fixed = shards * (self.io_memory_bytes + placement + SHARD_FIXED_ALLOWANCE_BYTES);
+        let fixed = shards
+            * (self.io_memory_bytes + placement + self.apply_order_bytes(partitions) + SHARD_FIXED_ALLOWANCE_BYTES);
         let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
         let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
