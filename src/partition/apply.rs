@@ -27,8 +27,9 @@ pub const GROUPED_APPLY_BYTES_MIN: usize = 4096;
 /// The order in which a batch's records are applied: grouped by partition,
 /// arrival order within each group (a counting sort of record positions).
 /// Kept by the shard and reused, so applying allocates nothing once it has
-/// seen its largest batch (`positions` and `order` hold 4 bytes per record
-/// of it, `counts` 4 bytes per partition id).
+/// seen its largest batch (`records` holds 8 bytes and `order` 4 bytes per
+/// record of it, `counts` 4 bytes per partition id:
+/// [`crate::config::Config::apply_order_bytes`]).
 #[derive(Debug, Default)]
 pub struct RecordOrder {
     /// Per partition id + 1: records, then (prefix sums) where its group starts.
