@@ -260,21 +260,9 @@ impl Session<'_> {
                 Wake::Read(Ok(_)) => {}
                 Wake::Shutdown => return self.close(stream, inbox).await,
                 Wake::Reply(Some(reply)) => {
-                    if self.refuse_out_of_range(stream, &reply).await {
+                    let Some(in_flight_between_owners) = self.apply_ready(stream, inbox, Some(reply)).await else {
                         return Ok(());
-                    }
-                    let mut in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
-                    self.apply_reply(reply);
-                    // Replies that are here already (from the other owners,
-                    // or more of a standing fetch) leave in the same write:
-                    // every write wakes the subscriber's reader.
-                    while let Some(Some(reply)) = futures_lite::future::poll_once(inbox.recv()).await {
-                        if self.refuse_out_of_range(stream, &reply).await {
-                            return Ok(());
-                        }
-                        in_flight_between_owners |= !reply.moved.is_empty() || !reply.waiting.is_empty();
-                        self.apply_reply(reply);
-                    }
+                    };
                     self.write_held(stream, false).await?;
                     self.give_back_windows();
                     if in_flight_between_owners {
@@ -299,11 +287,8 @@ impl Session<'_> {
         stream: &mut TcpStream,
         inbox: &local_channel::LocalReceiver<FetchReply>,
     ) -> std::io::Result<()> {
-        while let Some(Some(reply)) = futures_lite::future::poll_once(inbox.recv()).await {
-            if self.refuse_out_of_range(stream, &reply).await {
-                return Ok(());
-            }
-            self.apply_reply(reply);
+        if self.apply_ready(stream, inbox, None).await.is_none() {
+            return Ok(());
         }
         self.write_held(stream, true).await?;
         let mut notice = Vec::with_capacity(CLOSING_NOTICE_CHUNK_BYTES + 64);
@@ -327,6 +312,32 @@ impl Session<'_> {
         stream.flush().await?;
         ShardMetrics::add(&self.shard.metrics.closing_notices, 1);
         Ok(())
+    }
+
+    /// Applies `first`, then every reply already in the inbox, so that
+    /// they leave in one write (every write wakes the subscriber's reader).
+    /// Returns whether a partition is moving between owners, or `None` when
+    /// a reply was refused (the goodbye is written; the session ends).
+    async fn apply_ready(
+        &mut self,
+        stream: &mut TcpStream,
+        inbox: &local_channel::LocalReceiver<FetchReply>,
+        first: Option<FetchReply>,
+    ) -> Option<bool> {
+        let mut in_flight_between_owners = false;
+        let mut next = first;
+        if next.is_none() {
+            next = futures_lite::future::poll_once(inbox.recv()).await.flatten();
+        }
+        while let Some(reply) = next {
+            if self.refuse_out_of_range(stream, &reply).await {
+                return None;
+            }
+            in_flight_between_owners |= !reply.moved.is_empty() || !reply.waiting.is_empty();
+            self.apply_reply(reply);
+            next = futures_lite::future::poll_once(inbox.recv()).await.flatten();
+        }
+        Some(in_flight_between_owners)
     }
 
     /// Ends the subscription if an owner found its requested offset past a
