@@ -512,6 +512,11 @@ pub struct Config {
     /// empty means every shard. Makes one shard the slow, "hot" one.
     #[arg(long, value_delimiter = ',')]
     pub apply_delay_shards: Vec<u16>,
+
+    /// TEST KNOB, off by default: the last shard panics this many ms after
+    /// it started, to prove that a panic stops the whole process at once.
+    #[arg(long, hide = true)]
+    pub test_panic_after_ms: Option<u64>,
 }
 
 /// Where events are kept.

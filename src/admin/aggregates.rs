@@ -23,9 +23,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::admin::streams::Failure;
+use crate::admin::streams::{Failure, save};
 use crate::admin::{AdminState, ShardUnavailable, ask_all, ask_all_within};
-use crate::config::Storage;
 use crate::process::{AGGREGATES_PER_STREAM_MAX, AggregateDeclaration, AggregateStats, KeyView, TOP_N_MAX};
 use crate::shard::aggregates::AggregateRequest;
 use crate::shard::control::ControlRequest;
@@ -285,13 +284,6 @@ fn percent_decode(text: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-fn save(state: &AdminState, catalog: &crate::stream::Catalog) -> Result<(), crate::stream::CatalogError> {
-    match state.config.storage {
-        Storage::Disk => catalog.save(&state.config.data_dir),
-        Storage::Memory => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -54,6 +54,9 @@ pub struct AdminState {
     /// The stream catalog: the one copy that changes, held for the whole of
     /// a create or delete, so they run one at a time.
     pub catalog: tokio::sync::Mutex<crate::stream::Catalog>,
+    /// Deleted streams' ranges waiting for their fences (touched only with
+    /// the catalog lock held).
+    pub fences: std::sync::Mutex<Vec<streams::Fence>>,
 }
 
 /// What the admin server counts about itself.

@@ -1,13 +1,25 @@
 //! `POST /streams`, `GET /streams`, `DELETE /streams/NAME`.
 //!
-//! The admin side holds the one catalog that changes. A create adds the
-//! stream to the catalog, writes the catalog to the data directory, has
-//! every shard install it (open the partitions it owns), then has every
-//! shard activate it; only then may ingest route to it, so no batch reaches
-//! an owner that has not opened its partition. A delete deactivates the
-//! stream on every shard (ingest refuses it from the next chunk), then has
-//! every shard drop its partitions and delete their files, then writes the
-//! catalog. Each runs while holding the catalog lock, one at a time.
+//! The admin side holds the one catalog that changes, and runs each change
+//! while holding its lock, one at a time.
+//!
+//! A create adds the stream to the catalog, writes the catalog, has every
+//! shard install it (open the partitions it owns), then has every shard
+//! activate it; only then may ingest route to it, so no batch reaches an
+//! owner that has not opened its partition. A create that fails half-way
+//! is rolled back as a delete.
+//!
+//! A delete is atomic across a crash ([`crate::stream`] has the on-disk
+//! side): the catalog is saved with the stream moved to its `deleting`
+//! tombstone first (from then on the stream is deleted, and a start
+//! finishes what a crash interrupted); then every shard deactivates it
+//! (ingest stops routing to it, its subscribers and members get `ERR
+//! stream_deleted` at once) and starts a fence; then every shard drops its
+//! partitions; then its directories go to the trash; then the tombstone is
+//! removed; the trash is emptied in the background. The stream's partition
+//! ids are free for a new stream once every shard's fence reported that
+//! nothing it routed to the deleted stream is still in flight
+//! ([`Fence`]): checked before each create.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,11 +29,16 @@ use serde_json::json;
 use crate::admin::{AdminState, ShardUnavailable, ask_all_within, collect_partitions};
 use crate::config::Storage;
 use crate::shard::control::{ControlRequest, StreamRequest};
-use crate::stream::{CatalogError, StreamRequest as CreateRequest, StreamSpec};
+use crate::stream::{Catalog, CatalogError, StreamRequest as CreateRequest, StreamSpec};
 
 /// How long a shard may take to install or drop a stream (opening or
-/// deleting the files of every partition it owns).
+/// closing the files of every partition it owns).
 const STREAM_CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a create that finds no room waits for deleted streams' fences
+/// before it says so.
+const FENCE_WAIT: Duration = Duration::from_secs(5);
+/// A delete slower than this is logged (it holds the catalog lock).
+const SLOW_DELETE: Duration = Duration::from_secs(1);
 
 /// What went wrong with a stream request, and its HTTP status.
 pub struct Failure {
@@ -41,6 +58,53 @@ impl From<ShardUnavailable> for Failure {
     }
 }
 
+/// A deleted stream's range, waiting for every shard's fence: each shard
+/// sends one `()` once nothing it routed to the stream is in flight.
+pub struct Fence {
+    base: u32,
+    partitions: u32,
+    done: flume::Receiver<()>,
+    outstanding: usize,
+}
+
+impl Fence {
+    /// Counts the fences that reported; true once every shard's did.
+    fn poll(&mut self) -> bool {
+        while self.outstanding > 0 && self.done.try_recv().is_ok() {
+            self.outstanding -= 1;
+        }
+        self.outstanding == 0
+    }
+}
+
+/// Releases the ranges whose fences are done; with `wait`, waits up to
+/// [`FENCE_WAIT`] for the others first. Returns whether any was released.
+async fn release_fenced(state: &AdminState, catalog: &mut Catalog, wait: bool) -> bool {
+    let mut fences = std::mem::take(&mut *state.fences.lock().unwrap_or_else(|poison| poison.into_inner()));
+    if wait {
+        let deadline = tokio::time::Instant::now() + FENCE_WAIT;
+        for fence in &mut fences {
+            while !fence.poll() {
+                match tokio::time::timeout_at(deadline, fence.done.recv_async()).await {
+                    Ok(Ok(())) => fence.outstanding -= 1,
+                    Ok(Err(_)) | Err(_) => break,
+                }
+            }
+        }
+    }
+    let before = fences.len();
+    fences.retain_mut(|fence| {
+        let done = fence.poll();
+        if done {
+            catalog.release(fence.base, fence.partitions);
+        }
+        !done
+    });
+    let released = fences.len() < before;
+    state.fences.lock().unwrap_or_else(|poison| poison.into_inner()).extend(fences);
+    released
+}
+
 /// `POST /streams`: creates a stream from a JSON body.
 pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> {
     let request: CreateRequest = serde_json::from_slice(body).map_err(|error| Failure {
@@ -50,11 +114,33 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
         ),
     })?;
     let mut catalog = state.catalog.lock().await;
-    let spec = catalog.create(&request, &state.config.catalog_limits())?;
+    release_fenced(state, &mut catalog, false).await;
+    let limits = state.config.catalog_limits();
+    let spec = match catalog.create(&request, &limits) {
+        Err(CatalogError::NoRoom { .. }) if release_fenced(state, &mut catalog, true).await => {
+            catalog.create(&request, &limits)?
+        }
+        created => created?,
+    };
     if let Err(error) = save(state, &catalog) {
-        catalog.remove(&spec.name).expect("just created");
+        catalog.undo_create(spec.id);
         return Err(error.into());
     }
+    if let Err(failure) = install(state, &spec).await {
+        // Some shards may have opened its partitions: take it back as a
+        // delete, so nothing of it stays half there.
+        let undone = match catalog.begin_delete(&spec.name) {
+            Ok(spec) => finish_delete(state, &mut catalog, &spec).await.err(),
+            Err(error) => Some(error.into()),
+        };
+        let note = undone.map(|undo| format!("; undoing it failed too: {}", undo.message)).unwrap_or_default();
+        return Err(Failure { status: failure.status, message: format!("{}{note}", failure.message) });
+    }
+    Ok(serde_json::to_string_pretty(&spec).expect("a spec serializes"))
+}
+
+/// Has every shard install `spec`, then activate it.
+async fn install(state: &AdminState, spec: &StreamSpec) -> Result<(), Failure> {
     let installed = ask_all_within(
         state,
         |reply| ControlRequest::Stream(StreamRequest::Install { spec: spec.clone(), reply }),
@@ -67,31 +153,58 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
     let id = spec.id;
     ask_all_within(state, |reply| ControlRequest::Stream(StreamRequest::Activate { id, reply }), STREAM_CHANGE_TIMEOUT)
         .await?;
-    Ok(serde_json::to_string_pretty(&spec).expect("a spec serializes"))
+    Ok(())
 }
 
 /// `DELETE /streams/NAME`.
 pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     let mut catalog = state.catalog.lock().await;
-    let spec = catalog.remove(name)?;
-    let id = spec.id;
-    let deactivate = |reply| ControlRequest::Stream(StreamRequest::Deactivate { id, reply });
-    ask_all_within(state, deactivate, STREAM_CHANGE_TIMEOUT).await?;
-    let dropped =
-        ask_all_within(state, |reply| ControlRequest::Stream(StreamRequest::Drop { id, reply }), STREAM_CHANGE_TIMEOUT)
-            .await?;
-    save(state, &catalog)?;
-    if let Some(Err(error)) = dropped.into_iter().find(Result::is_err) {
-        return Err(Failure { status: 500, message: format!("deleting stream {name}: {error}\n") });
+    let aggregates: Vec<_> = catalog.aggregates_of(name).cloned().collect();
+    let spec = catalog.begin_delete(name)?;
+    if let Err(error) = save(state, &catalog) {
+        catalog.undo_begin_delete(&spec);
+        aggregates.into_iter().for_each(|declaration| catalog.add_aggregate(declaration));
+        return Err(error.into());
     }
-    if state.config.storage == Storage::Disk
-        && let Ok(dir) = crate::storage::dir::stream_dir(&state.config.data_dir, name)
-    {
-        let _ = std::fs::remove_dir_all(dir);
-        // Its consumer groups' offsets go with it.
-        let _ = std::fs::remove_dir_all(crate::group::store::groups_dir(&state.config.data_dir).join(name));
+    // The tombstone is durable: the stream is deleted, whatever follows.
+    let started = std::time::Instant::now();
+    let finished = finish_delete(state, &mut catalog, &spec).await;
+    if started.elapsed() > SLOW_DELETE {
+        eprintln!("spate: deleting stream {name} took {:.1} s", started.elapsed().as_secs_f64());
+    }
+    if let Err(failure) = finished {
+        let message = format!("{}(stream {name} is deleted; its files go at the next start)\n", failure.message);
+        return Err(Failure { status: failure.status, message });
     }
     Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))
+}
+
+/// Carries out a delete whose tombstone is saved: deactivate and fence,
+/// drop, move the files to the trash, remove the tombstone.
+async fn finish_delete(state: &AdminState, catalog: &mut Catalog, spec: &StreamSpec) -> Result<(), Failure> {
+    let id = spec.id;
+    let (fenced, done) = flume::bounded(state.controls.len());
+    let deactivate = |reply| ControlRequest::Stream(StreamRequest::Deactivate { id, reply, fenced: fenced.clone() });
+    ask_all_within(state, deactivate, STREAM_CHANGE_TIMEOUT).await?;
+    let fence = Fence { base: spec.base, partitions: spec.partitions, done, outstanding: state.controls.len() };
+    state.fences.lock().unwrap_or_else(|poison| poison.into_inner()).push(fence);
+    ask_all_within(state, |reply| ControlRequest::Stream(StreamRequest::Drop { id, reply }), STREAM_CHANGE_TIMEOUT)
+        .await?;
+    if state.config.storage == Storage::Disk {
+        let data_dir = state.config.data_dir.clone();
+        let trashed = spec.clone();
+        let moved =
+            tokio::task::spawn_blocking(move || crate::stream::trash::move_stream_to_trash(&data_dir, &trashed));
+        let moved = moved.await.map_err(|error| Failure { status: 500, message: format!("{error}\n") })?;
+        moved?;
+    }
+    catalog.finish_delete(id);
+    save(state, catalog)?;
+    if state.config.storage == Storage::Disk {
+        let data_dir = state.config.data_dir.clone();
+        drop(tokio::task::spawn_blocking(move || crate::stream::trash::empty_trash(&data_dir)));
+    }
+    Ok(())
 }
 
 /// `GET /streams`: each stream with its settings, bytes, the events it
@@ -130,7 +243,8 @@ pub async fn list(state: &AdminState) -> Result<String, Failure> {
     Ok(serde_json::to_string_pretty(&json!({ "streams": streams })).expect("json serializes"))
 }
 
-fn save(state: &AdminState, catalog: &crate::stream::Catalog) -> Result<(), CatalogError> {
+/// Writes the catalog (disk storage), atomically and durably.
+pub fn save(state: &AdminState, catalog: &Catalog) -> Result<(), CatalogError> {
     match state.config.storage {
         Storage::Disk => catalog.save(&state.config.data_dir),
         Storage::Memory => Ok(()),

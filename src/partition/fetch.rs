@@ -45,6 +45,9 @@ pub enum Position {
 #[derive(Debug)]
 pub struct FetchRequest {
     pub subscription_id: u64,
+    /// The stream the subscription reads: a partition of another stream
+    /// (the ids of a deleted stream, reused) is answered "deleted".
+    pub stream_id: u32,
     pub cursors: Vec<(u32, Position)>,
     pub bytes_max: usize,
     /// `Some`: the fetch may stand (see the module doc), within this window.
@@ -156,26 +159,20 @@ pub fn serve_fetch(
 ) -> Option<FetchReply> {
     let standing = request.can_stand();
     let budget = request.budget();
-    let mut reply = FetchReply {
-        subscription_id: request.subscription_id,
-        owner,
-        data: Vec::new(),
-        event_count: 0,
-        truncation_count: 0,
-        cursors: if standing { Vec::new() } else { Vec::with_capacity(request.cursors.len()) },
-        standing: false,
-        more: false,
-        moved: Vec::new(),
-        waiting: Vec::new(),
-        disk_reads: Vec::new(),
-        out_of_range: Vec::new(),
-        deleted: Vec::new(),
-    };
+    let mut reply = FetchReply::empty(request.subscription_id, owner);
+    if !standing {
+        reply.cursors.reserve(request.cursors.len());
+    }
     let mut resolved_any = false;
     for (partition_id, slot) in request.cursors.iter_mut() {
         let (partition_id, requested) = (*partition_id, *slot);
         let position = requested;
-        let Some(partition) = partitions.get(partition_id) else {
+        let Some(partition) = partitions.get(partition_id).filter(|partition| partition.stream_id == request.stream_id)
+        else {
+            if partitions.get(partition_id).is_some() {
+                reply.deleted.push(partition_id);
+                continue;
+            }
             if partitions.is_retired(partition_id) {
                 reply.deleted.push(partition_id);
             } else if is_incoming(partition_id) {
@@ -230,6 +227,25 @@ const _: () = assert!(
 const REPLY_SLACK_BYTES: usize = 4096;
 
 impl FetchReply {
+    /// A reply that says nothing yet.
+    pub fn empty(subscription_id: u64, owner: u16) -> FetchReply {
+        FetchReply {
+            subscription_id,
+            owner,
+            data: Vec::new(),
+            event_count: 0,
+            truncation_count: 0,
+            cursors: Vec::new(),
+            standing: false,
+            more: false,
+            moved: Vec::new(),
+            waiting: Vec::new(),
+            disk_reads: Vec::new(),
+            out_of_range: Vec::new(),
+            deleted: Vec::new(),
+        }
+    }
+
     /// Whether the reply carries only events (and truncation notices): the
     /// owner may keep a standing fetch after it.
     pub fn is_tail_only(&self) -> bool {
@@ -434,7 +450,7 @@ mod tests {
     }
 
     fn request(cursors: &[(u32, Position)]) -> FetchRequest {
-        FetchRequest { subscription_id: 9, cursors: cursors.to_vec(), bytes_max: 1 << 20, window: None }
+        FetchRequest { subscription_id: 9, stream_id: 0, cursors: cursors.to_vec(), bytes_max: 1 << 20, window: None }
     }
 
     /// A fetch returns lines in offset order, resolves earliest/latest, names

@@ -41,6 +41,10 @@ pub struct Partition {
     /// The global id of its stream's first partition: subscriber lines
     /// carry `global - stream_base`, the partition's number in its stream.
     pub stream_base: u32,
+    /// Its stream's id: a fetch names the stream it reads, so a fetch for a
+    /// deleted stream whose partition ids a new stream reuses is answered
+    /// "deleted", never with the new stream's events.
+    pub stream_id: u32,
     pub events_total: u64,
     pub bytes_total: u64,
     /// Events/s and payload bytes/s, averaged over the balancer's half-life.
@@ -61,6 +65,7 @@ impl Partition {
         Partition {
             log,
             stream_base: 0,
+            stream_id: 0,
             events_total: 0,
             bytes_total: 0,
             events_rate: Ewma::new(rate_half_life_ms),
@@ -104,6 +109,7 @@ impl Partition {
 pub struct MovedPartition {
     memory: MemoryLog,
     stream_base: u32,
+    stream_id: u32,
     disk: Option<disk::MovedDisk>,
     events_total: u64,
     bytes_total: u64,
@@ -131,6 +137,7 @@ impl Partition {
         MovedPartition {
             memory,
             stream_base: self.stream_base,
+            stream_id: self.stream_id,
             disk,
             events_total: self.events_total,
             bytes_total: self.bytes_total,
@@ -154,6 +161,7 @@ impl Partition {
         Partition {
             log,
             stream_base: moved.stream_base,
+            stream_id: moved.stream_id,
             events_total: moved.events_total,
             bytes_total: moved.bytes_total,
             events_rate: moved.events_rate,
@@ -231,6 +239,11 @@ impl PartitionManager {
     /// Marks a partition of a deleted stream (after removing it, if owned).
     pub fn retire(&mut self, partition_id: u32) {
         self.retired[partition_id as usize] = true;
+    }
+
+    /// A new stream takes `partition_id` (a deleted stream's id, free again).
+    pub fn unretire(&mut self, partition_id: u32) {
+        self.retired[partition_id as usize] = false;
     }
 
     pub fn is_retired(&self, partition_id: u32) -> bool {

@@ -114,6 +114,7 @@ impl std::error::Error for ServeError {}
 
 /// Runs a server until SIGINT or SIGTERM, then drains and returns.
 pub fn serve(mut config: Config) -> Result<(), ServeError> {
+    install_fail_fast_hook();
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
     checks::check_io_uring(&config)?;
@@ -161,6 +162,26 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     admin.stop();
     print_stopped(started.elapsed(), complete);
     Ok(())
+}
+
+/// Makes a panic on any thread end the process at once (SIGABRT, after the
+/// panic's message and a line saying so). A shard that panicked would
+/// otherwise leave the process half-alive: its peers wait for it forever,
+/// the admin port answers 503, `#SYNC`s hang. Dead is better than wedged:
+/// a supervisor (the systemd unit's `Restart=on-failure`) starts it again,
+/// and recovery brings back every acknowledged event from the log.
+fn install_fail_fast_hook() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        let thread = std::thread::current();
+        eprintln!(
+            "spate: fatal: thread '{}' panicked; stopping the process now (SIGABRT) so that a supervisor \
+             restarts it: acknowledged events are safe in the log",
+            thread.name().unwrap_or("unnamed")
+        );
+        std::process::abort();
+    }));
 }
 
 /// Locks the data directory with disk storage; `None` in memory.
@@ -211,6 +232,7 @@ fn start_admin(
         started,
         counters: Default::default(),
         catalog: tokio::sync::Mutex::new(catalog),
+        fences: std::sync::Mutex::default(),
     })
     .map_err(ServeError::Admin)
 }
@@ -340,5 +362,12 @@ fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
         crate::config::Storage::Disk => crate::stream::Catalog::open(&config.data_dir, &limits, config.partitions),
         crate::config::Storage::Memory => crate::stream::Catalog::with_default(&limits, config.partitions),
     };
+    if config.storage == crate::config::Storage::Disk {
+        // Deleted streams' files an earlier run left: off the start-up path.
+        let data_dir = config.data_dir.clone();
+        let _ = std::thread::Builder::new()
+            .name("spate-trash".into())
+            .spawn(move || crate::stream::trash::empty_trash(&data_dir));
+    }
     catalog.map_err(ServeError::Catalog)
 }

@@ -77,6 +77,15 @@ pub async fn run_shard(context: ShardContext) {
         glommio::spawn_local(outbox.clone().drain(peer)).detach();
     }
     spawn_shard_tasks(&shard);
+    if let Some(after_ms) = context.config.test_panic_after_ms
+        && usize::from(id) + 1 == context.config.shard_count()
+    {
+        glommio::spawn_local(async move {
+            glommio::timer::sleep(std::time::Duration::from_millis(after_ms)).await;
+            panic!("--test-panic-after-ms {after_ms}: shard {id} panics on purpose");
+        })
+        .detach();
+    }
     let net = Rc::new(ShardNet {
         admission: context.admission.clone(),
         connections: Connections::new(&context.config),

@@ -190,6 +190,15 @@ impl ShardAggregates {
         }
     }
 
+    /// Partitions of a deleted stream left this shard: their ids may go to
+    /// a new stream, whose checkpoints start afresh.
+    pub fn forget_partitions(&self, partition_ids: &[u32]) {
+        let mut checkpointed = self.checkpointed.borrow_mut();
+        for partition_id in partition_ids {
+            checkpointed.remove(partition_id);
+        }
+    }
+
     pub fn emit_queue_bytes(&self) -> usize {
         self.emit.borrow().size_bytes()
     }

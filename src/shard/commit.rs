@@ -36,6 +36,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
+use crate::partition::Partition;
 use crate::partition::disk::{Encoded, encode_pending, now_unix_ms};
 use crate::shard::Shard;
 use crate::shard::frame::CreditGrant;
@@ -76,6 +77,12 @@ pub struct Committer {
     /// Partitions written since the last fdatasync.
     unsynced: RefCell<Vec<u32>>,
     last_expiry: Cell<Instant>,
+    /// Partitions to take out of the shard at the next gap between rounds
+    /// ([`Committer::detach`]), and those taken out, for their callers.
+    /// `(partition, retire)`: retire marks it a deleted stream's, so records
+    /// still in flight for it are discarded from that moment on.
+    detach_requested: RefCell<Vec<(u32, bool)>>,
+    detached: RefCell<Vec<(u32, Option<Box<Partition>>)>>,
 }
 
 impl Committer {
@@ -99,7 +106,34 @@ impl Committer {
             written: RefCell::default(),
             unsynced: RefCell::default(),
             last_expiry: Cell::new(Instant::now()),
+            detach_requested: RefCell::default(),
+            detached: RefCell::default(),
         }
+    }
+
+    /// Takes partitions out of the shard (a stream deletion, a handoff) at
+    /// the next gap between rounds, when every writer is back in its
+    /// partition: only the committer takes writers out, and only inside a
+    /// round, so a partition can never leave while its writer is out (a
+    /// removal racing a round made `put_back` find the partition gone).
+    /// With `retire`, the partitions belong to a deleted stream: they are
+    /// marked retired in the same step ([`PartitionManager::retire`]), owned
+    /// here or not. Returns each requested partition, `None` for one not
+    /// owned here.
+    ///
+    /// [`PartitionManager::retire`]: crate::partition::PartitionManager::retire
+    pub async fn detach(&self, partition_ids: &[u32], retire: bool) -> Vec<(u32, Option<Box<Partition>>)> {
+        self.detach_requested.borrow_mut().extend(partition_ids.iter().map(|&id| (id, retire)));
+        self.notify.notify();
+        let all_detached = || {
+            let detached = self.detached.borrow();
+            partition_ids.iter().all(|id| detached.iter().any(|(detached_id, _)| detached_id == id))
+        };
+        self.round_waiters.wait_until(all_detached).await;
+        let mut detached = self.detached.borrow_mut();
+        let (mine, others) = detached.drain(..).partition(|(id, _)| partition_ids.contains(id));
+        *detached = others;
+        mine
     }
 
     /// A batch was applied: its grant goes back after the next round
@@ -165,6 +199,7 @@ impl Committer {
 pub async fn run_committer(shard: Rc<Shard>) {
     let committer = shard.committer.as_ref().expect("a committer on disk storage");
     loop {
+        detach_requested(&shard);
         if !has_work(&shard) {
             let idle_with_unsynced = committer.policy == FsyncPolicy::Interval && committer.unsynced_bytes.get() > 0;
             if idle_with_unsynced {
@@ -181,6 +216,8 @@ pub async fn run_committer(shard: Rc<Shard>) {
                 }
             }
         }
+        // Between rounds: every writer is in its partition.
+        detach_requested(&shard);
         // What this round covers is fixed at its start: the grants queued
         // so far, and whether a sync was asked for so far. Later ones wait
         // for the next round.
@@ -211,6 +248,26 @@ pub async fn run_committer(shard: Rc<Shard>) {
         }
         glommio::yield_if_needed().await;
     }
+}
+
+/// Takes the partitions [`Committer::detach`] asked for out of the shard.
+/// Runs only between rounds, when no writer is out.
+fn detach_requested(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    debug_assert!(!committer.in_round.get(), "partitions leave only between rounds");
+    let requested = std::mem::take(&mut *committer.detach_requested.borrow_mut());
+    if requested.is_empty() {
+        return;
+    }
+    let mut partitions = shard.partitions.borrow_mut();
+    let mut detached = committer.detached.borrow_mut();
+    for (partition_id, retire) in requested {
+        detached.push((partition_id, partitions.remove(partition_id)));
+        if retire {
+            partitions.retire(partition_id);
+        }
+    }
+    committer.round_waiters.wake_all();
 }
 
 /// Whether a round has anything to do: records to write, a sync asked
@@ -309,8 +366,8 @@ fn encode(shard: &Shard, partition_id: u32) -> Result<Option<(SegmentWriter, Enc
 }
 
 /// Returns a writer to its partition and lets the cache drop what is now on
-/// disk. A partition that left meanwhile (it cannot: a handoff waits for a
-/// round) would be a bug.
+/// disk. The partition is still there: partitions leave only between rounds
+/// ([`Committer::detach`]), never while a round has their writer out.
 fn put_back(shard: &Shard, partition_id: u32, writer: SegmentWriter) {
     let mut partitions = shard.partitions.borrow_mut();
     let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");

@@ -78,17 +78,19 @@ pub enum ShardEvent {
 
 /// A change to the stream catalog, in the order the admin side runs them:
 /// create = `Install` on every shard, then `Activate` on every shard;
-/// delete = `Deactivate` everywhere, then `Drop` everywhere.
+/// delete = `Deactivate` everywhere, then `Drop` everywhere
+/// ([`crate::shard::streams`]).
 pub enum StreamRequest {
     /// Open the partitions of a new stream that this shard owns.
     Install { spec: StreamSpec, reply: flume::Sender<Result<(), String>> },
     /// Let ingest route to it (every shard has installed it).
     Activate { id: u32, reply: flume::Sender<()> },
-    /// Stop routing to it.
-    Deactivate { id: u32, reply: flume::Sender<()> },
-    /// Remove its partitions (no shard routes to it any more) and delete
-    /// their files.
-    Drop { id: u32, reply: flume::Sender<Result<(), String>> },
+    /// Stop routing to it and end its subscriptions (`reply` then); `fenced`
+    /// once nothing this shard routed to it is in flight any more.
+    Deactivate { id: u32, reply: flume::Sender<()>, fenced: flume::Sender<()> },
+    /// Remove its partitions (no shard routes to it any more) and close
+    /// their files; the admin side deletes them.
+    Drop { id: u32, reply: flume::Sender<()> },
 }
 
 /// One partition as its owner sees it (for `/partitions`).

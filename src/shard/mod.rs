@@ -312,22 +312,39 @@ impl Shard {
         glommio::spawn_local(async move {
             let committer = shard.committer.as_ref().expect("disk storage");
             committer.barrier().await;
-            let writer = {
-                let mut partitions = shard.partitions.borrow_mut();
-                let partition = partitions.get_mut(partition_id).expect("a partition stays until its handoff");
-                let (_, disk) = partition.log.parts_mut();
-                disk.and_then(|disk| disk.take_writer()).expect("the writer is back after a round")
-            };
+            let detached =
+                shard.detach_partitions(&[partition_id], false).await.pop().and_then(|(_, partition)| partition);
+            let mut partition =
+                detached.unwrap_or_else(|| panic!("shard {} hands over {partition_id}, not owned", shard.id));
+            let writer = partition.log.parts_mut().1.and_then(|disk| disk.take_writer());
+            let writer = writer.expect("a detached partition has its writer (it leaves only between rounds)");
             let index = writer.index().clone();
             if let Err(error) = writer.close().await {
                 // Its data is durable already (the round synced it): the
                 // thief opens the file again either way.
                 eprintln!("spate: shard {}: closing partition {partition_id} for a move: {error}", shard.id);
             }
-            let partition = shard.take_partition(partition_id).into_moved(Some(index));
-            shard.finish_handoff(thief, partition_id, epoch, partition);
+            shard.finish_handoff(thief, partition_id, epoch, partition.into_moved(Some(index)));
         })
         .detach();
+    }
+
+    /// Takes partitions out of this shard (a handoff; with `retire`, a
+    /// stream deletion, see [`Committer::detach`]). On disk this waits for a
+    /// gap between commit rounds, so no writer is ever out of a partition
+    /// that leaves.
+    pub async fn detach_partitions(&self, partition_ids: &[u32], retire: bool) -> Vec<(u32, Option<Box<Partition>>)> {
+        match &self.committer {
+            Some(committer) => committer.detach(partition_ids, retire).await,
+            None => {
+                let mut partitions = self.partitions.borrow_mut();
+                let detached = partition_ids.iter().map(|&id| (id, partitions.remove(id))).collect();
+                if retire {
+                    partition_ids.iter().for_each(|&id| partitions.retire(id));
+                }
+                detached
+            }
+        }
     }
 
     fn take_partition(&self, partition_id: u32) -> Box<Partition> {
@@ -574,6 +591,7 @@ async fn open_partition(
     let cache = MemoryLog::starting_at(disk.next_offset(), config.tail_cache_bytes, config.tail_cache_segment_bytes());
     let mut partition = Partition::new(PartitionLog::on_disk(cache, disk), config.balance_config().ewma_half_life_ms);
     partition.stream_base = spec.base;
+    partition.stream_id = spec.id;
     partition.processor = processor;
     Ok((partition_id, partition, report))
 }
@@ -592,6 +610,7 @@ fn install_memory_partitions(
         let log = PartitionLog::in_memory(retention_bytes.max(config.segment_bytes()), config.segment_bytes());
         let mut partition = Partition::new(log, config.balance_config().ewma_half_life_ms);
         partition.stream_base = spec.base;
+        partition.stream_id = spec.id;
         partitions.install(partition_id, Box::new(partition));
     }
 }

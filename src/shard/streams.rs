@@ -1,11 +1,20 @@
 //! Streams created and deleted while the server runs, on one shard.
 //!
 //! The admin side ([`crate::admin`]) owns the catalog and runs each change
-//! in two rounds over every shard (see [`StreamRequest`]), so no batch ever
+//! in rounds over every shard (see [`StreamRequest`]), so no batch ever
 //! reaches an owner that has not installed its partition, and none routed
-//! after a delete is stored: ingest checks its stream once per chunk, and an
-//! owner discards the records of a deleted stream's partitions that were
-//! already in flight (counted).
+//! after a delete is stored: ingest checks its stream after every await
+//! (once per chunk), and an owner discards the records of a deleted
+//! stream's partitions that were already in flight (counted).
+//!
+//! A delete here: `Deactivate` stops this shard routing to the stream,
+//! tells the stream's subscribers and group members on this shard at once
+//! (`ERR stream_deleted`), forgets its groups, and starts a *fence*: the
+//! shard's own open batches to every owner are sent and applied, after which
+//! nothing this shard routed to the stream is in flight any more. `Drop`
+//! then takes the stream's partitions out between commit rounds and closes
+//! their files (the admin side deletes them). Once every shard's fence is
+//! done the stream's partition ids can go to a new stream.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -31,61 +40,76 @@ pub fn handle(shard: &Rc<Shard>, request: StreamRequest) {
             shard.streams.borrow_mut().activate(id);
             let _ = reply.send(());
         }
-        StreamRequest::Deactivate { id, reply } => {
-            shard.streams.borrow_mut().deactivate(id);
+        StreamRequest::Deactivate { id, reply, fenced } => {
+            deactivate(shard, id);
             let _ = reply.send(());
-        }
-        StreamRequest::Drop { id, reply } => {
-            shard.forget_stream_groups(id);
             let shard = shard.clone();
             glommio::spawn_local(async move {
-                let _ = reply.send(drop_stream(&shard, id).await);
+                // Everything this shard routed before the deactivation is
+                // applied (or discarded) at its owner once this returns.
+                shard.source.sync_barrier(0..shard.shard_count).await;
+                let _ = fenced.send(());
+            })
+            .detach();
+        }
+        StreamRequest::Drop { id, reply } => {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                drop_stream(&shard, id).await;
+                let _ = reply.send(());
             })
             .detach();
         }
     }
 }
 
-/// Adds the stream (inactive) and opens the partitions this shard owns.
+/// Adds the stream (inactive) and opens the partitions this shard owns. Its
+/// ids may be a deleted stream's, free again: they are no longer retired.
 async fn install(shard: &Rc<Shard>, spec: StreamSpec) -> Result<(), String> {
+    {
+        let mut partitions = shard.partitions.borrow_mut();
+        (0..spec.partitions).for_each(|local| partitions.unretire(spec.global(local)));
+    }
     shard.streams.borrow_mut().install(spec.clone());
     shard.open_stream_partitions(&spec).await.map(drop).map_err(|error| error.to_string())
 }
 
-/// Removes the partitions of a deactivated stream from this shard and
-/// deletes their files: after any migration of them ends (the balancer
-/// moves no partition of an inactive stream, so none starts), and after a
-/// commit round (nothing of theirs is left in flight to the disk).
-async fn drop_stream(shard: &Rc<Shard>, id: u32) -> Result<(), String> {
-    let Some(spec) = shard.streams.borrow().catalog().by_id(id).cloned() else { return Ok(()) };
+/// Stops routing to the stream, ends its subscriptions and group members
+/// on this shard, and forgets the groups this shard coordinates for it.
+fn deactivate(shard: &Rc<Shard>, id: u32) {
+    let base = {
+        let mut streams = shard.streams.borrow_mut();
+        streams.deactivate(id);
+        streams.catalog().by_id(id).map(|spec| spec.base)
+    };
+    if let Some(base) = base {
+        shard.subscriptions.tell_deleted(shard.id, id, base);
+    }
+    shard.forget_stream_groups(id);
+}
+
+/// Removes the partitions of a deactivated stream from this shard, once no
+/// migration of them is in flight (the balancer moves no partition of an
+/// inactive stream, so none starts): they leave between commit rounds and
+/// are retired in the same step, so a record still in flight for them is
+/// discarded from then on. Their files are closed, not deleted: the admin
+/// side moves the stream's directory away once every shard is done.
+async fn drop_stream(shard: &Rc<Shard>, id: u32) {
+    let Some(spec) = shard.streams.borrow().catalog().by_id(id).cloned() else { return };
     let globals: Vec<u32> = (0..spec.partitions).map(|local| spec.global(local)).collect();
-    while globals.iter().any(|&global| migrating(shard, global)) {
+    while globals.iter().any(|&global| shard.migrations.borrow().is_moving(global)) {
         glommio::timer::sleep(Duration::from_millis(DROP_RETRY_MS)).await;
     }
-    if let Some(committer) = &shard.committer {
-        committer.barrier().await;
-    }
-    let mut dirs = Vec::new();
-    for &global in &globals {
-        let removed = shard.partitions.borrow_mut().remove(global);
-        shard.partitions.borrow_mut().retire(global);
-        let Some(mut partition) = removed else { continue };
-        let disk = partition.log.parts_mut().1.map(|disk| (disk.dir().to_path_buf(), disk.take_writer()));
-        if let Some((dir, writer)) = disk {
-            if let Some(writer) = writer {
-                let _ = writer.close().await;
-            }
-            dirs.push(dir);
+    let detached = shard.detach_partitions(&globals, true).await;
+    shard.aggregates.forget_partitions(&globals);
+    for (partition_id, partition) in detached {
+        let Some(mut partition) = partition else { continue };
+        let Some(writer) = partition.log.parts_mut().1.and_then(|disk| disk.take_writer()) else { continue };
+        if let Err(error) = writer.close().await {
+            eprintln!("spate: shard {}: closing partition {partition_id} of a deleted stream: {error}", shard.id);
         }
     }
     shard.streams.borrow_mut().remove(id);
-    for dir in dirs {
-        std::fs::remove_dir_all(&dir).map_err(|error| format!("delete {}: {error}", dir.display()))?;
-    }
-    Ok(())
-}
-
-/// Whether `global` is moving into or out of this shard.
-fn migrating(shard: &Shard, global: u32) -> bool {
-    shard.migrations.borrow().is_moving(global)
+    // Parked fetches of its partitions learn it is gone.
+    shard.subscriptions.wake_parked();
 }

@@ -10,8 +10,20 @@ use glommio::channels::local_channel::LocalSender;
 use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, ParkedFetches};
 use crate::shard::notify::Notify;
 
+/// Inbox slots a subscriber keeps free beyond its owners' windows, for the
+/// notice that its stream was deleted ([`Subscriptions::tell_deleted`]).
+pub const DELETION_NOTICE_SLOTS: usize = 1;
+
+/// A subscriber's inbox, and the stream it reads.
+struct Inbox {
+    sender: LocalSender<FetchReply>,
+    stream_id: u32,
+    /// The deletion notice was sent (at most one per subscriber).
+    told_deleted: bool,
+}
+
 pub struct Subscriptions {
-    inboxes: RefCell<AHashMap<u64, LocalSender<FetchReply>>>,
+    inboxes: RefCell<AHashMap<u64, Inbox>>,
     next_id: Cell<u64>,
     parked: RefCell<ParkedFetches>,
     /// Wakes the fetch servicer: parked fetches may have news.
@@ -29,12 +41,33 @@ impl Subscriptions {
         }
     }
 
-    /// Registers a subscriber's inbox; returns its id.
-    pub fn register(&self, inbox: LocalSender<FetchReply>) -> u64 {
+    /// Registers the inbox of a subscriber (or group member) of stream
+    /// `stream_id`; returns its id. The inbox must have
+    /// [`DELETION_NOTICE_SLOTS`] beyond what its owners may have in flight.
+    pub fn register(&self, sender: LocalSender<FetchReply>, stream_id: u32) -> u64 {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        self.inboxes.borrow_mut().insert(id, inbox);
+        self.inboxes.borrow_mut().insert(id, Inbox { sender, stream_id, told_deleted: false });
         id
+    }
+
+    /// Stream `stream_id` was deleted: every subscriber of it on this shard
+    /// gets a reply naming `partition` deleted, which ends its session with
+    /// `ERR stream_deleted` at once, whether or not its fetches would ever
+    /// be answered again (on a quiet server they would not).
+    pub fn tell_deleted(&self, owner: u16, stream_id: u32, partition: u32) {
+        for (&subscription_id, inbox) in self.inboxes.borrow_mut().iter_mut() {
+            if inbox.stream_id != stream_id || inbox.told_deleted {
+                continue;
+            }
+            inbox.told_deleted = true;
+            let mut reply = FetchReply::empty(subscription_id, owner);
+            reply.deleted.push(partition);
+            // The slot kept for this notice: it cannot be full.
+            if inbox.sender.try_send(reply).is_err() {
+                panic!("a subscriber inbox has no slot left for its deletion notice");
+            }
+        }
     }
 
     pub fn unregister(&self, subscription_id: u64) {
@@ -47,8 +80,9 @@ impl Subscriptions {
         if let Some(inbox) = self.inboxes.borrow().get(&reply.subscription_id) {
             // Sized for every reply an owner may have in flight (its window,
             // then a final one): a full inbox is a bug, and dropping the
-            // reply would lose its events without a word.
-            if inbox.try_send(reply).is_err() {
+            // reply would lose its events without a word. (After a deletion
+            // notice its session is ending: what follows is not read.)
+            if inbox.sender.try_send(reply).is_err() && !inbox.told_deleted {
                 panic!("a subscriber inbox overflowed: more replies in flight than its owners' windows allow");
             }
         }

@@ -11,14 +11,33 @@
 //! credits, load reports and migration all work on global ids unchanged,
 //! so the balancer sees every stream's partitions at once; only the faces
 //! translate (`SUB clicks 3` reads global id `base(clicks) + 3`, and a
-//! subscriber line says `3`). A stream's range is never reused while the
-//! server runs (a batch still in flight for a deleted stream must not land
-//! in a new one), and ids and ranges are kept in the catalog file, so a
+//! subscriber line says `3`). A deleted stream's range is free again once
+//! nothing routed to it can still be in flight (every shard's fence, see
+//! [`crate::shard::streams`]: normally milliseconds after the delete, and at
+//! the latest at the next start), so a batch of a deleted stream never
+//! lands in a new one. Ids and ranges are kept in the catalog file, so a
 //! partition's files stay with its stream across restarts.
 //!
 //! The catalog is persisted in `<data-dir>/streams.json` (written to a
 //! temporary file, fsynced, renamed, directory fsynced); with `--storage
 //! memory` it lives in memory only.
+//!
+//! # Deleting is atomic across a crash
+//!
+//! A delete first moves the stream from `streams` to `deleting` in the
+//! catalog file (a tombstone, with its aggregates gone): from the moment
+//! that file is durable the stream is deleted, and before it nothing of it
+//! was touched. Only then are its partitions closed and its directories
+//! (`streams/<name>`, `groups/<name>`) renamed into `<data-dir>/trash/`
+//! (the renames fsynced), then the tombstone removed, then the trash
+//! deleted. A start finds any tombstone left by a crash and finishes its
+//! delete before anything else ([`Catalog::open`]), so after a restart a
+//! stream is whole or gone, never partly there. A start also moves to the
+//! trash any stream or group directory that no stream of the catalog owns
+//! (an older release's half-finished delete), so a new stream never opens
+//! a deleted one's files.
+
+pub mod trash;
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +52,8 @@ pub use crate::storage::dir::STREAM_NAME_SIZE_MAX;
 pub const STREAMS_MAX: usize = 1024;
 /// Name of the catalog file in the data directory.
 pub const CATALOG_FILE_NAME: &str = "streams.json";
+/// Where deleted streams' directories wait to be removed.
+pub const TRASH_DIR_NAME: &str = "trash";
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,11 +172,9 @@ impl std::fmt::Display for CatalogError {
             CatalogError::PartitionCount { partitions, partitions_max } => {
                 write!(f, "bad_partitions: {partitions} partitions; a stream has 1 to {partitions_max}")
             }
-            CatalogError::NoRoom { partitions, free, partitions_max } => write!(
-                f,
-                "no_room: {partitions} partitions asked, {free} free of --partitions-max {partitions_max} \
-                 (deleted streams' partitions are free again after a restart)"
-            ),
+            CatalogError::NoRoom { partitions, free, partitions_max } => {
+                write!(f, "no_room: {partitions} partitions asked, {free} free of --partitions-max {partitions_max}")
+            }
             CatalogError::TooManyStreams { streams_max } => write!(f, "too_many_streams: at most {streams_max}"),
             CatalogError::Retention { retention_bytes, segment_bytes } => write!(
                 f,
@@ -202,10 +221,14 @@ pub fn check_name(name: &str) -> Result<(), CatalogError> {
 pub struct Catalog {
     next_id: u32,
     streams: Vec<StreamSpec>,
-    /// Ranges of deleted streams (base, partitions): not reused until a
-    /// restart, when nothing can be in flight for them any more.
+    /// Ranges of deleted streams (base, partitions): not reused until
+    /// nothing can be in flight for them ([`Catalog::release`]) or a restart.
     #[serde(skip)]
     retired: Vec<(u32, u32)>,
+    /// Streams whose delete began (durably) and has not finished: gone for
+    /// every user, their ranges still taken; see the module doc.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deleting: Vec<StreamSpec>,
     /// Keyed aggregates declared on the streams ([`crate::process`]), in
     /// the order they were declared; names are unique across streams.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -234,7 +257,7 @@ impl Catalog {
     /// `defaults`), in the first free range of global ids.
     pub fn create(&mut self, request: &StreamRequest, limits: &CatalogLimits) -> Result<StreamSpec, CatalogError> {
         check_name(&request.name)?;
-        if self.get(&request.name).is_some() {
+        if self.get(&request.name).is_some() || self.deleting.iter().any(|spec| spec.name == request.name) {
             return Err(CatalogError::Exists { name: request.name.clone() });
         }
         if self.streams.len() >= STREAMS_MAX {
@@ -286,23 +309,59 @@ impl Catalog {
         Some(self.aggregates.remove(index))
     }
 
-    /// Removes a stream; its range stays unused until a restart.
-    pub fn remove(&mut self, name: &str) -> Result<StreamSpec, CatalogError> {
+    /// Begins deleting a stream: it leaves `streams` for `deleting`, with
+    /// its aggregates (their state lives in its partitions). Save the
+    /// catalog next: that is the moment the stream is deleted.
+    pub fn begin_delete(&mut self, name: &str) -> Result<StreamSpec, CatalogError> {
         if name == DEFAULT_STREAM {
             return Err(CatalogError::DeleteDefault);
         }
         let index = self.streams.iter().position(|spec| spec.name == name);
         let index = index.ok_or_else(|| CatalogError::Unknown { name: name.to_string() })?;
         let spec = self.streams.remove(index);
-        self.retired.push((spec.base, spec.partitions));
-        // Its aggregates go with it (their state lives in its partitions).
         self.aggregates.retain(|declaration| declaration.stream != name);
+        self.deleting.push(spec.clone());
         Ok(spec)
+    }
+
+    /// Takes back a delete whose tombstone could not be saved (its
+    /// aggregates, removed with it, are given back by the caller).
+    pub fn undo_begin_delete(&mut self, spec: &StreamSpec) {
+        self.deleting.retain(|deleting| deleting.id != spec.id);
+        self.streams.push(spec.clone());
+        self.streams.sort_by_key(|spec| spec.id);
+    }
+
+    /// Ends a delete (its files are gone): the tombstone goes, and its range
+    /// stays taken until [`Catalog::release`].
+    pub fn finish_delete(&mut self, id: u32) {
+        if let Some(index) = self.deleting.iter().position(|spec| spec.id == id) {
+            let spec = self.deleting.remove(index);
+            self.retired.push((spec.base, spec.partitions));
+        }
+    }
+
+    /// Takes back a create that could not be carried out (nothing of it was
+    /// stored or routed to): its range is free at once.
+    pub fn undo_create(&mut self, id: u32) {
+        self.streams.retain(|spec| spec.id != id);
+    }
+
+    /// Streams whose delete has begun and not finished.
+    pub fn deleting(&self) -> &[StreamSpec] {
+        &self.deleting
+    }
+
+    /// A deleted stream's range is free again: nothing routed to it can
+    /// still be in flight.
+    pub fn release(&mut self, base: u32, partitions: u32) {
+        self.retired.retain(|&range| range != (base, partitions));
     }
 
     /// The lowest base where `count` ids are free of live and retired ranges.
     fn free_range(&self, count: u32, partitions_max: u32) -> Result<u32, CatalogError> {
-        let mut used: Vec<(u32, u32)> = self.streams.iter().map(|spec| (spec.base, spec.partitions)).collect();
+        let mut used: Vec<(u32, u32)> =
+            self.streams.iter().chain(&self.deleting).map(|spec| (spec.base, spec.partitions)).collect();
         used.extend_from_slice(&self.retired);
         used.sort_unstable();
         let mut candidate = 0u32;
@@ -315,14 +374,40 @@ impl Catalog {
         if partitions_max.saturating_sub(candidate) >= count {
             return Ok(candidate);
         }
-        let taken: u32 = self.streams.iter().map(|spec| spec.partitions).sum::<u32>()
+        let taken: u32 = self.streams.iter().chain(&self.deleting).map(|spec| spec.partitions).sum::<u32>()
             + self.retired.iter().map(|(_, partitions)| partitions).sum::<u32>();
         Err(CatalogError::NoRoom { partitions: count, free: partitions_max.saturating_sub(taken), partitions_max })
     }
 
     /// The catalog in `data_dir`, or a new one with `default`; checks that it
-    /// fits the configuration. Writes it back when it was created.
+    /// fits the configuration. Writes it back when it was created. Finishes
+    /// the deletes a crash interrupted and moves directories no stream owns
+    /// to the trash (see the module doc), saying so on stderr.
     pub fn open(data_dir: &Path, limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
+        let mut catalog = Catalog::read(data_dir, limits, default_partitions)?;
+        if !catalog.deleting.is_empty() {
+            for spec in &catalog.deleting {
+                trash::move_stream_to_trash(data_dir, spec)?;
+                eprintln!(
+                    "spate: stream {} (id {}): finished its delete, which a crash interrupted",
+                    spec.name, spec.id
+                );
+            }
+            catalog.deleting.clear();
+            // Without the save (a full disk) the next start does it again.
+            if let Err(error) = catalog.save(data_dir) {
+                eprintln!("spate: could not save the catalog after finishing deletes: {error}");
+            }
+        }
+        let live: Vec<&str> = catalog.streams.iter().map(|spec| spec.name.as_str()).collect();
+        for orphan in trash::move_orphans_to_trash(data_dir, &live)? {
+            eprintln!("spate: {} belongs to no stream of the catalog: moved to the trash", orphan.display());
+        }
+        Ok(catalog)
+    }
+
+    /// The catalog file as it is, or a new catalog (saved) if there is none.
+    fn read(data_dir: &Path, limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
         let path = data_dir.join(CATALOG_FILE_NAME);
         let catalog = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice::<Catalog>(&bytes)
@@ -357,7 +442,7 @@ impl Catalog {
         if default.partitions != default_partitions {
             return Err(CatalogError::DefaultMismatch { on_disk: default.partitions, flag: default_partitions });
         }
-        for spec in &self.streams {
+        for spec in self.streams.iter().chain(&self.deleting) {
             check_name(&spec.name)?;
             if spec.base.checked_add(spec.partitions).is_none_or(|end| end > limits.partitions_max) {
                 let why = format!("stream {} needs --partitions-max {}", spec.name, spec.base + spec.partitions);
@@ -477,24 +562,33 @@ mod tests {
     }
 
     /// Streams get disjoint ranges, first fit; a deleted stream's range is
-    /// not reused; names and counts are checked with the numbers.
+    /// not reused while its delete runs nor until it is released; names and
+    /// counts are checked with the numbers.
     #[test]
-    fn ranges_are_disjoint_and_never_reused() {
+    fn ranges_are_disjoint_and_reused_only_once_released() {
         let mut catalog = Catalog::with_default(&limits(), 8).unwrap();
         let clicks = catalog.create(&request("clicks", 16), &limits()).unwrap();
         assert_eq!((clicks.base, clicks.id), (8, 1));
         let pay = catalog.create(&request("pay.v2", 8), &limits()).unwrap();
         assert_eq!(pay.base, 24);
-        catalog.remove("clicks").unwrap();
+        catalog.begin_delete("clicks").unwrap();
+        assert!(catalog.get("clicks").is_none(), "a stream being deleted is gone for users");
+        assert!(matches!(catalog.create(&request("clicks", 1), &limits()), Err(CatalogError::Exists { .. })));
         let next = catalog.create(&request("next", 16), &limits()).unwrap();
-        assert_eq!(next.base, 32, "the deleted range stays unused");
+        assert_eq!(next.base, 32, "the deleted range stays unused while its delete runs");
+        catalog.finish_delete(clicks.id);
+        assert!(catalog.deleting().is_empty());
         assert_eq!(catalog.stream_of(35), Some((&next, 3)));
         assert!(matches!(catalog.create(&request("big", 17), &limits()), Err(CatalogError::NoRoom { free: 16, .. })));
+        catalog.release(clicks.base, clicks.partitions);
+        let reused = catalog.create(&request("reused", 16), &limits()).unwrap();
+        assert_eq!(reused.base, 8, "a released range is free again");
+        assert_ne!(reused.id, clicks.id, "ids are never reused");
         assert!(matches!(catalog.create(&request("Bad", 1), &limits()), Err(CatalogError::BadName { .. })));
         assert!(matches!(catalog.create(&request("pay.v2", 1), &limits()), Err(CatalogError::Exists { .. })));
         assert!(matches!(catalog.create(&request("z", 0), &limits()), Err(CatalogError::PartitionCount { .. })));
-        assert!(matches!(catalog.remove("default"), Err(CatalogError::DeleteDefault)));
-        assert!(matches!(catalog.remove("nope"), Err(CatalogError::Unknown { .. })));
+        assert!(matches!(catalog.begin_delete("default"), Err(CatalogError::DeleteDefault)));
+        assert!(matches!(catalog.begin_delete("nope"), Err(CatalogError::Unknown { .. })));
         let small = StreamRequest { retention_bytes: Some(10), ..request("small", 1) };
         assert!(matches!(catalog.create(&small, &limits()), Err(CatalogError::Retention { .. })));
     }

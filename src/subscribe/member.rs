@@ -60,15 +60,16 @@ pub async fn serve_member(
         return;
     };
     connection.greet();
-    let (inbox_sender, inbox) = local_channel::new_bounded(usize::from(shard.shard_count) + 1);
-    let registration = Registration::new(shard, inbox_sender);
+    let inbox_capacity = usize::from(shard.shard_count) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
+    let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
+    let registration = Registration::new(shard, inbox_sender, route.id);
     let member = registration.subscription_id;
     let key: GroupKey = (route.id, join.group.to_string());
     let membership = Membership::join(shard, member, key, &join, (route.base, route.partitions));
     let cursors = (0..route.partitions).map(|local| Cursor::new(route.base + local, Position::Latest, false)).collect();
     // Members' fetches do not stand: a revocation must be able to see each
     // fetch come back (one reply per fetch, as before standing fetches).
-    let mut session = Session::new(shard, route.base, member, cursors, None);
+    let mut session = Session::new(shard, route, member, cursors, None);
     session.unresolved = 0;
     let shared = Shared {
         session: RefCell::new(session),

@@ -22,6 +22,7 @@ use crate::protocol::{PartitionSelector, StartOffset, SubscribeError, parse_subs
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
+use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
 
 pub(super) struct Cursor {
     pub(super) partition: u32,
@@ -112,11 +113,12 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
     let cursors: Vec<Cursor> = partitions.into_iter().map(|partition| Cursor::new(partition, start, true)).collect();
     // Per owner: up to STANDING_FETCH_REPLIES_MAX replies of a standing
     // fetch and the final one that may follow them; and one being written.
-    let inbox_capacity = usize::from(shard.shard_count) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1;
+    let inbox_capacity =
+        usize::from(shard.shard_count) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1 + DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
-    let registration = Registration::new(shard, inbox_sender);
+    let registration = Registration::new(shard, inbox_sender, route.id);
     let window = FetchWindow { bytes: shard.config.fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
-    let mut session = Session::new(shard, route.base, registration.subscription_id, cursors, Some(window));
+    let mut session = Session::new(shard, route, registration.subscription_id, cursors, Some(window));
     let _ = session.run(stream, &inbox).await;
 }
 
@@ -128,9 +130,13 @@ pub(super) struct Registration<'a> {
 }
 
 impl<'a> Registration<'a> {
-    pub(super) fn new(shard: &'a Shard, inbox: local_channel::LocalSender<FetchReply>) -> Registration<'a> {
+    pub(super) fn new(
+        shard: &'a Shard,
+        inbox: local_channel::LocalSender<FetchReply>,
+        stream_id: u32,
+    ) -> Registration<'a> {
         ShardMetrics::add(&shard.metrics.subscribers_open, 1);
-        Registration { shard, subscription_id: shard.subscriptions.register(inbox) }
+        Registration { shard, subscription_id: shard.subscriptions.register(inbox, stream_id) }
     }
 }
 
@@ -181,6 +187,8 @@ pub(super) struct Session<'a> {
     /// The global id of the stream's partition 0: lines a subscriber reads
     /// carry `global - base`.
     pub(super) base: u32,
+    /// The stream it reads (every fetch names it).
+    pub(super) stream_id: u32,
     pub(super) shard: &'a Rc<Shard>,
     pub(super) subscription_id: u64,
     pub(super) cursors: Vec<Cursor>,
@@ -216,7 +224,7 @@ enum Wake {
 impl<'a> Session<'a> {
     pub(super) fn new(
         shard: &'a Rc<Shard>,
-        base: u32,
+        stream: crate::stream::StreamRoute,
         subscription_id: u64,
         cursors: Vec<Cursor>,
         window: Option<FetchWindow>,
@@ -224,7 +232,8 @@ impl<'a> Session<'a> {
         let shard_count = usize::from(shard.shard_count);
         Session {
             shard,
-            base,
+            base: stream.base,
+            stream_id: stream.id,
             subscription_id,
             unresolved: cursors.len(),
             cursors,
@@ -420,6 +429,7 @@ impl Session<'_> {
             requests[owner]
                 .get_or_insert_with(|| FetchRequest {
                     subscription_id: self.subscription_id,
+                    stream_id: self.stream_id,
                     cursors: Vec::new(),
                     bytes_max: self.shard.config.fetch_bytes_max,
                     window: self.window,
