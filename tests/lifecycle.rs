@@ -386,3 +386,39 @@ fn a_crash_during_a_delete_leaves_the_stream_whole_or_gone() {
     drop(server);
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// A group whose committed offset is past its partition's end (the log
+/// lost events the group had read: here, its offsets file is edited to say
+/// so) is a detected inconsistency: `/groups` flags it, it is logged and
+/// counted, and the group reads every event written since the restart,
+/// none skipped.
+#[test]
+fn a_committed_offset_past_the_end_is_detected_not_silent() {
+    let mut server = Server::start(&["--shards", "2", "--partitions", "4"]);
+    server.create_stream(json!({ "name": "lost", "partitions": 1 }));
+    fill(&server, "lost", 50, "old");
+    commit_everything(&server, "lost", "g", 50);
+    server.crash();
+    let path = server.data_dir.join("groups").join("lost").join("g.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut stored: serde_json::Value = serde_json::from_str(&text).unwrap();
+    stored["offsets"] = json!([[0, 5000]]);
+    std::fs::write(&path, stored.to_string()).unwrap();
+    server.spawn();
+    let partitions = committed(&server, "lost", "g").expect("the group is loaded");
+    assert_eq!(partitions[&0]["committed_past_end"], true, "{:?}", partitions[&0]);
+    fill(&server, "lost", 30, "new");
+    let mut member = RawMember::join(server.subscribe, "GROUP lost g earliest");
+    let mut events = Vec::new();
+    while events.len() < 30 {
+        let line = member.line().unwrap_or_else(|| panic!("the member got {} of 30", events.len()));
+        if let Ok(GroupLine::Subscriber(SubscriberLine::Event { offset, .. })) = parse_group_line(line.as_bytes()) {
+            events.push(offset);
+        }
+    }
+    assert_eq!(events, (50..80).collect::<Vec<u64>>(), "it resumed at the end and read every new event");
+    assert_eq!(server.metric("spate_group_offsets_past_end_total"), 1.0);
+    let log = server.log();
+    assert!(log.contains("committed offset 5000 of partition 0 is past its end 80"), "{log}");
+    assert!(log.contains("reading resumes at 50"), "{log}");
+}

@@ -175,10 +175,14 @@ pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String
                 .map(|(local, committed)| {
                     let (lag, lag_bytes) = group_lag(*committed, by_id(group.base + local));
                     let member = group.members.iter().position(|(_, held)| held.contains(&local));
+                    let end = by_id(group.base + local).map(|info| info.next_offset);
                     json!({
                         "partition": local,
                         "committed": committed,
-                        "end": by_id(group.base + local).map(|info| info.next_offset),
+                        "end": end,
+                        // An inconsistency, never a lag of 0: the log lost
+                        // events the group had read (see spate_group_offsets_past_end_total).
+                        "committed_past_end": committed.zip(end).is_some_and(|(committed, end)| committed > end),
                         "lag": lag,
                         "lag_bytes": lag_bytes,
                         "member": member.map(|index| group.members[index].0),

@@ -36,8 +36,13 @@ pub enum Position {
     /// owner answers at once, with `out_of_range` if it is past the end.
     Requested(u64),
     /// A consumer group's committed offset: like `Requested`, but one past
-    /// the end (the log lost unsynced events in a crash after the commit)
-    /// resumes at the end instead of refusing.
+    /// the end is not refused. That can only mean the log lost events the
+    /// group had read before this process opened it (unsynced events lost
+    /// to a power cut; a commit made since cannot be past the end): reading
+    /// resumes where this process opened the partition
+    /// ([`crate::partition::Partition::opened_offset`]), so every event
+    /// written since is read, and the reply reports it
+    /// ([`FetchReply::resumed_past_end`]): logged and counted, never silent.
     Resume(u64),
 }
 
@@ -142,6 +147,9 @@ pub struct FetchReply {
     pub out_of_range: Vec<(u32, u64)>,
     /// Requested partitions whose stream was deleted (the subscription ends).
     pub deleted: Vec<u32>,
+    /// A group's committed offset past its partition's end:
+    /// `(partition, committed, end, resumed at)`.
+    pub resumed_past_end: Vec<(u32, u64, u64, u64)>,
 }
 
 /// Serves a fetch from the owner's logs. `None` means there is nothing to
@@ -190,7 +198,13 @@ pub fn serve_fetch(
             continue;
         }
         let position = match position {
-            Position::Resume(offset) => Position::At(offset.min(partition.log.next_offset())),
+            Position::Resume(offset) if offset > partition.log.next_offset() => {
+                let end = partition.log.next_offset();
+                let resume = partition.opened_offset.min(end);
+                reply.resumed_past_end.push((partition_id, offset, end, resume));
+                Position::At(resume)
+            }
+            Position::Resume(offset) => Position::At(offset),
             other => other,
         };
         let ids = PartitionIds { global: partition_id, local: partition_id - partition.stream_base };
@@ -243,6 +257,7 @@ impl FetchReply {
             disk_reads: Vec::new(),
             out_of_range: Vec::new(),
             deleted: Vec::new(),
+            resumed_past_end: Vec::new(),
         }
     }
 

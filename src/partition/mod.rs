@@ -45,6 +45,12 @@ pub struct Partition {
     /// deleted stream whose partition ids a new stream reuses is answered
     /// "deleted", never with the new stream's events.
     pub stream_id: u32,
+    /// Its next offset when this process opened its files (0 for a
+    /// partition created in this run): every offset from here on was
+    /// written by this process. A consumer group whose committed offset is
+    /// past the end committed it before a loss of the log's tail, so it
+    /// resumes here: nothing after it was ever read.
+    pub opened_offset: u64,
     pub events_total: u64,
     pub bytes_total: u64,
     /// Events/s and payload bytes/s, averaged over the balancer's half-life.
@@ -66,6 +72,7 @@ impl Partition {
             log,
             stream_base: 0,
             stream_id: 0,
+            opened_offset: 0,
             events_total: 0,
             bytes_total: 0,
             events_rate: Ewma::new(rate_half_life_ms),
@@ -110,6 +117,7 @@ pub struct MovedPartition {
     memory: MemoryLog,
     stream_base: u32,
     stream_id: u32,
+    opened_offset: u64,
     disk: Option<disk::MovedDisk>,
     events_total: u64,
     bytes_total: u64,
@@ -138,6 +146,7 @@ impl Partition {
             memory,
             stream_base: self.stream_base,
             stream_id: self.stream_id,
+            opened_offset: self.opened_offset,
             disk,
             events_total: self.events_total,
             bytes_total: self.bytes_total,
@@ -162,6 +171,7 @@ impl Partition {
             log,
             stream_base: moved.stream_base,
             stream_id: moved.stream_id,
+            opened_offset: moved.opened_offset,
             events_total: moved.events_total,
             bytes_total: moved.bytes_total,
             events_rate: moved.events_rate,

@@ -147,6 +147,7 @@ shard_metrics! {
     Gauge read_buffer_bytes: u64 => "spate_read_buffer_bytes", "Bytes held by ingest connections' read buffers.";
     Gauge subscribers_open: u64 => "spate_subscribers_open", "Subscriptions open (SUB accepted).";
     Gauge subscriber_connections_open: u64 => "spate_subscriber_connections_open", "Connections on the subscribe port, from accept (pre-SUB included): what the subscriber limit counts.";
+    Counter group_offsets_past_end: u64 => "spate_group_offsets_past_end_total", "Group partitions whose committed offset was past the partition's end (the log lost events the group had read); reading resumed at the end.";
     Counter subscribe_offsets_out_of_range: u64 => "spate_subscribe_offsets_out_of_range_total", "SUB requests refused because the offset is past a partition's end.";
     Counter closing_notices: u64 => "spate_closing_notices_total", "CLOSING notices written to subscribers at shutdown.";
     Counter subscribers_refused: u64 => "spate_subscribers_refused_total", "Subscribers refused at the limit.";

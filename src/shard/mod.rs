@@ -592,6 +592,7 @@ async fn open_partition(
     let mut partition = Partition::new(PartitionLog::on_disk(cache, disk), config.balance_config().ewma_half_life_ms);
     partition.stream_base = spec.base;
     partition.stream_id = spec.id;
+    partition.opened_offset = partition.log.next_offset();
     partition.processor = processor;
     Ok((partition_id, partition, report))
 }

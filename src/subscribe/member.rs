@@ -260,6 +260,8 @@ async fn read_loop<R: futures_lite::AsyncRead + Unpin>(shared: &Shared<'_>, mut 
 }
 
 /// What the writer waited for.
+// One on the stack per wait; boxing the reply would allocate per reply.
+#[allow(clippy::large_enum_variant)]
 enum Wake {
     Reply(Option<FetchReply>),
     Member,
@@ -415,6 +417,18 @@ async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(
 /// started (their first reply resolved `earliest`/`latest`).
 fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
     let base = shared.session.borrow().base;
+    for &(partition, committed, end, resumed) in &reply.resumed_past_end {
+        let shard = shared.session.borrow().shard.clone();
+        ShardMetrics::add(&shard.metrics.group_offsets_past_end, 1);
+        let (stream_id, group) = &shared.membership.key;
+        eprintln!(
+            "spate: shard {}: group {group} of stream id {stream_id}: committed offset {committed} of partition {} \
+             is past its end {end}: the log lost events the group had read; reading resumes at {resumed}, \
+             where this run opened the partition",
+            shard.id,
+            partition - base
+        );
+    }
     let mut report_start = shared.report_start.borrow_mut();
     for &(partition, _) in &reply.cursors {
         let local = partition - base;

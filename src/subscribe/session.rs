@@ -214,6 +214,8 @@ pub(super) struct Session<'a> {
 }
 
 /// What a subscriber session waited for.
+// One on the stack per wait; boxing the reply would allocate per reply.
+#[allow(clippy::large_enum_variant)]
 enum Wake {
     Reply(Option<FetchReply>),
     Shutdown,
