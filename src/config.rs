@@ -108,8 +108,16 @@ pub const REPLY_BUFFER_RETAINED_BYTES: usize = 4 * KIB;
 /// memory formula, as is [`SUBSCRIBER_STATE_BYTES`] for a subscriber.
 pub const CONNECTION_STATE_BYTES: usize = 2 * KIB;
 /// A subscriber's fixed state besides its fetch replies and cursors: request
-/// line buffer, inbox, per-owner flags and the closing notice chunk.
-pub const SUBSCRIBER_STATE_BYTES: usize = 4 * KIB + CLOSING_NOTICE_CHUNK_BYTES;
+/// line buffer, inbox, per-owner flags and the closing notice chunk; and
+/// the connection that may be being shed from its slot
+/// ([`SHED_CONNECTION_BYTES`]).
+pub const SUBSCRIBER_STATE_BYTES: usize = 4 * KIB + CLOSING_NOTICE_CHUNK_BYTES + SHED_CONNECTION_BYTES;
+/// A subscribe connection being shed at the limit, which may linger next to
+/// the newcomer that took its slot over (a slot holds at most one such) for
+/// up to a sweep interval and a goodbye: its request line buffer
+/// (SUBSCRIBE_REQUEST_SIZE_MAX plus a read, grown to at most 2 KiB) and its
+/// task state.
+pub const SHED_CONNECTION_BYTES: usize = 2 * KIB + CONNECTION_STATE_BYTES;
 /// One consumer group's fixed state on its coordinator (names, members'
 /// entries, bookkeeping), for the memory formula.
 pub const GROUP_STATE_BYTES: usize = 256;
@@ -219,9 +227,10 @@ README \"Limits and memory\"):
     C * (read_buffer_bytes + 64 KiB + 384 + 2 KiB + 2 * key_size_max)   busy connections: read buffer,
                                                                  replies, task state, parser scratch
   + S * 64 * 2 KiB                                               refusals being written
-  + N * ((S + 1) * fetch_bytes_max + S * 8 KiB + 72 * P + 20 KiB) subscribers: fetch replies
+  + N * ((S + 1) * fetch_bytes_max + S * 8 KiB + 72 * P + 24 KiB) subscribers: fetch replies
                                                                  and their bookkeeping, cursors,
-                                                                 state and notice
+                                                                 state and notice, and a
+                                                                 connection being shed
   + S * S * (batch_bytes + credit_window_bytes)                  open batches + events in flight
                                                                  (includes events a thief buffers
                                                                  during a migration handoff)
@@ -322,12 +331,22 @@ pub struct Config {
     #[arg(long, default_value_t = 4096)]
     pub connections_per_shard_max: usize,
 
-    /// A connection that has sent no complete line (ingest) or no `SUB` line
-    /// (subscribe) within this many ms of connecting gets `ERR ...
-    /// idle_timeout` and is closed. Connections that have sent a line may
-    /// stay idle (TCP keepalive notices a vanished peer).
+    /// An ingest connection that has sent no complete line within this many
+    /// ms of connecting gets `ERR 1 idle_timeout` and is closed. Connections
+    /// that have sent a line may stay idle (TCP keepalive notices a vanished
+    /// peer). The subscribe port has its own, shorter deadline.
     #[arg(long, default_value_t = 30_000)]
     pub idle_timeout_ms: u64,
+
+    /// A connection to the subscribe port that has not sent its whole `SUB`
+    /// or `GROUP` line within this many ms of connecting gets `ERR
+    /// request_timeout` and is closed. A client sends that line in its first
+    /// write, so 5 s covers a round trip and two retransmissions of a lost
+    /// segment (1 s, then 2 s more) while bounding how long a connection that
+    /// trickles bytes holds a subscriber slot (at the limit, a newcomer sheds
+    /// the oldest such connection at once anyway).
+    #[arg(long, default_value_t = 5_000)]
+    pub subscribe_request_timeout_ms: u64,
 
     /// An ingest line that stays incomplete this many ms while spate waits
     /// for its bytes (a slowloris) gets `ERR <line> line_timeout` and the
@@ -434,7 +453,10 @@ pub struct Config {
 
     /// Subscriber connections, per shard: the process admits shards * this,
     /// counted process-wide from accept (a connection that has not sent
-    /// `SUB` yet counts); further ones get `ERR subscriber_limit`.
+    /// `SUB` yet counts). At the limit a newcomer takes over the slot of the
+    /// oldest connection that has not sent its `SUB`/`GROUP` line (which gets
+    /// `ERR shed`); when every slot holds a subscriber it gets `ERR
+    /// subscriber_limit`.
     #[arg(long, default_value_t = 64)]
     pub subscribers_per_shard_max: usize,
 
@@ -665,7 +687,8 @@ pub struct MemoryBound {
     /// shards * STANDING_REPLIES_STATE_BYTES +
     /// partitions * SUBSCRIBER_BYTES_PER_PARTITION + SUBSCRIBER_STATE_BYTES),
     /// that is one reply in flight per owner plus one being written, the
-    /// cursors of a `SUB *`, and the request and closing-notice buffers.
+    /// cursors of a `SUB *`, the request and closing-notice buffers, and a
+    /// connection being shed from the slot.
     pub subscribers: usize,
     /// Fixed per-shard costs: io_memory, placement table, the order a batch
     /// is applied in ([`Config::apply_order_bytes`]) and an allowance for
@@ -697,7 +720,8 @@ pub struct MemoryBound {
 pub struct FdBudget {
     /// shards * connections_per_shard_max.
     pub connections: usize,
-    /// shards * subscribers_per_shard_max.
+    /// 2 * shards * subscribers_per_shard_max: a slot holds its connection
+    /// and, for a moment, the one shed from it at the limit.
     pub subscribers: usize,
     /// Refused connections being told why: shards * REFUSALS_IN_FLIGHT_MAX.
     pub refusals: usize,
@@ -718,7 +742,7 @@ impl std::fmt::Display for FdBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} = {} ingest connections + {} subscriber connections + {} refusals in flight + {} admin \
+            "{} = {} ingest connections + {} subscriber connections (two per slot) + {} refusals in flight + {} admin \
              + {} for shards and the process + {} segment files + {} reserved (--fds-reserved)",
             self.total,
             self.connections,
@@ -777,6 +801,7 @@ impl Config {
             ("--group-session-timeout-ms", self.group_session_timeout_ms as usize),
             ("--group-hold-lag-bytes", self.group_hold_lag_bytes as usize),
             ("--idle-timeout-ms", self.idle_timeout_ms as usize),
+            ("--subscribe-request-timeout-ms", self.subscribe_request_timeout_ms as usize),
             ("--line-timeout-ms", self.line_timeout_ms as usize),
             ("--aggregate-keys-max", self.aggregate_keys_max as usize),
             ("--aggregate-checkpoint-ms", self.aggregate_checkpoint_ms as usize),
@@ -1058,12 +1083,12 @@ impl Config {
     pub fn fd_budget(&self) -> FdBudget {
         let shards = self.shard_count();
         let connections = shards * self.connections_per_shard_max;
-        let subscribers = shards * self.subscribers_per_shard_max;
+        let subscribers = 2 * shards * self.subscribers_per_shard_max;
         let refusals = shards * REFUSALS_IN_FLIGHT_MAX;
         let admin = ADMIN_CONNECTIONS_MAX + 1;
         let fixed = shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED;
         let files = match self.storage {
-            Storage::Disk => self.partitions_max as usize + subscribers * shards,
+            Storage::Disk => self.partitions_max as usize + shards * self.subscribers_per_shard_max * shards,
             Storage::Memory => 0,
         };
         let reserved = self.fds_reserved;
@@ -1138,12 +1163,12 @@ mod tests {
     fn fd_budget_counts_every_use() {
         let config = parse(&["--shards", "2", "--connections-per-shard-max", "100", "--fds-reserved", "7"]);
         let budget = config.fd_budget();
-        assert_eq!((budget.connections, budget.subscribers, budget.reserved), (200, 128, 7));
+        assert_eq!((budget.connections, budget.subscribers, budget.reserved), (200, 256, 7));
         let files = 1024 + 128 * 2;
         assert_eq!(budget.files, files, "with disk storage: active segments and reads in flight");
         assert_eq!(
             budget.total,
-            200 + 128 + 2 * REFUSALS_IN_FLIGHT_MAX + 17 + 2 * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED + files + 7
+            200 + 256 + 2 * REFUSALS_IN_FLIGHT_MAX + 17 + 2 * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED + files + 7
         );
         assert!(budget.to_string().starts_with(&format!("{} = 200 ingest connections", budget.total)));
     }

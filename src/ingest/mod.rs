@@ -223,8 +223,9 @@ async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Conne
             format!("line_timeout: line incomplete for {} ms", config.line_timeout_ms)
         }
         CloseReason::Shed => "shed: the server ran out of file descriptors and closed this idle connection".to_string(),
-        // The deadline has passed: no time for last words.
-        CloseReason::ShutdownDeadline => return,
+        // The deadline has passed: no time for last words. The other two are
+        // the subscribe port's.
+        CloseReason::ShutdownDeadline | CloseReason::RequestTimeout | CloseReason::ShedAtLimit => return,
     };
     let mut message = Vec::new();
     write_err(&mut message, lines.next_line_number(), detail);

@@ -1,7 +1,8 @@
 //! Each shard's open connections, for what no single connection task can
 //! do for itself: notice that it has waited too long, give memory back while
-//! it sleeps, be shed when the process runs out of file descriptors, and be
-//! cut at the shutdown deadline.
+//! it sleeps, be shed when the process runs out of file descriptors or when
+//! a newcomer took its subscriber slot over, and be cut at the shutdown
+//! deadline.
 //!
 //! A connection task registers at accept and gets a [`Connection`] handle;
 //! it tells the handle what it is doing (greeted or not, waiting on its
@@ -19,6 +20,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::config::{CONNECTION_SWEEP_INTERVAL_MS, Config, IDLE_TRIM_MS};
+use crate::net::admission::SubscriberSlot;
 use crate::shard::lifecycle::Lifecycle;
 use crate::shard::notify::{Notify, WaitList};
 
@@ -32,13 +34,18 @@ pub enum Face {
 /// Why the server closes a connection that did nothing wrong in protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// No complete line (ingest) or `SUB` line within --idle-timeout-ms.
+    /// No complete line within --idle-timeout-ms (ingest).
     IdleTimeout,
+    /// No `SUB` or `GROUP` line within --subscribe-request-timeout-ms.
+    RequestTimeout,
     /// A line stayed incomplete for --line-timeout-ms while spate waited.
     LineTimeout,
     /// The process ran out of file descriptors and this connection was the
     /// oldest idle or pre-`SUB` one.
     Shed,
+    /// The subscriber limit was reached and a newcomer took over the slot of
+    /// this connection, the oldest that had not sent its request line.
+    ShedAtLimit,
     /// The shutdown deadline passed.
     ShutdownDeadline,
 }
@@ -46,7 +53,10 @@ pub enum CloseReason {
 struct Entry {
     face: Face,
     accepted_at: Instant,
-    /// It sent its first complete line (ingest) or its `SUB` line.
+    /// A subscribe connection's process-wide slot, which a newcomer may take
+    /// over until the request line comes.
+    subscriber_slot: Option<SubscriberSlot>,
+    /// It sent its first complete line (ingest) or its `SUB`/`GROUP` line.
     greeted: Cell<bool>,
     /// The line number that is incomplete and since when spate has waited
     /// for the rest of it.
@@ -75,6 +85,8 @@ impl Entry {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sweep {
     pub idle_timeouts: usize,
+    pub request_timeouts: usize,
+    pub sheds_at_limit: usize,
     pub line_timeouts: usize,
     pub deadline_cuts: usize,
     pub trims: usize,
@@ -85,6 +97,8 @@ pub struct Connections {
     entries: RefCell<Vec<Option<Rc<Entry>>>>,
     free: RefCell<Vec<usize>>,
     idle_timeout: Duration,
+    /// How long a subscribe connection may take to send its request line.
+    request_timeout: Duration,
     line_timeout: Duration,
     /// Wakes the sweeper, which waits here while no connection is open.
     registered: Notify,
@@ -96,6 +110,7 @@ impl Connections {
             entries: RefCell::default(),
             free: RefCell::default(),
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+            request_timeout: Duration::from_millis(config.subscribe_request_timeout_ms),
             line_timeout: Duration::from_millis(config.line_timeout_ms),
             registered: Notify::default(),
         })
@@ -103,9 +118,19 @@ impl Connections {
 
     /// Registers a connection just accepted on `face`.
     pub fn register(self: &Rc<Self>, face: Face) -> Connection {
+        self.register_entry(face, None)
+    }
+
+    /// Registers a subscribe connection just admitted into `slot`.
+    pub fn register_subscriber(self: &Rc<Self>, slot: SubscriberSlot) -> Connection {
+        self.register_entry(Face::Subscribe, Some(slot))
+    }
+
+    fn register_entry(self: &Rc<Self>, face: Face, subscriber_slot: Option<SubscriberSlot>) -> Connection {
         let entry = Rc::new(Entry {
             face,
             accepted_at: Instant::now(),
+            subscriber_slot,
             greeted: Cell::new(false),
             partial: Cell::new(None),
             reading_since: Cell::new(None),
@@ -143,9 +168,13 @@ impl Connections {
             if past_deadline {
                 entry.request_close(CloseReason::ShutdownDeadline);
                 sweep.deadline_cuts += 1;
-            } else if !entry.greeted.get() && waited(entry.accepted_at) >= self.idle_timeout {
-                entry.request_close(CloseReason::IdleTimeout);
-                sweep.idle_timeouts += 1;
+            } else if let Some(reason) = self.before_request_close(entry, now) {
+                entry.request_close(reason);
+                match reason {
+                    CloseReason::ShedAtLimit => sweep.sheds_at_limit += 1,
+                    CloseReason::RequestTimeout => sweep.request_timeouts += 1,
+                    _ => sweep.idle_timeouts += 1,
+                }
             } else if let (Some((_, since)), Some(_)) = (entry.partial.get(), entry.reading_since.get())
                 && waited(since) >= self.line_timeout
             {
@@ -161,6 +190,37 @@ impl Connections {
             }
         }
         sweep
+    }
+
+    /// Why a connection that has not sent its first line (ingest) or its
+    /// request line (subscribe) must close at `now`, if it must: its
+    /// subscriber slot was taken over, or its time to send it is up.
+    fn before_request_close(&self, entry: &Entry, now: Instant) -> Option<CloseReason> {
+        if entry.greeted.get() {
+            return None;
+        }
+        if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
+            return Some(CloseReason::ShedAtLimit);
+        }
+        let (timeout, reason) = match entry.face {
+            Face::Ingest => (self.idle_timeout, CloseReason::IdleTimeout),
+            Face::Subscribe => (self.request_timeout, CloseReason::RequestTimeout),
+        };
+        (now.saturating_duration_since(entry.accepted_at) >= timeout).then_some(reason)
+    }
+
+    /// Asks this shard's subscribe connections whose slot a newcomer took
+    /// over to close now, rather than at the next sweep; returns how many.
+    pub fn close_taken_over(&self) -> usize {
+        let entries = self.entries.borrow();
+        let mut closed = 0;
+        for entry in entries.iter().flatten().filter(|entry| entry.close.get().is_none() && !entry.greeted.get()) {
+            if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
+                entry.request_close(CloseReason::ShedAtLimit);
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Asks the oldest connection that has sent nothing yet (no line, no
@@ -212,6 +272,23 @@ impl Connection {
     /// It sent its first complete line or its `SUB` line: no idle timeout.
     pub fn greet(&self) {
         self.entry.greeted.set(true);
+    }
+
+    /// A subscribe connection sent its request line: it becomes a subscriber
+    /// that is never shed at the limit nor timed out. Returns `false` (and
+    /// asks the connection to close) if a newcomer took its slot over first.
+    pub fn greet_subscriber(&self) -> bool {
+        if self.entry.subscriber_slot.as_ref().is_some_and(|slot| !slot.activate()) {
+            self.entry.request_close(CloseReason::ShedAtLimit);
+            return false;
+        }
+        self.entry.greeted.set(true);
+        true
+    }
+
+    /// Why the server asked this connection to close, if it did.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.entry.close.get()
     }
 
     /// The line numbered `line_number` is incomplete (`None`: no line is).
@@ -268,6 +345,7 @@ mod tests {
             entries: RefCell::default(),
             free: RefCell::default(),
             idle_timeout: Duration::from_millis(idle_ms),
+            request_timeout: Duration::from_millis(idle_ms / 2),
             line_timeout: Duration::from_millis(line_ms),
             registered: Notify::default(),
         })
@@ -277,20 +355,54 @@ mod tests {
         connection.entry.close.get()
     }
 
-    /// A connection that sends nothing is closed after the idle timeout; one
-    /// that greeted is not, however long it idles.
+    /// A connection that sends nothing is closed after the idle timeout
+    /// (ingest) or the shorter request timeout (subscribe); one that greeted
+    /// is not, however long it idles.
     #[test]
     fn idle_timeout_spares_greeted_connections() {
         let registry = connections(1000, 5000);
-        let silent = registry.register(Face::Subscribe);
+        let silent = registry.register(Face::Ingest);
+        let silent_subscriber = registry.register(Face::Subscribe);
         let greeted = registry.register(Face::Ingest);
         greeted.greet();
         let start = silent.entry.accepted_at;
-        assert_eq!(registry.sweep(start + Duration::from_millis(999), None), Sweep::default());
+        assert_eq!(registry.sweep(start + Duration::from_millis(499), None), Sweep::default());
+        let sweep = registry.sweep(start + Duration::from_millis(999), None);
+        assert_eq!((sweep.request_timeouts, sweep.idle_timeouts), (1, 0));
+        assert_eq!(reason(&silent_subscriber), Some(CloseReason::RequestTimeout));
         let sweep = registry.sweep(start + Duration::from_secs(3600), None);
-        assert_eq!(sweep.idle_timeouts, 1);
+        assert_eq!((sweep.request_timeouts, sweep.idle_timeouts), (0, 1));
         assert_eq!(reason(&silent), Some(CloseReason::IdleTimeout));
         assert_eq!(reason(&greeted), None);
+    }
+
+    /// A subscribe connection whose slot a newcomer took over is asked to
+    /// close (at once by `close_taken_over`, else by the next sweep); one
+    /// that sent its request first is a subscriber and stays.
+    #[test]
+    fn connections_whose_slot_was_taken_over_are_shed() {
+        use crate::net::admission::{Admit, SubscriberSlots};
+        let registry = connections(60_000, 60_000);
+        let slots = std::sync::Arc::new(SubscriberSlots::new(3));
+        let admit = || match slots.try_admit() {
+            Admit::Free(slot) | Admit::TakenOver(slot) => registry.register_subscriber(slot),
+            Admit::Full => panic!("refused"),
+        };
+        let subscriber = admit();
+        assert!(subscriber.greet_subscriber(), "its slot was not taken over");
+        let (oldest, younger) = (admit(), admit());
+        assert_eq!(registry.close_taken_over(), 0, "every slot held by its connection");
+        let newcomer = admit();
+        assert_eq!(registry.close_taken_over(), 1);
+        assert_eq!(reason(&oldest), Some(CloseReason::ShedAtLimit));
+        assert!(!oldest.greet_subscriber(), "too late for its request");
+        assert_eq!(reason(&younger), None);
+        assert_eq!(reason(&newcomer), None);
+        drop(oldest);
+        let _last = admit();
+        assert_eq!(registry.sweep(Instant::now(), None).sheds_at_limit, 1);
+        assert_eq!(reason(&younger), Some(CloseReason::ShedAtLimit));
+        assert_eq!(reason(&subscriber), None, "a subscriber is never shed");
     }
 
     /// The line timeout runs while spate waits on the socket for the same

@@ -100,8 +100,9 @@ shard_metrics! {
     Counter accept_errors_fd_exhausted: u64 => "spate_accept_errors_total" ["reason" = "fd_exhausted"], "Accepts that failed, by reason: fd_exhausted (no file descriptor or socket memory: the shard backs off and sheds) or other.";
     Counter accept_errors_other: u64 => "spate_accept_errors_total" ["reason" = "other"], "Accepts that failed, by reason: fd_exhausted (no file descriptor or socket memory: the shard backs off and sheds) or other.";
     Counter connections_shed: u64 => "spate_connections_shed_total", "Idle or pre-SUB connections closed to free a file descriptor.";
-    Counter connections_timed_out_idle: u64 => "spate_connections_timed_out_total" ["reason" = "idle"], "Connections closed by a timeout: idle (nothing sent within --idle-timeout-ms) or line (a line incomplete for --line-timeout-ms).";
-    Counter connections_timed_out_line: u64 => "spate_connections_timed_out_total" ["reason" = "line"], "Connections closed by a timeout: idle (nothing sent within --idle-timeout-ms) or line (a line incomplete for --line-timeout-ms).";
+    Counter connections_timed_out_idle: u64 => "spate_connections_timed_out_total" ["reason" = "idle"], "Connections closed by a timeout: idle (an ingest connection sent no line within --idle-timeout-ms), request (a subscribe connection sent no SUB or GROUP line within --subscribe-request-timeout-ms) or line (a line incomplete for --line-timeout-ms).";
+    Counter connections_timed_out_request: u64 => "spate_connections_timed_out_total" ["reason" = "request"], "Connections closed by a timeout: idle (an ingest connection sent no line within --idle-timeout-ms), request (a subscribe connection sent no SUB or GROUP line within --subscribe-request-timeout-ms) or line (a line incomplete for --line-timeout-ms).";
+    Counter connections_timed_out_line: u64 => "spate_connections_timed_out_total" ["reason" = "line"], "Connections closed by a timeout: idle (an ingest connection sent no line within --idle-timeout-ms), request (a subscribe connection sent no SUB or GROUP line within --subscribe-request-timeout-ms) or line (a line incomplete for --line-timeout-ms).";
     Counter connections_cut_at_deadline: u64 => "spate_connections_cut_at_shutdown_total", "Connections still open at the shutdown deadline, cut.";
     Counter lines_rejected_key_empty: u64 => "spate_lines_rejected_total" ["reason" = "key_empty"], "Ingest lines rejected, by reason.";
     Counter lines_rejected_key_too_long: u64 => "spate_lines_rejected_total" ["reason" = "key_too_long"], "Ingest lines rejected, by reason.";
@@ -146,11 +147,12 @@ shard_metrics! {
     Gauge mesh_queued_frames: u64 => "spate_mesh_queued_frames", "Frames waiting behind a full mesh ring now.";
     Gauge read_buffer_bytes: u64 => "spate_read_buffer_bytes", "Bytes held by ingest connections' read buffers.";
     Gauge subscribers_open: u64 => "spate_subscribers_open", "Subscriptions open (SUB accepted).";
-    Gauge subscriber_connections_open: u64 => "spate_subscriber_connections_open", "Connections on the subscribe port, from accept (pre-SUB included): what the subscriber limit counts.";
+    Gauge subscriber_connections_open: u64 => "spate_subscriber_connections_open", "Connections on the subscribe port, from accept (pre-SUB included): what the subscriber limit counts, plus those shed at the limit that are still closing.";
     Counter group_offsets_past_end: u64 => "spate_group_offsets_past_end_total", "Group partitions whose committed offset was past the partition's end (the log lost events the group had read); reading resumed at the end.";
     Counter subscribe_offsets_out_of_range: u64 => "spate_subscribe_offsets_out_of_range_total", "SUB requests refused because the offset is past a partition's end.";
     Counter closing_notices: u64 => "spate_closing_notices_total", "CLOSING notices written to subscribers at shutdown.";
     Counter subscribers_refused: u64 => "spate_subscribers_refused_total", "Subscribers refused at the limit.";
+    Counter subscribers_shed: u64 => "spate_subscribers_shed_total", "Subscribe connections that had not sent their SUB or GROUP line, shed at the limit so a newcomer could take their slot (counted by the newcomer's shard).";
     Counter events_delivered: u64 => "spate_events_delivered_total", "Event lines written to subscribers.";
     Counter bytes_delivered: u64 => "spate_delivered_bytes_total", "Bytes written to subscribers.";
     Counter truncation_notices: u64 => "spate_truncation_notices_total", "TRUNCATED notices sent to subscribers behind retention.";

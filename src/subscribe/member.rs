@@ -59,7 +59,9 @@ pub async fn serve_member(
         write_goodbye(stream, &message).await;
         return;
     };
-    connection.greet();
+    if !connection.greet_subscriber() {
+        return;
+    }
     let inbox_capacity = usize::from(shard.shard_count) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender, route.id);

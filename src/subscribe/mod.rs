@@ -19,10 +19,14 @@
 //! * a subscriber whose cursor fell behind retention gets one line
 //!   `TRUNCATED <partition> <requested-offset> <next-readable-offset>` and the
 //!   stream continues from the next readable offset; it never skips silently;
-//! * a subscriber is counted against the process-wide limit from accept, so
-//!   connections that never send `SUB` cannot crowd it; they are closed after
-//!   --idle-timeout-ms. A session also waits on its socket, so a subscriber
-//!   that closes while idle frees its slot at once;
+//! * a subscriber is counted against the process-wide limit from accept
+//!   ([`crate::net::admission::SubscriberSlots`]), so connections that never
+//!   send `SUB` cannot crowd it: one that has not sent its `SUB`/`GROUP` line
+//!   within --subscribe-request-timeout-ms is closed, and at the limit a
+//!   newcomer takes over the slot of the oldest such connection, on any
+//!   shard, which is shed; only subscribers that sent their line are never
+//!   shed. A session also waits on its socket, so a subscriber that closes
+//!   while idle frees its slot at once;
 //! * on shutdown a subscriber gets the replies already fetched for it, then
 //!   `CLOSING <partition>:<resume> ...` ([`crate::protocol::subscribe`]), then
 //!   the close, all within --shutdown-timeout-ms.
@@ -34,9 +38,10 @@ use std::rc::Rc;
 
 use glommio::net::TcpListener;
 
+use crate::net::ShardNet;
 use crate::net::accept::Acceptor;
+use crate::net::admission::Admit;
 use crate::net::socket::tune_accepted;
-use crate::net::{Face, ShardNet};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 
@@ -48,18 +53,31 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
-        let Some(slot) = net.admission.subscribers.try_acquire() else {
-            ShardMetrics::add(&metrics.subscribers_refused, 1);
-            let limit = net.admission.subscribers.max();
-            net.refusals.refuse(stream, format!("ERR subscriber_limit: the server already has {limit} subscribers\n"));
-            continue;
+        let slot = match net.admission.subscribers.try_admit() {
+            Admit::Free(slot) => slot,
+            Admit::TakenOver(slot) => {
+                // The shed connection closes now if it is on this shard, or
+                // at its own shard's next sweep.
+                ShardMetrics::add(&metrics.subscribers_shed, 1);
+                net.connections.close_taken_over();
+                slot
+            }
+            Admit::Full => {
+                ShardMetrics::add(&metrics.subscribers_refused, 1);
+                let limit = net.admission.subscribers.max();
+                let message = format!("ERR subscriber_limit: the server already has {limit} subscribers\n");
+                net.refusals.refuse(stream, message);
+                continue;
+            }
         };
         shard.lifecycle.session_opened();
-        let connection = net.connections.register(Face::Subscribe);
+        let connection = net.connections.register_subscriber(slot);
         let shard = shard.clone();
         glommio::spawn_local(async move {
             session::run_subscriber(&shard, stream, &connection).await;
-            drop((connection, slot));
+            // Frees the slot, or lets it be taken over again if this
+            // connection was shed from it.
+            drop(connection);
             shard.lifecycle.session_closed();
         })
         .detach();

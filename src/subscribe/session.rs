@@ -56,19 +56,34 @@ const _: () = assert!(
 );
 
 /// Serves one subscriber connection until it ends or the server closes it
-/// (a timeout before `SUB`, shedding, the shutdown deadline).
+/// (a timeout before `SUB`, shedding at the limit or for lack of file
+/// descriptors, the shutdown deadline).
 pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection: &Connection) {
     let reason = match first(serve_subscriber(shard, &mut stream, connection), connection.close_requested()).await {
-        Either::Left(()) => return,
+        // A request line that came too late (its slot was taken over) ends
+        // the session with the reason set.
+        Either::Left(()) => match connection.close_reason() {
+            Some(reason @ CloseReason::ShedAtLimit) => reason,
+            _ => return,
+        },
         Either::Right(reason) => reason,
     };
+    let config = &shard.config;
     let message = match reason {
-        CloseReason::IdleTimeout => {
-            ShardMetrics::add(&shard.metrics.connections_timed_out_idle, 1);
-            format!("ERR idle_timeout: no SUB line within {} ms of connecting\n", shard.config.idle_timeout_ms)
+        CloseReason::RequestTimeout => {
+            ShardMetrics::add(&shard.metrics.connections_timed_out_request, 1);
+            let timeout_ms = config.subscribe_request_timeout_ms;
+            format!("ERR request_timeout: no SUB or GROUP line within {timeout_ms} ms of connecting\n")
         }
         CloseReason::Shed => "ERR shed: the server ran out of file descriptors and closed this connection\n".into(),
-        CloseReason::LineTimeout | CloseReason::ShutdownDeadline => return,
+        CloseReason::ShedAtLimit => {
+            let limit = usize::from(shard.shard_count) * config.subscribers_per_shard_max;
+            format!(
+                "ERR shed: the server reached its subscriber limit ({limit}) and closed this connection, the oldest \
+                 without a SUB or GROUP line, to admit a newer one\n"
+            )
+        }
+        CloseReason::IdleTimeout | CloseReason::LineTimeout | CloseReason::ShutdownDeadline => return,
     };
     write_goodbye(&mut stream, message.as_bytes()).await;
 }
@@ -99,7 +114,9 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
             return;
         }
     };
-    connection.greet();
+    if !connection.greet_subscriber() {
+        return;
+    }
     let start = match request.start {
         StartOffset::Earliest => Position::Earliest,
         StartOffset::Latest => Position::Latest,
