@@ -133,6 +133,11 @@ impl Committer {
         self.notify.notify();
     }
 
+    /// Whether writes deferred by a full disk at open still wait.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.borrow().is_some()
+    }
+
     /// Why the shard is read-only, while it is.
     pub fn read_only_reason(&self) -> Option<String> {
         self.read_only.borrow().clone()
@@ -256,17 +261,14 @@ fn has_work(shard: &Shard) -> bool {
     let committer = shard.committer.as_ref().expect("disk storage");
     let releasable =
         committer.grants.borrow().front().is_some_and(|(_, grant)| !grant.sync || !committer.waits_for_sync());
-    releasable
-        || committer.sync_requested.get()
-        || committer.read_only.borrow().is_some()
-        || shard.partitions.borrow().has_dirty()
+    releasable || committer.sync_requested.get() || committer.is_read_only() || shard.partitions.borrow().has_dirty()
 }
 
 /// Writes every dirty partition (concurrently), then syncs if due. Returns
 /// whether it synced.
 async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
-    if committer.read_only.borrow().is_some() {
+    if committer.is_read_only() {
         complete_deferred(shard).await?;
     }
     let mut dirty = shard.partitions.borrow_mut().take_dirty();
