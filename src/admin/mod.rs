@@ -57,6 +57,8 @@ pub struct AdminState {
     /// Deleted streams' ranges waiting for their fences (touched only with
     /// the catalog lock held).
     pub fences: std::sync::Mutex<Vec<streams::Fence>>,
+    /// Set while the catalog created at start-up waits for disk space.
+    pub catalog_unsaved: crate::stream::UnsavedCatalog,
 }
 
 /// What the admin server counts about itself.
@@ -121,10 +123,16 @@ impl AdminServer {
             .build()
             .map_err(AdminError::Runtime)?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
+        let state = Arc::new(state);
         let thread = std::thread::Builder::new()
             .name("spate-admin".into())
             .spawn(move || {
-                runtime.block_on(http::serve(listener, Arc::new(state), stopped));
+                runtime.block_on(async move {
+                    if state.catalog_unsaved.reason().is_some() {
+                        tokio::spawn(save_deferred_catalog(state.clone()));
+                    }
+                    http::serve(listener, state, stopped).await
+                });
                 runtime.shutdown_timeout(STOP_TIMEOUT);
             })
             .map_err(AdminError::Thread)?;
@@ -137,6 +145,31 @@ impl AdminServer {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+    }
+}
+
+/// Saves the catalog that start-up could not write (the disk was full),
+/// retrying every [`STORAGE_RETRY_MS`] under the catalog lock (so it never
+/// writes over a newer one) until it is on disk.
+///
+/// [`STORAGE_RETRY_MS`]: crate::config::STORAGE_RETRY_MS
+async fn save_deferred_catalog(state: Arc<AdminState>) {
+    let mut reported = false;
+    while state.catalog_unsaved.reason().is_some() {
+        tokio::time::sleep(Duration::from_millis(crate::config::STORAGE_RETRY_MS)).await;
+        let catalog = state.catalog.lock().await;
+        match catalog.save(&state.config.data_dir) {
+            Ok(()) => {
+                state.catalog_unsaved.clear();
+                eprintln!("spate: the stream catalog deferred at start-up is saved");
+            }
+            Err(error) if error.is_storage_full() => {}
+            Err(error) if !reported => {
+                reported = true;
+                eprintln!("spate: saving the stream catalog deferred at start-up: {error}; retrying");
+            }
+            Err(_) => {}
         }
     }
 }

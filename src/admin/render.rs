@@ -38,7 +38,8 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
     let counters = &state.counters;
     let admin_open = counters.connections_open.load(std::sync::atomic::Ordering::Relaxed) as f64;
     let admin_errors = counters.accept_errors.load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let process: [(&str, &str, f64); 8] = [
+    let catalog_unsaved = f64::from(u8::from(state.catalog_unsaved.reason().is_some()));
+    let process: [(&str, &str, f64); 9] = [
         ("spate_imbalance_ratio", "Max shard load / mean shard load, over the balancer half-life.", imbalance),
         (
             "spate_imbalance_bound_ratio",
@@ -54,6 +55,11 @@ pub fn prometheus(state: &AdminState, stats: &[ShardStats]) -> String {
         ),
         ("spate_uptime_seconds", "Seconds since the server started.", state.started.elapsed().as_secs_f64()),
         ("spate_admin_connections_open", "Admin HTTP connections open.", admin_open),
+        (
+            "spate_catalog_unsaved",
+            "1 while the stream catalog created at start-up waits for disk space to be saved.",
+            catalog_unsaved,
+        ),
         (
             "spate_admin_accept_errors_total",
             "Admin HTTP accepts that failed (e.g. out of file descriptors).",
@@ -136,9 +142,26 @@ pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
             "rebalance": state.config.rebalance == crate::config::Rebalance::On,
         },
         "process": { "rss_bytes": rss, "rss_peak_bytes": rss_peak, "uptime_seconds": state.started.elapsed().as_secs_f64() },
+        "storage": storage_json(state, stats),
         "memory_bound": state.memory_bound,
     });
     serde_json::to_string_pretty(&document).expect("json serializes")
+}
+
+/// `/stats`' `storage` section: whether writes wait for disk space since
+/// start-up (read-only), why, and where.
+fn storage_json(state: &AdminState, stats: &[ShardStats]) -> serde_json::Value {
+    let read_only_shards: Vec<u16> =
+        stats.iter().filter(|shard| shard.read_only_reason.is_some()).map(|shard| shard.shard).collect();
+    let catalog_unsaved = state.catalog_unsaved.reason();
+    let reason = stats.iter().find_map(|shard| shard.read_only_reason.clone()).or_else(|| catalog_unsaved.clone());
+    json!({
+        "read_only": reason.is_some(),
+        "read_only_reason": reason,
+        "read_only_shards": read_only_shards,
+        "catalog_unsaved": catalog_unsaved.is_some(),
+        "failing_shards": stats.iter().filter(|shard| shard.counters.storage_failing > 0).count(),
+    })
 }
 
 /// `/partitions`: the placement table with each partition's offsets.

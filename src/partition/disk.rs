@@ -12,16 +12,38 @@
 //!
 //! Offsets and positions only grow: `durable <= written <= encoded <= next`,
 //! and `visible` is `written` or `durable` depending on the fsync policy.
+//!
+//! # Opening on a full disk
+//!
+//! Opening may have to write: the partition directory and an empty active
+//! segment for a new partition, the cut of a torn tail, a rebuilt sidecar
+//! index, glommio's probe file. When one of them fails for lack of space,
+//! [`DiskLog::open`] does not fail: the partition opens read-only, with
+//! everything that exists readable, and the write is deferred
+//! ([`Deferred`]) until the committer finds that writing works again.
+//!
+//! * The cut of a torn tail is deferred, not skipped: the active segment is
+//!   scanned without writing, readers never read past its last whole frame
+//!   (the index ends there), and no writer exists until the segment has
+//!   been recovered again, cut and synced. So nothing is ever appended
+//!   after bytes that a later scan could take for frames, and no byte that
+//!   was acknowledged is touched. (The cut itself rewrites a block that is
+//!   already allocated and truncates, so it frees space and rarely fails on
+//!   a full ext4, xfs or tmpfs; a copy-on-write filesystem may refuse it.)
+//! * A partition whose directory or first segment cannot be created holds
+//!   nothing yet: it opens empty and both are created later.
+//! * A rebuilt sidecar is kept in memory and written later; the next start
+//!   would rebuild it again anyway.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use crate::partition::log::MemoryLog;
-use crate::storage::dir::{index_path, list_segments, segment_path};
+use crate::storage::dir::{SegmentFiles, index_path, list_segments, segment_path};
 use crate::storage::format::{FRAME_HEADER_SIZE, FrameError};
 use crate::storage::index::SegmentIndex;
-use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment};
-use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter};
+use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment, scan_segment_read_only};
+use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file};
 
 /// Largest body of a frame the committer writes (a record larger than this
 /// gets a frame of its own): a reader fetches whole frames, so this bounds
@@ -47,6 +69,8 @@ pub struct SealedMeta {
     pub index: SegmentIndex,
     /// Last write to the file, ms since the Unix epoch (age retention).
     pub modified_ms: u64,
+    /// The sidecar was rebuilt at open and could not be written (disk full).
+    pub sidecar_unwritten: bool,
 }
 
 impl SealedMeta {
@@ -64,6 +88,79 @@ pub struct OpenReport {
     pub recovery: Option<(PathBuf, RecoveryReport)>,
     /// Sealed segments whose sidecar index had to be rebuilt.
     pub indexes_rebuilt: usize,
+    /// Why a write of the open was deferred (the disk is full): the
+    /// partition is read-only until [`DiskLog::next_deferred`] is done.
+    pub deferred: Option<String>,
+}
+
+/// The active segment while the disk is too full to open it for writing.
+#[derive(Debug)]
+struct DeferredActive {
+    /// The active segment's whole valid frames (none when it does not exist
+    /// yet): readers read up to their end.
+    index: SegmentIndex,
+    /// Whether the file exists (to recover again) or is to be created, with
+    /// its directory.
+    exists: bool,
+}
+
+/// How the active segment starts: with its writer, or deferred.
+enum ActiveStart {
+    /// Boxed: it is built once per open, and far larger than the other.
+    Writer(Box<SegmentWriter>),
+    Deferred {
+        path: PathBuf,
+        deferred: DeferredActive,
+    },
+}
+
+/// A write [`DiskLog::open`] deferred because the disk was full, for the
+/// committer to do once writing works again ([`DiskLog::next_deferred`]).
+#[derive(Debug, Clone)]
+pub enum Deferred {
+    /// Write a sealed segment's rebuilt sidecar index.
+    Sidecar { index_path: PathBuf, index: SegmentIndex },
+    /// Open the active segment for writing: recover it again (making the
+    /// cut the scan found) when it `exists`, else create it and its
+    /// directory. Its log ends at `next_offset`.
+    Active { path: PathBuf, log_id: u64, base_offset: u64, config: SegmentConfig, exists: bool, next_offset: u64 },
+}
+
+impl Deferred {
+    /// Does the deferred write; [`Deferred::Active`] gives the writer,
+    /// for [`DiskLog::deferred_done`].
+    pub async fn run(&self) -> Result<Option<SegmentWriter>, SegmentError> {
+        match self {
+            Deferred::Sidecar { index_path, index } => write_index_file(index_path, index).await.map(|()| None),
+            Deferred::Active { path, log_id, base_offset, config, exists: true, next_offset } => {
+                let (writer, _) = recover_segment(path, *log_id, *base_offset, *config).await?;
+                // Nothing wrote the file since the read-only scan: the
+                // recovery finds the same frames.
+                assert_eq!(writer.next_offset(), *next_offset, "{}: the log changed while read-only", path.display());
+                Ok(Some(writer))
+            }
+            Deferred::Active { path, log_id, base_offset, config, exists: false, .. } => {
+                let dir = crate::storage::segment::parent_dir(path);
+                std::fs::create_dir_all(dir).map_err(|source| SegmentError::Io {
+                    op: "create partition directory",
+                    path: dir.to_path_buf(),
+                    position: 0,
+                    source,
+                })?;
+                remove_if_empty(path);
+                SegmentWriter::create(path, *log_id, *base_offset, *config).await.map(Some)
+            }
+        }
+    }
+}
+
+/// Removes `path` if it is an empty file: what a create that failed half
+/// way (the file made, its directory entry not synced) leaves. Nothing was
+/// ever written to it.
+pub fn remove_if_empty(path: &Path) {
+    if std::fs::metadata(path).is_ok_and(|metadata| metadata.is_file() && metadata.len() == 0) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Where a read of one offset must go.
@@ -89,8 +186,10 @@ pub struct DiskLog {
     sealed_bytes: u64,
     active_base: u64,
     active_path: PathBuf,
-    /// `None` while the committer has it out.
+    /// `None` while the committer has it out, or while deferred.
     writer: Option<SegmentWriter>,
+    /// Set while the active segment could not be opened for writing.
+    deferred_active: Option<DeferredActive>,
     /// The active segment's size as of the last time the writer was here.
     active_size: u64,
     written_offset: u64,
@@ -115,42 +214,51 @@ pub struct MovedDisk {
 impl DiskLog {
     /// Opens (creating if need be) the files of one partition: sealed
     /// segments through their sidecars, the last one recovered (a torn or
-    /// corrupt tail cut after the last whole frame).
+    /// corrupt tail cut after the last whole frame). A write it cannot make
+    /// for lack of space is deferred (see the module doc), never fatal.
     pub async fn open(dir: &Path, log_id: u64, config: DiskConfig) -> Result<(DiskLog, OpenReport), SegmentError> {
-        std::fs::create_dir_all(dir).map_err(|source| SegmentError::Io {
-            op: "create partition directory",
-            path: dir.to_path_buf(),
-            position: 0,
-            source,
-        })?;
+        remove_stale_probe_files(dir);
+        let mut report =
+            OpenReport { dir: dir.to_path_buf(), sealed_count: 0, recovery: None, indexes_rebuilt: 0, deferred: None };
+        if let Err(source) = std::fs::create_dir_all(dir) {
+            let error =
+                SegmentError::Io { op: "create partition directory", path: dir.to_path_buf(), position: 0, source };
+            if !error.is_storage_full() {
+                return Err(error);
+            }
+            report.deferred = Some(error.to_string());
+            let index = SegmentIndex::new(log_id, 0, config.writer.index_interval_bytes);
+            let active =
+                ActiveStart::Deferred { path: segment_path(dir, 0), deferred: DeferredActive { index, exists: false } };
+            return Ok((DiskLog::assemble(dir, log_id, config, VecDeque::new(), 0, active), report));
+        }
         let listed = list_segments(dir).map_err(|error| SegmentError::Io {
             op: "list partition directory",
             path: dir.to_path_buf(),
             position: 0,
             source: std::io::Error::other(error.to_string()),
         })?;
-        let mut report = OpenReport { dir: dir.to_path_buf(), sealed_count: 0, recovery: None, indexes_rebuilt: 0 };
         let mut sealed = VecDeque::new();
         let interval = config.writer.index_interval_bytes;
         for files in listed.iter().take(listed.len().saturating_sub(1)) {
             let index_path = index_path(dir, files.base_offset);
-            let SealedSegment { index, rebuilt } =
+            let SealedSegment { index, rebuilt, sidecar_unwritten } =
                 open_sealed(&files.log_path, &index_path, log_id, files.base_offset, interval).await?;
             report.indexes_rebuilt += usize::from(rebuilt.is_some());
+            if let Some(error) = &sidecar_unwritten {
+                report.deferred.get_or_insert_with(|| error.to_string());
+            }
             let modified_ms = modified_ms(&files.log_path);
-            sealed.push_back(SealedMeta { log_path: files.log_path.clone(), index_path, index, modified_ms });
+            let sidecar_unwritten = sidecar_unwritten.is_some();
+            let log_path = files.log_path.clone();
+            sealed.push_back(SealedMeta { log_path, index_path, index, modified_ms, sidecar_unwritten });
         }
         report.sealed_count = sealed.len();
-        let (writer, active_base) = match listed.last() {
-            Some(files) => {
-                let (writer, recovery) =
-                    recover_segment(&files.log_path, log_id, files.base_offset, config.writer).await?;
-                report.recovery = Some((files.log_path.clone(), recovery));
-                (writer, files.base_offset)
-            }
-            None => (SegmentWriter::create(&segment_path(dir, 0), log_id, 0, config.writer).await?, 0),
+        let (active, active_base) = match listed.last() {
+            Some(files) => (open_active(files, log_id, config.writer, &mut report).await?, files.base_offset),
+            None => (create_active(dir, log_id, config.writer, &mut report).await?, 0),
         };
-        Ok((DiskLog::assemble(dir, log_id, config, sealed, active_base, writer), report))
+        Ok((DiskLog::assemble(dir, log_id, config, sealed, active_base, active), report))
     }
 
     fn assemble(
@@ -159,9 +267,16 @@ impl DiskLog {
         config: DiskConfig,
         sealed: VecDeque<SealedMeta>,
         active_base: u64,
-        writer: SegmentWriter,
+        active: ActiveStart,
     ) -> DiskLog {
-        let next_offset = writer.next_offset();
+        let (active_path, active_size, next_offset, writer, deferred_active) = match active {
+            ActiveStart::Writer(writer) => {
+                (writer.path().to_path_buf(), writer.end(), writer.next_offset(), Some(*writer), None)
+            }
+            ActiveStart::Deferred { path, deferred } => {
+                (path, deferred.index.log_size(), deferred.index.next_offset(), None, Some(deferred))
+            }
+        };
         DiskLog {
             dir: dir.to_path_buf(),
             log_id,
@@ -169,12 +284,57 @@ impl DiskLog {
             sealed_bytes: sealed.iter().map(SealedMeta::size_bytes).sum(),
             sealed,
             active_base,
-            active_path: writer.path().to_path_buf(),
-            active_size: writer.end(),
-            writer: Some(writer),
+            active_path,
+            active_size,
+            writer,
+            deferred_active,
             written_offset: next_offset,
             durable_offset: next_offset,
             visible_offset: next_offset,
+        }
+    }
+
+    /// Whether a write of the open waits for disk space.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred_active.is_some() || self.sealed.iter().any(|sealed| sealed.sidecar_unwritten)
+    }
+
+    /// The next deferred write, if any: sidecars first, then the active
+    /// segment. Run it ([`Deferred::run`]) and report it done
+    /// ([`DiskLog::deferred_done`]); meanwhile readers read as before.
+    pub fn next_deferred(&self) -> Option<Deferred> {
+        if let Some(sealed) = self.sealed.iter().find(|sealed| sealed.sidecar_unwritten) {
+            return Some(Deferred::Sidecar { index_path: sealed.index_path.clone(), index: sealed.index.clone() });
+        }
+        let deferred = self.deferred_active.as_ref()?;
+        Some(Deferred::Active {
+            path: self.active_path.clone(),
+            log_id: self.log_id,
+            base_offset: self.active_base,
+            config: self.config.writer,
+            exists: deferred.exists,
+            next_offset: deferred.index.next_offset(),
+        })
+    }
+
+    /// Records a deferred write done; `writer` is what [`Deferred::run`]
+    /// gave for [`Deferred::Active`].
+    pub fn deferred_done(&mut self, done: &Deferred, writer: Option<SegmentWriter>) {
+        match done {
+            Deferred::Sidecar { index_path, .. } => {
+                // Retention may have deleted the segment meanwhile.
+                if let Some(sealed) = self.sealed.iter_mut().find(|sealed| &sealed.index_path == index_path) {
+                    sealed.sidecar_unwritten = false;
+                }
+            }
+            Deferred::Active { next_offset, .. } => {
+                let writer = writer.expect("a deferred active segment opens with a writer");
+                assert!(self.deferred_active.take().is_some() && self.writer.is_none(), "one writer per partition");
+                assert_eq!(writer.path(), self.active_path, "the writer of the active segment");
+                assert_eq!((writer.next_offset(), self.written_offset), (*next_offset, *next_offset));
+                self.active_size = writer.end();
+                self.writer = Some(writer);
+            }
         }
     }
 
@@ -263,10 +423,16 @@ impl DiskLog {
             let readable_end = sealed.index.log_size();
             return Located::File { path: sealed.log_path.clone(), position, readable_end };
         }
-        match &self.writer {
-            Some(writer) => match writer.index().lookup(offset) {
+        // A deferred active segment is read up to its last whole frame.
+        let active = match (&self.writer, &self.deferred_active) {
+            (Some(writer), _) => Some((writer.index(), writer.written().0)),
+            (None, Some(deferred)) => Some((&deferred.index, deferred.index.log_size())),
+            (None, None) => None,
+        };
+        match active {
+            Some((index, readable_end)) => match index.lookup(offset) {
                 Some(position) if offset < self.visible_offset => {
-                    Located::File { path: self.active_path.clone(), position, readable_end: writer.written().0 }
+                    Located::File { path: self.active_path.clone(), position, readable_end }
                 }
                 _ => Located::Busy,
             },
@@ -292,7 +458,8 @@ impl DiskLog {
         let log_path = std::mem::replace(&mut self.active_path, writer.path().to_path_buf());
         let index_path = index_path(&self.dir, self.active_base);
         self.sealed_bytes += index.log_size();
-        self.sealed.push_back(SealedMeta { log_path, index_path, index, modified_ms: now_unix_ms() });
+        let modified_ms = now_unix_ms();
+        self.sealed.push_back(SealedMeta { log_path, index_path, index, modified_ms, sidecar_unwritten: false });
         self.active_base = writer.next_offset();
         self.active_size = 0;
         self.writer = Some(writer);
@@ -325,6 +492,7 @@ impl DiskLog {
     /// (everything written and durable first).
     pub fn into_moved(self, active_index: SegmentIndex) -> MovedDisk {
         assert!(self.writer.is_none(), "close the writer before moving the files");
+        assert!(!self.has_deferred(), "a move waits for a successful round, which does what was deferred");
         assert_eq!(self.durable_offset, self.written_offset, "move only durable files");
         MovedDisk {
             dir: self.dir,
@@ -343,9 +511,56 @@ impl DiskLog {
     pub async fn reopen(moved: MovedDisk) -> Result<DiskLog, SegmentError> {
         let MovedDisk { dir, log_id, config, sealed, active_base, active_path, active_index, visible_offset } = moved;
         let writer = SegmentWriter::reopen(&active_path, active_index, config.writer).await?;
-        let mut log = DiskLog::assemble(&dir, log_id, config, sealed, active_base, writer);
+        let mut log =
+            DiskLog::assemble(&dir, log_id, config, sealed, active_base, ActiveStart::Writer(Box::new(writer)));
         log.visible_offset = visible_offset.min(log.written_offset);
         Ok(log)
+    }
+}
+
+/// Recovers the active segment; when the disk is too full for the cut (or
+/// for the probe file), scans it without writing and defers the rest.
+async fn open_active(
+    files: &SegmentFiles,
+    log_id: u64,
+    config: SegmentConfig,
+    report: &mut OpenReport,
+) -> Result<ActiveStart, SegmentError> {
+    let path = files.log_path.clone();
+    let error = match recover_segment(&path, log_id, files.base_offset, config).await {
+        Ok((writer, recovery)) => {
+            report.recovery = Some((path, recovery));
+            return Ok(ActiveStart::Writer(Box::new(writer)));
+        }
+        Err(error) if error.is_storage_full() => error,
+        Err(error) => return Err(error),
+    };
+    let scan = scan_segment_read_only(&path, log_id, files.base_offset, config.index_interval_bytes).await?;
+    let discarded_bytes = scan.file_size.saturating_sub(scan.outcome.cursor.position);
+    report.recovery =
+        Some((path.clone(), RecoveryReport { outcome: scan.outcome, file_size: scan.file_size, discarded_bytes }));
+    report.deferred.get_or_insert_with(|| error.to_string());
+    Ok(ActiveStart::Deferred { path, deferred: DeferredActive { index: scan.index, exists: true } })
+}
+
+/// Creates the first segment of a new partition, or defers it when the
+/// disk is full.
+async fn create_active(
+    dir: &Path,
+    log_id: u64,
+    config: SegmentConfig,
+    report: &mut OpenReport,
+) -> Result<ActiveStart, SegmentError> {
+    let path = segment_path(dir, 0);
+    match SegmentWriter::create(&path, log_id, 0, config).await {
+        Ok(writer) => Ok(ActiveStart::Writer(Box::new(writer))),
+        Err(error) if error.is_storage_full() => {
+            remove_if_empty(&path);
+            report.deferred.get_or_insert_with(|| error.to_string());
+            let index = SegmentIndex::new(log_id, 0, config.index_interval_bytes);
+            Ok(ActiveStart::Deferred { path, deferred: DeferredActive { index, exists: false } })
+        }
+        Err(error) => Err(error),
     }
 }
 
@@ -418,4 +633,99 @@ fn modified_ms(path: &Path) -> u64 {
     let modified = std::fs::metadata(path).and_then(|metadata| metadata.modified());
     let since = modified.ok().and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Seek, SeekFrom, Write};
+
+    use super::*;
+    use crate::storage::segment::tests::{append_test_frame, run, scratch_dir};
+    use crate::storage::segment::{BLOCK_SIZE, align_up};
+
+    fn config() -> DiskConfig {
+        let writer = SegmentConfig { buffer_bytes: 64 << 10, ..SegmentConfig::default() };
+        DiskConfig { writer, retention_bytes: u64::MAX, retention_ms: 0 }
+    }
+
+    /// A partition whose torn tail's cut is deferred (as on a full disk)
+    /// reads up to its last whole frame, writes nothing and has no writer
+    /// until the deferred recovery ran; that recovery cuts the tail and the
+    /// writer appends after the last whole frame.
+    #[test]
+    fn a_deferred_cut_reads_whole_frames_and_writes_nothing_until_done() {
+        let dir = scratch_dir("deferred-cut");
+        let path = segment_path(&dir, 0);
+        run({
+            let (dir, path) = (dir.clone(), path.clone());
+            async move {
+                let mut writer = SegmentWriter::create(&path, 9, 0, config().writer).await.unwrap();
+                for frame_index in 0..20 {
+                    append_test_frame(&mut writer, frame_index).unwrap();
+                }
+                writer.sync().await.unwrap();
+                let (end, next_offset) = writer.durable();
+                writer.close().await.unwrap();
+                let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                file.seek(SeekFrom::Start(end)).unwrap();
+                file.write_all(&[0x5a; 5000]).unwrap();
+                drop(file);
+                let torn_size = std::fs::metadata(&path).unwrap().len();
+
+                let interval = config().writer.index_interval_bytes;
+                let scan = scan_segment_read_only(&path, 9, 0, interval).await.unwrap();
+                let deferred = DeferredActive { index: scan.index, exists: true };
+                let active = ActiveStart::Deferred { path: path.clone(), deferred };
+                let mut disk = DiskLog::assemble(&dir, 9, config(), VecDeque::new(), 0, active);
+                assert!(disk.has_deferred() && disk.writer().is_none());
+                assert_eq!((disk.next_offset(), disk.visible_offset()), (next_offset, next_offset));
+                match disk.locate(next_offset - 1) {
+                    Located::File { readable_end, .. } => assert_eq!(readable_end, end, "whole frames only"),
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(disk.locate(next_offset), Located::Busy, "nothing past the last whole frame");
+                assert!(disk.take_writer().is_none(), "no writer while the cut waits");
+
+                let work = disk.next_deferred().unwrap();
+                assert!(matches!(work, Deferred::Active { exists: true, .. }), "{work:?}");
+                assert_eq!(std::fs::metadata(&path).unwrap().len(), torn_size, "nothing written while deferred");
+                let writer = work.run().await.unwrap();
+                disk.deferred_done(&work, writer);
+                assert!(!disk.has_deferred() && disk.next_deferred().is_none());
+                assert_eq!(std::fs::metadata(&path).unwrap().len(), align_up(end, BLOCK_SIZE), "the tail is cut");
+                let mut writer = disk.take_writer().unwrap();
+                assert_eq!(writer.next_offset(), next_offset);
+                append_test_frame(&mut writer, 20).unwrap();
+                writer.sync().await.unwrap();
+                writer.close().await.unwrap();
+            }
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A new partition whose directory could not be created (as on a full
+    /// disk) is empty and read-only; the deferred create makes the
+    /// directory and its first segment.
+    #[test]
+    fn a_deferred_create_makes_the_directory_and_segment() {
+        let base = scratch_dir("deferred-create");
+        let dir = base.join("streams").join("default").join("3");
+        run({
+            let dir = dir.clone();
+            async move {
+                let index = SegmentIndex::new(4, 0, config().writer.index_interval_bytes);
+                let deferred = DeferredActive { index, exists: false };
+                let active = ActiveStart::Deferred { path: segment_path(&dir, 0), deferred };
+                let mut disk = DiskLog::assemble(&dir, 4, config(), VecDeque::new(), 0, active);
+                assert_eq!((disk.next_offset(), disk.earliest_offset()), (0, 0));
+                assert_eq!(disk.locate(0), Located::Busy);
+                let work = disk.next_deferred().unwrap();
+                let writer = work.run().await.unwrap();
+                disk.deferred_done(&work, writer);
+                assert!(segment_path(&dir, 0).exists() && !disk.has_deferred());
+                disk.take_writer().unwrap().close().await.unwrap();
+            }
+        });
+        std::fs::remove_dir_all(base).unwrap();
+    }
 }

@@ -16,7 +16,9 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement, PoolThreadHandles};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
-use crate::config::{CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS};
+use crate::config::{
+    CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS, STORAGE_RETRY_MS,
+};
 use crate::net::Admission;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
@@ -128,7 +130,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     if let Ok(absolute) = std::fs::canonicalize(&config.data_dir) {
         config.data_dir = absolute;
     }
-    let catalog = open_catalog(&config)?;
+    let (catalog, catalog_unsaved) = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
@@ -146,9 +148,12 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let pool = start_shards(&config, shard_count, pinned, context)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
-    let admin = startup.and_then(|()| start_admin(&controls, &config, started, catalog));
-    let admin = match admin {
-        Ok(admin) => admin,
+    let admin = startup.and_then(|read_only| {
+        let admin = start_admin(&controls, &config, started, catalog, catalog_unsaved.clone())?;
+        Ok((admin, read_only))
+    });
+    let (admin, read_only) = match admin {
+        Ok(started) => started,
         Err(error) => {
             broadcast(&controls, || ControlRequest::Exit);
             let _ = pool.join_all();
@@ -156,6 +161,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         }
     };
     print_banner(&config, shard_count, pinned);
+    print_read_only(&read_only, catalog_unsaved.reason().as_deref());
     spawn_signal_thread(&controls, Duration::from_millis(config.shutdown_timeout_ms))?;
     let complete = wait_for_drain(&events, shard_count);
     stop_shards(&controls, pool);
@@ -224,6 +230,7 @@ fn start_admin(
     config: &Arc<Config>,
     started: Instant,
     catalog: crate::stream::Catalog,
+    catalog_unsaved: crate::stream::UnsavedCatalog,
 ) -> Result<AdminServer, ServeError> {
     AdminServer::start(AdminState {
         controls: controls.to_vec(),
@@ -233,6 +240,7 @@ fn start_admin(
         counters: Default::default(),
         catalog: tokio::sync::Mutex::new(catalog),
         fences: std::sync::Mutex::default(),
+        catalog_unsaved,
     })
     .map_err(ServeError::Admin)
 }
@@ -265,18 +273,37 @@ fn broadcast(controls: &[flume::Sender<ControlRequest>], make: impl Fn() -> Cont
     }
 }
 
-fn wait_for_start(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> Result<(), ServeError> {
+/// Waits until every shard started; returns the shards that started
+/// read-only, with why.
+fn wait_for_start(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> Result<Vec<(u16, String)>, ServeError> {
     let deadline = Instant::now() + START_TIMEOUT;
     let mut started = 0;
+    let mut read_only = Vec::new();
     while started < shard_count {
         match events.recv_deadline(deadline) {
-            Ok(ShardEvent::Started) => started += 1,
+            Ok(ShardEvent::Started { shard, read_only: reason }) => {
+                started += 1;
+                read_only.extend(reason.map(|reason| (shard, reason)));
+            }
             Ok(ShardEvent::Failed { shard, failure }) => return Err(ServeError::Shard { shard, failure }),
             Ok(ShardEvent::Drained { .. }) => {}
             Err(_) => return Err(ServeError::StartTimeout { started, shard_count }),
         }
     }
-    Ok(())
+    read_only.sort_unstable();
+    Ok(read_only)
+}
+
+/// The one line saying the server started read-only, and why.
+fn print_read_only(shards: &[(u16, String)], catalog_unsaved: Option<&str>) {
+    let Some(reason) = shards.first().map(|(_, reason)| reason.as_str()).or(catalog_unsaved) else { return };
+    let ids: Vec<String> = shards.iter().map(|(shard, _)| shard.to_string()).collect();
+    let which = if ids.is_empty() { "the stream catalog".to_string() } else { format!("shards {}", ids.join(", ")) };
+    eprintln!(
+        "spate: started read-only ({which}): {reason}. Stored events are served to subscribers; ingest is held \
+         back (credits held, #SYNC waits) and the deferred writes are retried every {STORAGE_RETRY_MS} ms until \
+         space returns"
+    );
 }
 
 /// Waits for the shutdown signal's drain to finish on every shard; returns
@@ -290,7 +317,7 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> b
                 complete &= shard_complete;
             }
             Ok(ShardEvent::Failed { shard, failure }) => eprintln!("spate: shard {shard:?} failed: {failure}"),
-            Ok(ShardEvent::Started) => {}
+            Ok(ShardEvent::Started { .. }) => {}
             Err(_) => return false,
         }
     }
@@ -355,12 +382,23 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
 }
 
 /// The stream catalog: from the data directory (created with `default` on
-/// first start), or just `default` in memory.
-fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
+/// first start), or just `default` in memory. A new catalog that the full
+/// disk cannot take yet is marked unsaved: the admin thread saves it later.
+fn open_catalog(config: &Config) -> Result<(crate::stream::Catalog, crate::stream::UnsavedCatalog), ServeError> {
     let limits = config.catalog_limits();
+    let unsaved = crate::stream::UnsavedCatalog::default();
     let catalog = match config.storage {
-        crate::config::Storage::Disk => crate::stream::Catalog::open(&config.data_dir, &limits, config.partitions),
-        crate::config::Storage::Memory => crate::stream::Catalog::with_default(&limits, config.partitions),
+        crate::config::Storage::Disk => {
+            let (catalog, error) = crate::stream::Catalog::open_deferring(&config.data_dir, &limits, config.partitions)
+                .map_err(ServeError::Catalog)?;
+            if let Some(error) = error {
+                unsaved.set(error.to_string());
+            }
+            catalog
+        }
+        crate::config::Storage::Memory => {
+            crate::stream::Catalog::with_default(&limits, config.partitions).map_err(ServeError::Catalog)?
+        }
     };
     if config.storage == crate::config::Storage::Disk {
         // Deleted streams' files an earlier run left: off the start-up path.
@@ -369,5 +407,5 @@ fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
             .name("spate-trash".into())
             .spawn(move || crate::stream::trash::empty_trash(&data_dir));
     }
-    catalog.map_err(ServeError::Catalog)
+    Ok((catalog, unsaved))
 }

@@ -106,7 +106,8 @@ pub async fn run_shard(context: ShardContext) {
             return;
         }
     }
-    let _ = context.events.send(ShardEvent::Started);
+    let read_only = shard.committer.as_ref().and_then(|committer| committer.read_only_reason());
+    let _ = context.events.send(ShardEvent::Started { shard: id, read_only });
     serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
     outbox.close();
 }
@@ -126,8 +127,9 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
         cut_count += 1;
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
+        let deferred = if report.deferred.is_some() { "; the cut waits for disk space" } else { "" };
         eprintln!(
-            "spate: shard {}: recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?})",
+            "spate: shard {}: recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
             shard.id,
             path.display(),
             recovery.outcome.cursor.position,

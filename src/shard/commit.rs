@@ -29,20 +29,29 @@
 //! retried every [`STORAGE_RETRY_MS`]. Producers are pushed back through
 //! their credits meanwhile; when space returns the retry succeeds and
 //! everything resumes by itself.
+//!
+//! A shard whose partitions opened on a full disk starts *read-only*
+//! ([`Committer::defer`]): the writes the open could not make (see
+//! [`crate::partition::disk`]) wait, and every round first tries them
+//! ([`complete_deferred`]), so until they succeed each round fails as
+//! above: subscribers read what is stored, producers are pushed back, and
+//! `#SYNC`s wait. The first round that gets them done ends the read-only
+//! state and goes on with what was held.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
 use crate::partition::Partition;
-use crate::partition::disk::{Encoded, encode_pending, now_unix_ms};
+use crate::partition::disk::{Deferred, Encoded, encode_pending, now_unix_ms};
 use crate::shard::Shard;
 use crate::shard::frame::CreditGrant;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Notify, WaitList};
-use crate::storage::segment::{SegmentError, SegmentWriter};
+use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
 
 /// One shard's committer state.
 pub struct Committer {
@@ -83,6 +92,12 @@ pub struct Committer {
     /// still in flight for it are discarded from that moment on.
     detach_requested: RefCell<Vec<(u32, bool)>>,
     detached: RefCell<Vec<(u32, Option<Box<Partition>>)>>,
+    /// Why this shard is read-only: writes deferred because the disk was
+    /// full when its partitions were opened; `None` once they are done.
+    read_only: RefCell<Option<String>>,
+    /// Where a probe file could not be written: writing one there again is
+    /// the check that space is back.
+    space_check_dir: RefCell<Option<PathBuf>>,
 }
 
 impl Committer {
@@ -108,6 +123,8 @@ impl Committer {
             last_expiry: Cell::new(Instant::now()),
             detach_requested: RefCell::default(),
             detached: RefCell::default(),
+            read_only: RefCell::new(None),
+            space_check_dir: RefCell::new(None),
         }
     }
 
@@ -134,6 +151,30 @@ impl Committer {
         let (mine, others) = detached.drain(..).partition(|(id, _)| partition_ids.contains(id));
         *detached = others;
         mine
+    }
+
+    /// Makes the shard read-only for `reason` (the first one is kept):
+    /// every round first does the deferred writes, and fails, holding
+    /// everything, until they succeed. `space_check_dir` is where a probe
+    /// file could not be written, to try again.
+    pub fn defer(&self, reason: String, space_check_dir: Option<PathBuf>) {
+        self.read_only.borrow_mut().get_or_insert(reason);
+        if let Some(dir) = space_check_dir {
+            self.space_check_dir.borrow_mut().get_or_insert(dir);
+        }
+        // The start-up log said why: the failing rounds log nothing more.
+        self.failing.set(true);
+        self.notify.notify();
+    }
+
+    /// Whether writes deferred by a full disk at open still wait.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.borrow().is_some()
+    }
+
+    /// Why the shard is read-only, while it is.
+    pub fn read_only_reason(&self) -> Option<String> {
+        self.read_only.borrow().clone()
     }
 
     /// A batch was applied: its grant goes back after the next round
@@ -277,13 +318,16 @@ fn has_work(shard: &Shard) -> bool {
     let committer = shard.committer.as_ref().expect("disk storage");
     let releasable =
         committer.grants.borrow().front().is_some_and(|(_, grant)| !grant.sync || !committer.waits_for_sync());
-    releasable || committer.sync_requested.get() || shard.partitions.borrow().has_dirty()
+    releasable || committer.sync_requested.get() || committer.is_read_only() || shard.partitions.borrow().has_dirty()
 }
 
 /// Writes every dirty partition (concurrently), then syncs if due. Returns
 /// whether it synced.
 async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
+    if committer.is_read_only() {
+        complete_deferred(shard).await?;
+    }
     let mut dirty = shard.partitions.borrow_mut().take_dirty();
     // A partition whose last write failed is dirty until it succeeds.
     dirty.append(&mut committer.retry.borrow_mut());
@@ -320,6 +364,43 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     }
     sync_all(shard).await?;
     Ok(true)
+}
+
+/// Does the writes that opening the partitions deferred for lack of space,
+/// one at a time: while the disk is still full the first one fails (and the
+/// round with it) at the cost of one small write. Then the shard is no
+/// longer read-only.
+async fn complete_deferred(shard: &Rc<Shard>) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let space_check_dir = committer.space_check_dir.borrow().clone();
+    if let Some(dir) = space_check_dir {
+        check_writable(&dir)?;
+        committer.space_check_dir.replace(None);
+    }
+    // Until none is left: a partition installed meanwhile (a new stream)
+    // may have deferred writes of its own. No await between the last check
+    // and the end of the read-only state.
+    while let Some((partition_id, work)) = next_deferred(shard) {
+        let writer = work.run().await?;
+        let mut partitions = shard.partitions.borrow_mut();
+        // A partition stays while it has deferred writes: a move or a
+        // stream deletion waits for a successful round.
+        let partition = partitions.get_mut(partition_id).expect("a partition stays while read-only");
+        partition.log.parts_mut().1.expect("a disk partition").deferred_done(&work, writer);
+    }
+    if let Some(reason) = committer.read_only.take() {
+        eprintln!(
+            "spate: shard {}: the writes deferred at start-up are done: no longer read-only (was: {reason})",
+            shard.id
+        );
+    }
+    Ok(())
+}
+
+/// The first deferred write of any partition, with the partition's id.
+fn next_deferred(shard: &Shard) -> Option<(u32, Deferred)> {
+    let partitions = shard.partitions.borrow();
+    partitions.iter().find_map(|(partition_id, partition)| Some((partition_id, partition.log.disk()?.next_deferred()?)))
 }
 
 /// Encodes and writes one partition's new records; rolls full segments.
@@ -393,11 +474,8 @@ async fn roll(shard: &Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -
         put_back(shard, partition_id, writer);
         return Err(error);
     }
-    // A create that failed half-way (the file made, its directory entry not
-    // synced) left an empty file: nothing was ever written to it.
-    if std::fs::metadata(&next_path).is_ok_and(|metadata| metadata.len() == 0) {
-        let _ = std::fs::remove_file(&next_path);
-    }
+    // A create that failed half-way left an empty file.
+    crate::partition::disk::remove_if_empty(&next_path);
     let next = match SegmentWriter::create(&next_path, log_id, next_offset, config).await {
         Ok(next) => next,
         Err(error) => {

@@ -64,7 +64,12 @@ impl std::fmt::Display for ShardFailure {
 /// What a shard reports to `main`.
 #[derive(Debug)]
 pub enum ShardEvent {
-    Started,
+    /// Serving; `read_only` says why its storage started read-only (the
+    /// disk was full), if it did.
+    Started {
+        shard: u16,
+        read_only: Option<String>,
+    },
     Failed {
         shard: Option<u16>,
         failure: ShardFailure,
@@ -201,6 +206,8 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.segment_pool_bytes.set(crate::partition::log::segment_pool_bytes() as u64);
     crate::shard::aggregates::set_metrics(shard);
     metrics.storage_failing.set(u64::from(shard.committer.as_ref().is_some_and(|committer| committer.is_failing())));
+    let read_only_reason = shard.committer.as_ref().and_then(|committer| committer.read_only_reason());
+    metrics.storage_read_only.set(u64::from(read_only_reason.is_some()));
     metrics.mesh_queued_frames.set(shard.outbox.queued_frames() as u64);
     let pending_bytes: usize = shard.migrations.borrow().pending().map(|pending| pending.size_bytes()).sum();
     metrics.migration_pending_bytes.set(pending_bytes as u64);
@@ -215,7 +222,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.steal_refusals_received.set(counters.steal_refusals_received);
     metrics.migrations_started.set(counters.migrations_started);
     metrics.migrations_completed.set(counters.migrations_completed);
-    ShardStats { shard: shard.id, counters: metrics.snapshot() }
+    ShardStats { shard: shard.id, counters: metrics.snapshot(), read_only_reason }
 }
 
 fn partition_infos(shard: &Shard) -> Vec<PartitionInfo> {

@@ -437,6 +437,14 @@ impl Shard {
     pub async fn run_offset_writer(self: &Rc<Self>) {
         loop {
             self.groups.persist_notify.notified().await;
+            if self.committer.as_ref().is_some_and(|committer| committer.is_read_only()) {
+                // Started on a full disk: commits wait (still dirty, their
+                // acknowledgements held) until the deferred writes are
+                // done, without a failing write and a log line per retry.
+                glommio::timer::sleep(Duration::from_millis(OFFSET_WRITE_RETRY_MS)).await;
+                self.groups.persist_notify.notify();
+                continue;
+            }
             let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
             let mut acks = Vec::new();
             let mut hold_keys = Vec::new();

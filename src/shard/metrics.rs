@@ -175,6 +175,7 @@ shard_metrics! {
     Counter storage_read_bytes: u64 => "spate_storage_read_bytes_total", "Bytes read from segment files for subscribers behind the tail cache.";
     Counter storage_errors: u64 => "spate_storage_errors_total", "Failed group commits (disk full or I/O error; retried, nothing released meanwhile).";
     Gauge storage_failing: u64 => "spate_storage_failing", "1 while a storage error is being retried (ingest into this shard's partitions paused).";
+    Gauge storage_read_only: u64 => "spate_storage_read_only", "1 while this shard is read-only: writes its partitions' open deferred because the disk was full wait for space (ingest paused, subscribers served).";
     Counter storage_read_errors: u64 => "spate_storage_read_errors_total", "Failed reads of segment files for subscribers.";
     Counter segments_rolled: u64 => "spate_segments_rolled_total", "Segments sealed because they were full.";
     Counter segment_files_deleted: u64 => "spate_segment_files_deleted_total", "Segment and index files deleted by retention.";
@@ -206,6 +207,10 @@ pub struct ShardStats {
     pub shard: u16,
     #[serde(flatten)]
     pub counters: Counters,
+    /// Why the shard is read-only (the disk was full when its partitions
+    /// were opened), while it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only_reason: Option<String>,
 }
 
 #[cfg(test)]
@@ -237,7 +242,7 @@ mod tests {
         let read = |field: &str| (FAMILIES.iter().find(|family| family.field == field).unwrap().read)(&counters);
         assert_eq!(read("events_stored"), 5.0);
         assert_eq!(read("credit_stall_seconds"), 0.5);
-        let json = serde_json::to_value(ShardStats { shard: 3, counters }).unwrap();
+        let json = serde_json::to_value(ShardStats { shard: 3, counters, read_only_reason: None }).unwrap();
         assert_eq!(json["shard"], 3);
         assert_eq!(json["events_stored"], 5);
     }

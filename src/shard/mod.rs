@@ -169,9 +169,28 @@ impl Shard {
         for open in opens {
             let (partition_id, partition, report) = open.await?;
             self.partitions.borrow_mut().install(partition_id, Box::new(partition));
+            // Read-only from its install on: no round may pass over a
+            // partition whose writer does not exist yet.
+            self.defer_unwritten(report.deferred.clone());
             reports.push(report);
         }
+        self.defer_unwritten(None);
         Ok(reports)
+    }
+
+    /// Makes the shard read-only when opening a partition deferred a write
+    /// (`deferred` says why), or a probe file could not be written, for
+    /// lack of disk space.
+    fn defer_unwritten(&self, deferred: Option<String>) {
+        let Some(committer) = &self.committer else { return };
+        if let Some(reason) = deferred {
+            committer.defer(reason, None);
+        }
+        if let Some((dir, error)) = crate::storage::segment::take_probe_write_failure()
+            && error.is_storage_full()
+        {
+            committer.defer(error.to_string(), Some(dir));
+        }
     }
 
     /// Handles one frame from peer `source`; never waits.

@@ -96,6 +96,12 @@ impl DataDirLock {
 /// `flock` on its lock file, writing this process's pid into it. Fails with
 /// [`DirError::Locked`], naming the holder's pid, when another process (or
 /// another open of the file in this one) holds it.
+///
+/// The pid is written over the old one in place, then the file cut to it,
+/// so a full disk does not stop a restart (the old pid's block is reused;
+/// truncating first would free it only at the journal's next commit on
+/// ext4). Where even that fails for lack of space the lock still holds:
+/// the pid only names the holder in the error a second server gets.
 pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, DirError> {
     fs::create_dir_all(data_dir).map_err(io_error("create data directory", data_dir))?;
     let path = data_dir.join(LOCK_FILE_NAME);
@@ -117,10 +123,19 @@ pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, DirError> {
         }
         return Err(DirError::Io { op: "flock", path, source: error });
     }
-    file.set_len(0).map_err(io_error("truncate lock file", &path))?;
-    file.rewind().map_err(io_error("rewind lock file", &path))?;
-    writeln!(file, "{}", std::process::id()).map_err(io_error("write pid to lock file", &path))?;
-    file.sync_data().map_err(io_error("sync lock file", &path))?;
+    let pid_line = format!("{}\n", std::process::id());
+    let written = file
+        .rewind()
+        .and_then(|()| file.write_all(pid_line.as_bytes()))
+        .and_then(|()| file.set_len(pid_line.len() as u64))
+        .and_then(|()| file.sync_data());
+    match written {
+        Ok(()) => {}
+        Err(error) if matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
+            eprintln!("spate: could not write the pid to {}: {error} (the lock holds)", path.display());
+        }
+        Err(error) => return Err(DirError::Io { op: "write pid to lock file", path, source: error }),
+    }
     Ok(DataDirLock { _file: file, path })
 }
 

@@ -170,12 +170,16 @@ pub enum IndexRebuildReason {
 }
 
 /// A sealed segment, ready to read.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SealedSegment {
     pub index: SegmentIndex,
     /// Set when the sidecar could not be used; the scan that rebuilt the
     /// index is kept (its stop says whether the segment itself is damaged).
     pub rebuilt: Option<(IndexRebuildReason, ScanOutcome)>,
+    /// Set when the rebuilt sidecar could not be written for lack of space:
+    /// the index is good in memory, and the sidecar is written later (or
+    /// rebuilt again at the next start).
+    pub sidecar_unwritten: Option<SegmentError>,
 }
 
 /// Opens a sealed segment through its index sidecar, rebuilding (and
@@ -193,7 +197,7 @@ pub async fn open_sealed(
     let reason = match read_index_file(index_path, log_id, base_offset).await {
         Ok(index) if index.log_size() <= file_size => {
             io_context(file.close().await, "close segment", log_path, 0)?;
-            return Ok(SealedSegment { index, rebuilt: None });
+            return Ok(SealedSegment { index, rebuilt: None, sidecar_unwritten: None });
         }
         Ok(index) => IndexRebuildReason::Stale { index_log_size: index.log_size(), file_size },
         Err(None) => IndexRebuildReason::Missing,
@@ -201,8 +205,42 @@ pub async fn open_sealed(
     };
     let scan = scan_segment_file(&file, log_path, log_id, base_offset, index_interval_bytes).await?;
     io_context(file.close().await, "close segment", log_path, 0)?;
-    write_index_file(index_path, &scan.index).await?;
-    Ok(SealedSegment { index: scan.index, rebuilt: Some((reason, scan.outcome)) })
+    let sidecar_unwritten = match write_index_file(index_path, &scan.index).await {
+        Ok(()) => None,
+        Err(error) if error.is_storage_full() => Some(error),
+        Err(error) => return Err(error),
+    };
+    Ok(SealedSegment { index: scan.index, rebuilt: Some((reason, scan.outcome)), sidecar_unwritten })
+}
+
+/// Scans a segment without writing anything (the disk is full): the index
+/// of its whole valid frames, for readers, while the cut that
+/// [`recover_segment`] makes waits. An empty file is scanned without being
+/// opened (opening a DMA file may need a probe file written first).
+pub async fn scan_segment_read_only(
+    path: &Path,
+    log_id: u64,
+    base_offset: u64,
+    index_interval_bytes: u32,
+) -> Result<FileScan, SegmentError> {
+    let metadata = std::fs::metadata(path);
+    let metadata =
+        metadata.map_err(|source| SegmentError::Io { op: "stat segment", path: path.into(), position: 0, source })?;
+    if metadata.len() == 0 {
+        let outcome = ScanOutcome { cursor: ScanCursor::at_segment_start(base_offset), stop: ScanStop::EndOfData };
+        return Ok(FileScan {
+            outcome,
+            index: SegmentIndex::new(log_id, base_offset, index_interval_bytes),
+            file_size: 0,
+        });
+    }
+    prime_dma_probe(parent_dir(path)).await?;
+    let file = io_context(DmaFile::open(path).await, "open segment", path, 0)?;
+    let scan = scan_segment_file(&file, path, log_id, base_offset, index_interval_bytes).await;
+    let closed = file.close().await;
+    let scan = scan?;
+    io_context(closed, "close segment", path, 0)?;
+    Ok(scan)
 }
 
 /// Reads and decodes a sidecar: `Err(None)` when it cannot be read at all.

@@ -678,10 +678,24 @@ impl SegmentWriter {
     }
 }
 
+/// The name every probe file starts with: `<prefix><pid>-<thread>`.
+pub const PROBE_FILE_PREFIX: &str = ".spate-dma-probe-";
+/// Directories [`prime_dma_probe`] searches for an existing file to probe
+/// with when it cannot write its own: the partition directory and its
+/// parents up to the data directory (`streams/<stream>/<partition>`).
+const PROBE_STAND_IN_DEPTH_MAX: usize = 4;
+/// Directory entries looked at per directory in that search.
+const PROBE_STAND_IN_ENTRIES_MAX: usize = 4096;
+
 thread_local! {
     /// Devices (`st_dev`) whose io_uring poll support glommio has probed on
     /// this thread with a real read.
     static PROBED_DEVICES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The first probe file this thread could not write (the disk was full),
+    /// where an existing file stood in: its shard starts read-only and
+    /// checks, by writing a probe file again, when writing works again.
+    static PROBE_WRITE_FAILURE: std::cell::RefCell<Option<(PathBuf, SegmentError)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Makes glommio's first open of a DMA file on `dir`'s device (per thread)
@@ -694,26 +708,103 @@ thread_local! {
 /// every later read of a non-empty file fails with EOPNOTSUPP on a device
 /// without poll queues (virtio-blk here). Opening a one-block file first
 /// makes the probe see the truth.
+///
+/// When that file cannot be written (a full disk), any existing non-empty
+/// file on the device does as well: a segment in `dir`, or a file in a
+/// parent (the catalog). The failed write is kept for
+/// [`take_probe_write_failure`]. The probe file is removed on every path;
+/// only when no file can stand in does the write's error come back.
 pub async fn prime_dma_probe(dir: &Path) -> Result<(), SegmentError> {
     use std::os::unix::fs::MetadataExt;
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source: io::Error| SegmentError::Io { op, path, position: 0, source }
-    };
-    let device = std::fs::metadata(dir).map_err(io("stat directory", dir))?.dev();
+    let device = std::fs::metadata(dir).map_err(io_error("stat directory", dir))?.dev();
     if PROBED_DEVICES.with(|devices| devices.borrow().contains(&device)) {
         return Ok(());
     }
-    let thread = format!("{:?}", std::thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric(), "");
-    let probe_path = dir.join(format!(".spate-dma-probe-{}-{thread}", std::process::id()));
-    std::fs::write(&probe_path, [0u8; BLOCK_SIZE as usize]).map_err(io("write probe file", &probe_path))?;
-    let opened = DmaFile::open(&probe_path).await;
-    let removed = std::fs::remove_file(&probe_path);
-    let file = io_context(opened, "open probe file", &probe_path, 0)?;
-    io_context(file.close().await, "close probe file", &probe_path, 0)?;
-    removed.map_err(io("remove probe file", &probe_path))?;
+    match write_probe_file(dir) {
+        Ok(probe_path) => {
+            let opened = DmaFile::open(&probe_path).await;
+            let removed = std::fs::remove_file(&probe_path);
+            let file = io_context(opened, "open probe file", &probe_path, 0)?;
+            io_context(file.close().await, "close probe file", &probe_path, 0)?;
+            removed.map_err(io_error("remove probe file", &probe_path))?;
+        }
+        Err(write_error) => {
+            let Some(stand_in) = find_probe_stand_in(dir, device) else { return Err(write_error) };
+            let file = io_context(DmaFile::open(&stand_in).await, "open probe stand-in", &stand_in, 0)?;
+            io_context(file.close().await, "close probe stand-in", &stand_in, 0)?;
+            PROBE_WRITE_FAILURE.with(|failure| {
+                failure.borrow_mut().get_or_insert_with(|| (dir.to_path_buf(), write_error));
+            });
+        }
+    }
     PROBED_DEVICES.with(|devices| devices.borrow_mut().push(device));
     Ok(())
+}
+
+/// The probe write that failed on this thread, if one did since the last
+/// call: the directory and the error.
+pub fn take_probe_write_failure() -> Option<(PathBuf, SegmentError)> {
+    PROBE_WRITE_FAILURE.with(|failure| failure.borrow_mut().take())
+}
+
+/// Whether a block can be written in `dir` now: writes a probe file and
+/// removes it (on failure too).
+pub fn check_writable(dir: &Path) -> Result<(), SegmentError> {
+    let probe_path = write_probe_file(dir)?;
+    std::fs::remove_file(&probe_path).map_err(io_error("remove probe file", &probe_path))
+}
+
+/// Removes the probe files that earlier processes left in `dir` (a crash
+/// between writing and removing one); returns how many. Files of this
+/// process are left alone: another thread may be probing with one.
+pub fn remove_stale_probe_files(dir: &Path) -> usize {
+    let own_prefix = format!("{PROBE_FILE_PREFIX}{}-", std::process::id());
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let stale = entries.flatten().map(|entry| entry.path()).filter(|path| {
+        let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        name.starts_with(PROBE_FILE_PREFIX) && !name.starts_with(&own_prefix)
+    });
+    stale.filter(|path| std::fs::remove_file(path).is_ok()).count()
+}
+
+/// Writes this thread's one-block probe file in `dir`; on failure nothing
+/// is left behind (the file is created before its block is written).
+fn write_probe_file(dir: &Path) -> Result<PathBuf, SegmentError> {
+    let thread = format!("{:?}", std::thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric(), "");
+    let probe_path = dir.join(format!("{PROBE_FILE_PREFIX}{}-{thread}", std::process::id()));
+    if let Err(source) = std::fs::write(&probe_path, [0u8; BLOCK_SIZE as usize]) {
+        let _ = std::fs::remove_file(&probe_path);
+        return Err(SegmentError::Io { op: "write probe file", path: probe_path, position: 0, source });
+    }
+    Ok(probe_path)
+}
+
+/// An existing non-empty file on `device`, in `dir` or one of its parents
+/// (bounded search), to probe with instead of a new one.
+fn find_probe_stand_in(dir: &Path, device: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut current = Some(dir);
+    for _ in 0..PROBE_STAND_IN_DEPTH_MAX {
+        let here = current?;
+        let entries = std::fs::read_dir(here).into_iter().flatten().flatten().take(PROBE_STAND_IN_ENTRIES_MAX);
+        for entry in entries {
+            if entry.file_name().to_string_lossy().starts_with(PROBE_FILE_PREFIX) {
+                continue;
+            }
+            // `DirEntry::metadata` does not follow symlinks.
+            let usable = entry.metadata().is_ok_and(|meta| meta.is_file() && meta.len() > 0 && meta.dev() == device);
+            if usable {
+                return Some(entry.path());
+            }
+        }
+        current = here.parent();
+    }
+    None
+}
+
+fn io_error(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SegmentError {
+    let path = path.to_path_buf();
+    move |source| SegmentError::Io { op, path, position: 0, source }
 }
 
 /// The directory holding `path` (`.` for a bare file name).
@@ -729,13 +820,24 @@ pub(crate) async fn sync_parent_dir(path: &Path) -> Result<(), SegmentError> {
     io_context(dir.close().await, "close directory", parent, 0)
 }
 
-/// Writes an index sidecar atomically.
+/// Writes an index sidecar atomically. On failure (a full disk) no
+/// temporary file is left behind and the old sidecar, if any, stays.
 pub async fn write_index_file(index_path: &Path, index: &SegmentIndex) -> Result<(), SegmentError> {
-    let mut bytes = Vec::with_capacity(index.encoded_size());
-    index.encode(&mut bytes);
     let mut temporary = index_path.as_os_str().to_owned();
     temporary.push(".tmp");
     let temporary = PathBuf::from(temporary);
+    let written = write_index_through(&temporary, index_path, index).await;
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// [`write_index_file`] through `temporary`.
+async fn write_index_through(temporary: &Path, index_path: &Path, index: &SegmentIndex) -> Result<(), SegmentError> {
+    let temporary = temporary.to_path_buf();
+    let mut bytes = Vec::with_capacity(index.encoded_size());
+    index.encode(&mut bytes);
     prime_dma_probe(parent_dir(index_path)).await?;
     let opened = OpenOptions::new().write(true).create(true).truncate(true).dma_open(&temporary).await;
     let file = io_context(opened, "create index", &temporary, 0)?;
@@ -1035,6 +1137,78 @@ pub(crate) mod tests {
             writer.close().await.unwrap();
         });
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Probe files of earlier processes are removed, this process's are
+    /// not, and a write check leaves no file behind.
+    #[test]
+    fn stale_probe_files_are_removed() {
+        let dir = scratch_dir("stale-probes");
+        let stale = dir.join(format!("{PROBE_FILE_PREFIX}1-ThreadId2"));
+        let own = dir.join(format!("{PROBE_FILE_PREFIX}{}-ThreadId2", std::process::id()));
+        let segment = dir.join("00000000000000000000.log");
+        for path in [&stale, &own, &segment] {
+            std::fs::write(path, b"").unwrap();
+        }
+        assert_eq!(remove_stale_probe_files(&dir), 1);
+        assert!(!stale.exists() && own.exists() && segment.exists());
+        std::fs::remove_file(&own).unwrap();
+        check_writable(&dir).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "only the segment is left");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// On a full filesystem the probe leaves no file: it fails when no
+    /// existing file can stand in, and succeeds with one that can, keeping
+    /// the failed write for the shard to report. Needs root to mount a
+    /// small tmpfs; skipped otherwise.
+    #[test]
+    fn a_full_disk_leaves_no_probe_file() {
+        let dir = scratch_dir("probe-full");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+            .arg(&dir)
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", dir.display());
+            return;
+        }
+        let partition = dir.join("streams").join("default").join("0");
+        std::fs::create_dir_all(&partition).unwrap();
+        let mut filler = std::fs::File::create(dir.join("filler")).unwrap();
+        while std::io::Write::write_all(&mut filler, &[1u8; 4096]).is_ok() {}
+        let probes = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().starts_with(PROBE_FILE_PREFIX))
+                .count()
+        };
+        let (no_stand_in, with_stand_in) = run({
+            let partition = partition.clone();
+            async move {
+                std::fs::write(partition.join("empty"), b"").unwrap();
+                // One level below a partition directory: the search (up to
+                // the data directory, PROBE_STAND_IN_DEPTH_MAX levels) does
+                // not reach the filler at the root, and finds only the
+                // empty file on its way.
+                let lonely = partition.join("lonely");
+                std::fs::create_dir_all(&lonely).unwrap();
+                let no_stand_in = prime_dma_probe(&lonely).await;
+                (no_stand_in, prime_dma_probe(&partition).await)
+            }
+        });
+        let error = no_stand_in.expect_err("nothing non-empty to probe with");
+        assert!(error.is_storage_full(), "{error}");
+        with_stand_in.unwrap();
+        assert_eq!(probes(&partition) + probes(&partition.join("lonely")), 0, "no probe file is left");
+        let (failed_dir, failure) = take_probe_write_failure().expect("the failed write is kept");
+        assert!(failure.is_storage_full() && failed_dir == partition, "{failure}");
+        assert!(check_writable(&partition).unwrap_err().is_storage_full());
+        assert_eq!(probes(&partition), 0);
+        let _ = std::process::Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The writer refuses what breaks its limits or the log, with errors

@@ -194,6 +194,12 @@ impl std::fmt::Display for CatalogError {
 impl std::error::Error for CatalogError {}
 
 impl CatalogError {
+    /// Whether the catalog could not be written because the disk (or
+    /// quota) is full.
+    pub fn is_storage_full(&self) -> bool {
+        matches!(self, CatalogError::Io { error, .. } if matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
+
     /// The HTTP status an admin request gets for this error.
     pub fn http_status(&self) -> u16 {
         match self {
@@ -384,7 +390,22 @@ impl Catalog {
     /// the deletes a crash interrupted and moves directories no stream owns
     /// to the trash (see the module doc), saying so on stderr.
     pub fn open(data_dir: &Path, limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
-        let mut catalog = Catalog::read(data_dir, limits, default_partitions)?;
+        match Catalog::open_deferring(data_dir, limits, default_partitions)? {
+            (catalog, None) => Ok(catalog),
+            (_, Some(error)) => Err(error),
+        }
+    }
+
+    /// Like [`Catalog::open`], except that a new catalog that cannot be
+    /// written for lack of disk space comes back with that error instead of
+    /// failing: the server starts with it and saves it once it can
+    /// ([`UnsavedCatalog`]).
+    pub fn open_deferring(
+        data_dir: &Path,
+        limits: &CatalogLimits,
+        default_partitions: u32,
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        let (mut catalog, unsaved) = Catalog::read(data_dir, limits, default_partitions)?;
         if !catalog.deleting.is_empty() {
             for spec in &catalog.deleting {
                 trash::move_stream_to_trash(data_dir, spec)?;
@@ -403,24 +424,32 @@ impl Catalog {
         for orphan in trash::move_orphans_to_trash(data_dir, &live)? {
             eprintln!("spate: {} belongs to no stream of the catalog: moved to the trash", orphan.display());
         }
-        Ok(catalog)
+        Ok((catalog, unsaved))
     }
 
-    /// The catalog file as it is, or a new catalog (saved) if there is none.
-    fn read(data_dir: &Path, limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
+    /// The catalog file as it is, or a new catalog (saved if it can be: see
+    /// [`Catalog::open_deferring`]) if there is none.
+    fn read(
+        data_dir: &Path,
+        limits: &CatalogLimits,
+        default_partitions: u32,
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
         let path = data_dir.join(CATALOG_FILE_NAME);
         let catalog = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice::<Catalog>(&bytes)
                 .map_err(|error| CatalogError::Invalid { why: format!("{}: {error}", path.display()) })?,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 let catalog = Catalog::with_default(limits, default_partitions)?;
-                catalog.save(data_dir)?;
-                return Ok(catalog);
+                return match catalog.save(data_dir) {
+                    Ok(()) => Ok((catalog, None)),
+                    Err(error) if error.is_storage_full() => Ok((catalog, Some(error))),
+                    Err(error) => Err(error),
+                };
             }
             Err(error) => return Err(CatalogError::Io { op: "read", path, error }),
         };
         catalog.check(limits, default_partitions)?;
-        Ok(catalog)
+        Ok((catalog, None))
     }
 
     /// A catalog holding only `default` (memory storage, or a new data dir).
@@ -456,22 +485,56 @@ impl Catalog {
     }
 
     /// Writes the catalog atomically (temporary file, fsync, rename, fsync
-    /// of the directory).
+    /// of the directory). On failure (a full disk) the old file stays and
+    /// no temporary file is left.
     pub fn save(&self, data_dir: &Path) -> Result<(), CatalogError> {
+        let temporary = data_dir.join(format!("{CATALOG_FILE_NAME}.tmp"));
+        let saved = self.save_through(data_dir, &temporary);
+        if saved.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        saved
+    }
+
+    fn save_through(&self, data_dir: &Path, temporary: &Path) -> Result<(), CatalogError> {
         use std::io::Write;
         let path = data_dir.join(CATALOG_FILE_NAME);
-        let temporary = data_dir.join(format!("{CATALOG_FILE_NAME}.tmp"));
         let io = |op: &'static str, path: &Path| {
             let path = path.to_path_buf();
             move |error| CatalogError::Io { op, path, error }
         };
         let bytes = serde_json::to_vec_pretty(self).expect("a catalog serializes");
-        let mut file = std::fs::File::create(&temporary).map_err(io("create", &temporary))?;
-        file.write_all(&bytes).map_err(io("write", &temporary))?;
-        file.sync_all().map_err(io("fsync", &temporary))?;
-        std::fs::rename(&temporary, &path).map_err(io("rename", &path))?;
+        let mut file = std::fs::File::create(temporary).map_err(io("create", temporary))?;
+        file.write_all(&bytes).map_err(io("write", temporary))?;
+        file.sync_all().map_err(io("fsync", temporary))?;
+        std::fs::rename(temporary, &path).map_err(io("rename", &path))?;
         let dir = std::fs::File::open(data_dir).map_err(io("open", data_dir))?;
         dir.sync_all().map_err(io("fsync", data_dir))
+    }
+}
+
+/// Why the catalog created at start-up is not on disk yet (the disk was
+/// full), shared by the server and its admin thread, which saves it once it
+/// can and then clears this.
+#[derive(Debug, Clone, Default)]
+pub struct UnsavedCatalog(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl UnsavedCatalog {
+    /// Why it is unsaved, while it is.
+    pub fn reason(&self) -> Option<String> {
+        self.0.lock().map(|reason| reason.clone()).unwrap_or(None)
+    }
+
+    pub fn set(&self, reason: String) {
+        if let Ok(mut held) = self.0.lock() {
+            *held = Some(reason);
+        }
+    }
+
+    pub fn clear(&self) {
+        if let Ok(mut held) = self.0.lock() {
+            *held = None;
+        }
     }
 }
 
