@@ -508,12 +508,14 @@ impl DiskLog {
 
     /// Opens moved files on this shard, appending where the old owner
     /// stopped.
-    pub async fn reopen(moved: MovedDisk) -> Result<DiskLog, SegmentError> {
-        let MovedDisk { dir, log_id, config, sealed, active_base, active_path, active_index, visible_offset } = moved;
-        let writer = SegmentWriter::reopen(&active_path, active_index, config.writer).await?;
+    /// The moved files stay with the caller, to try again after an error
+    /// (out of file descriptors, say): nothing is lost meanwhile.
+    pub async fn reopen(moved: &MovedDisk) -> Result<DiskLog, SegmentError> {
+        let writer = SegmentWriter::reopen(&moved.active_path, moved.active_index.clone(), moved.config.writer).await?;
+        let active = ActiveStart::Writer(Box::new(writer));
         let mut log =
-            DiskLog::assemble(&dir, log_id, config, sealed, active_base, ActiveStart::Writer(Box::new(writer)));
-        log.visible_offset = visible_offset.min(log.written_offset);
+            DiskLog::assemble(&moved.dir, moved.log_id, moved.config, moved.sealed.clone(), moved.active_base, active);
+        log.visible_offset = moved.visible_offset.min(log.written_offset);
         Ok(log)
     }
 }

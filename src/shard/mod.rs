@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::balance::Refusal;
-use crate::config::Config;
+use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::partition::MovedPartition;
 use crate::partition::apply::{ShardMigrations, apply_batch, install_handoff};
 use crate::partition::disk::DiskLog;
@@ -390,11 +390,29 @@ impl Shard {
         };
         let shard = self.clone();
         glommio::spawn_local(async move {
-            // Events for it keep arriving meanwhile and wait as pending.
-            let disk = match DiskLog::reopen(moved_disk).await {
-                Ok(disk) => disk,
-                Err(error) => panic!("shard {}: cannot open moved partition {partition_id}: {error}", shard.id),
+            // Events for it keep arriving meanwhile and wait as pending
+            // (bounded by their sources' credits), also while an open that
+            // failed (no file descriptor left, say) is tried again.
+            let mut logged = false;
+            let disk = loop {
+                match DiskLog::reopen(&moved_disk).await {
+                    Ok(disk) => break disk,
+                    Err(error) => {
+                        ShardMetrics::add(&shard.metrics.storage_errors, 1);
+                        if !std::mem::replace(&mut logged, true) {
+                            eprintln!(
+                                "spate: shard {}: cannot open moved partition {partition_id} yet: {error}; \
+                                 retrying every {STORAGE_RETRY_MS} ms",
+                                shard.id
+                            );
+                        }
+                        glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+                    }
+                }
             };
+            if logged {
+                eprintln!("spate: shard {}: opened moved partition {partition_id}", shard.id);
+            }
             shard.install_moved(partition_id, epoch, Partition::from_moved(*partition, Some(disk)));
         })
         .detach();
