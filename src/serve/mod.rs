@@ -116,6 +116,7 @@ impl std::error::Error for ServeError {}
 pub fn serve(mut config: Config) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
+    checks::check_eager_memory(&config)?;
     checks::check_io_uring(&config)?;
     checks::check_fd_limit(&config)?;
     checks::check_addresses(&config)?;

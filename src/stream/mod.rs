@@ -33,6 +33,13 @@ pub use crate::storage::dir::STREAM_NAME_SIZE_MAX;
 pub const STREAMS_MAX: usize = 1024;
 /// Name of the catalog file in the data directory.
 pub const CATALOG_FILE_NAME: &str = "streams.json";
+/// The longest age retention a stream (or `--retention-ms`) may ask for: 100
+/// years (36 500 days). Longer means nothing a `0` ("keep regardless of
+/// age") does not say, and values near `u64::MAX` once wrapped the age check
+/// and deleted every sealed segment at once. A catalog written before this
+/// limit may hold a larger value: the age check saturates, so it keeps
+/// segments as this maximum would.
+pub const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +130,16 @@ pub enum CatalogError {
         retention_bytes: u64,
         segment_bytes: u64,
     },
+    /// The byte retention is above what this storage allows per partition
+    /// (with memory storage, `--retention-bytes`: the memory formula's term).
+    RetentionBytesTooLarge {
+        retention_bytes: u64,
+        retention_bytes_max: u64,
+    },
+    /// The age retention is above [`RETENTION_MS_MAX`].
+    RetentionMsTooLarge {
+        retention_ms: u64,
+    },
     /// The catalog on disk says `default` has another partition count.
     DefaultMismatch {
         on_disk: u32,
@@ -160,6 +177,17 @@ impl std::fmt::Display for CatalogError {
             CatalogError::Retention { retention_bytes, segment_bytes } => write!(
                 f,
                 "bad_retention: retention_bytes {retention_bytes} must be at least one segment ({segment_bytes})"
+            ),
+            CatalogError::RetentionBytesTooLarge { retention_bytes, retention_bytes_max } => write!(
+                f,
+                "bad_retention: retention_bytes {retention_bytes} is over {retention_bytes_max}, the \
+                 --retention-bytes a memory-storage server is started with (what its memory bound counts \
+                 per partition)"
+            ),
+            CatalogError::RetentionMsTooLarge { retention_ms } => write!(
+                f,
+                "bad_retention: retention_ms {retention_ms} is over the maximum {RETENTION_MS_MAX} (100 years; \
+                 0 keeps segments regardless of age)"
             ),
             CatalogError::DefaultMismatch { on_disk, flag } => write!(
                 f,
@@ -248,6 +276,14 @@ impl Catalog {
         if retention_bytes < limits.segment_bytes {
             return Err(CatalogError::Retention { retention_bytes, segment_bytes: limits.segment_bytes });
         }
+        if retention_bytes > limits.retention_bytes_max {
+            let retention_bytes_max = limits.retention_bytes_max;
+            return Err(CatalogError::RetentionBytesTooLarge { retention_bytes, retention_bytes_max });
+        }
+        let retention_ms = request.retention_ms.unwrap_or(limits.retention_ms);
+        if retention_ms > RETENTION_MS_MAX {
+            return Err(CatalogError::RetentionMsTooLarge { retention_ms });
+        }
         let base = self.free_range(request.partitions, partitions_max)?;
         let spec = StreamSpec {
             id: self.next_id,
@@ -255,7 +291,7 @@ impl Catalog {
             partitions: request.partitions,
             base,
             retention_bytes,
-            retention_ms: request.retention_ms.unwrap_or(limits.retention_ms),
+            retention_ms,
         };
         self.next_id += 1;
         self.streams.push(spec.clone());
@@ -395,6 +431,10 @@ impl Catalog {
 pub struct CatalogLimits {
     pub partitions_max: u32,
     pub retention_bytes: u64,
+    /// The largest `retention_bytes` a stream may ask for: `--retention-bytes`
+    /// with memory storage (the memory formula counts it per partition),
+    /// unbounded on disk (files are not in the formula).
+    pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
 }
@@ -469,7 +509,13 @@ mod tests {
     use super::*;
 
     fn limits() -> CatalogLimits {
-        CatalogLimits { partitions_max: 64, retention_bytes: 1 << 20, retention_ms: 1000, segment_bytes: 1 << 16 }
+        CatalogLimits {
+            partitions_max: 64,
+            retention_bytes: 1 << 20,
+            retention_bytes_max: 1 << 24,
+            retention_ms: 1000,
+            segment_bytes: 1 << 16,
+        }
     }
 
     fn request(name: &str, partitions: u32) -> StreamRequest {
@@ -497,6 +543,26 @@ mod tests {
         assert!(matches!(catalog.remove("nope"), Err(CatalogError::Unknown { .. })));
         let small = StreamRequest { retention_bytes: Some(10), ..request("small", 1) };
         assert!(matches!(catalog.create(&small, &limits()), Err(CatalogError::Retention { .. })));
+    }
+
+    /// Retention past its maximum is refused with the numbers (u64::MAX and
+    /// 2^63 too, which the age check once wrapped); the maxima are accepted.
+    #[test]
+    fn retention_limits_are_checked_with_their_numbers() {
+        let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
+        for retention_ms in [u64::MAX, 1 << 63, RETENTION_MS_MAX + 1] {
+            let aged = StreamRequest { retention_ms: Some(retention_ms), ..request("aged", 1) };
+            let error = catalog.create(&aged, &limits()).unwrap_err();
+            assert!(matches!(error, CatalogError::RetentionMsTooLarge { .. }), "{error}");
+            assert!(error.to_string().contains(&RETENTION_MS_MAX.to_string()), "{error}");
+            assert_eq!(error.http_status(), 400);
+        }
+        let sized = StreamRequest { retention_bytes: Some(u64::MAX), ..request("sized", 1) };
+        let error = catalog.create(&sized, &limits()).unwrap_err();
+        assert!(matches!(error, CatalogError::RetentionBytesTooLarge { retention_bytes_max: 16777216, .. }));
+        let at_most =
+            StreamRequest { retention_bytes: Some(1 << 24), retention_ms: Some(RETENTION_MS_MAX), ..request("max", 1) };
+        assert_eq!(catalog.create(&at_most, &limits()).unwrap().retention_ms, RETENTION_MS_MAX);
     }
 
     /// The catalog survives a save and open; a changed default partition
