@@ -140,7 +140,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         control: Arc::new(control_receivers),
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
-        catalog: Arc::new(catalog.clone()),
+        catalog: Arc::new(catalog.running()),
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;
@@ -341,5 +341,16 @@ fn open_catalog(config: &Config) -> Result<crate::stream::Catalog, ServeError> {
         crate::config::Storage::Disk => crate::stream::Catalog::open(&config.data_dir, &limits, config.partitions),
         crate::config::Storage::Memory => crate::stream::Catalog::with_default(&limits, config.partitions),
     };
-    catalog.map_err(ServeError::Catalog)
+    let mut catalog = catalog.map_err(ServeError::Catalog)?;
+    for (declaration, cycle) in catalog.suspend_cycles() {
+        eprintln!(
+            "spate: aggregate {name} on stream {stream} is suspended (kept, not run): it closes the {cycle}, and \
+             an aggregate fed by its own output grows its streams for ever (declared before cycles were \
+             refused). Delete it (DELETE /streams/{stream}/aggregates/{name}) or another aggregate of the \
+             cycle, and it runs again when it no longer closes one.",
+            name = declaration.name,
+            stream = declaration.stream,
+        );
+    }
+    Ok(catalog)
 }

@@ -238,6 +238,11 @@ pub struct Catalog {
     /// the order they were declared; names are unique across streams.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     aggregates: Vec<crate::process::AggregateDeclaration>,
+    /// Aggregates kept in the catalog but not run, each with the cycle it
+    /// closes: a catalog from before cycles were refused
+    /// ([`Catalog::suspend_cycles`]). Found again at every start.
+    #[serde(skip)]
+    suspended: Vec<(String, crate::process::Cycle)>,
 }
 
 impl Catalog {
@@ -319,7 +324,55 @@ impl Catalog {
     /// Removes an aggregate by name.
     pub fn remove_aggregate(&mut self, name: &str) -> Option<crate::process::AggregateDeclaration> {
         let index = self.aggregates.iter().position(|declaration| declaration.name == name)?;
+        self.suspended.retain(|(suspended, _)| suspended != name);
         Some(self.aggregates.remove(index))
+    }
+
+    /// Suspends each aggregate that closes a cycle with the ones declared
+    /// before it (a catalog written before cycles were refused; see
+    /// [`crate::process::cycles_in`]) and returns them with their cycles.
+    /// A suspended aggregate stays declared (listed, deletable, saved) but
+    /// is not run: [`Catalog::running`] leaves it out of the shards' copy.
+    pub fn suspend_cycles(&mut self) -> Vec<(crate::process::AggregateDeclaration, crate::process::Cycle)> {
+        let cycles = crate::process::cycles_in(&self.aggregates);
+        let suspended: Vec<_> =
+            cycles.into_iter().map(|(index, cycle)| (self.aggregates[index].clone(), cycle)).collect();
+        self.suspended =
+            suspended.iter().map(|(declaration, cycle)| (declaration.name.clone(), cycle.clone())).collect();
+        suspended
+    }
+
+    /// The cycle a suspended aggregate closes, or `None` if it runs.
+    pub fn suspended(&self, name: &str) -> Option<&crate::process::Cycle> {
+        self.suspended.iter().find(|(suspended, _)| suspended == name).map(|(_, cycle)| cycle)
+    }
+
+    /// Resumes, in declaration order, each suspended aggregate that closes
+    /// no cycle with the running ones any more (an aggregate of its cycle
+    /// was deleted) and returns them, for the shards to start. The running
+    /// aggregates stay acyclic: each one resumed joins them before the next
+    /// is checked.
+    pub fn resume_acyclic(&mut self) -> Vec<crate::process::AggregateDeclaration> {
+        let mut running: Vec<_> =
+            self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_none()).cloned().collect();
+        let mut resumed = Vec::new();
+        for declaration in self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_some()) {
+            if crate::process::cycle_closed_by(&running, declaration).is_none() {
+                running.push(declaration.clone());
+                resumed.push(declaration.clone());
+            }
+        }
+        self.suspended.retain(|(name, _)| !resumed.iter().any(|declaration| declaration.name == *name));
+        resumed
+    }
+
+    /// The catalog the shards run: every stream, and every aggregate but the
+    /// suspended ones.
+    pub fn running(&self) -> Catalog {
+        let mut running = self.clone();
+        running.aggregates.retain(|declaration| self.suspended(&declaration.name).is_none());
+        running.suspended.clear();
+        running
     }
 
     /// Removes a stream; its range stays unused until a restart.
@@ -333,6 +386,8 @@ impl Catalog {
         self.retired.push((spec.base, spec.partitions));
         // Its aggregates go with it (their state lives in its partitions).
         self.aggregates.retain(|declaration| declaration.stream != name);
+        let aggregates = &self.aggregates;
+        self.suspended.retain(|(suspended, _)| aggregates.iter().any(|declaration| declaration.name == *suspended));
         Ok(spec)
     }
 
@@ -580,6 +635,43 @@ mod tests {
         let error = Catalog::open(&dir, &limits(), 9).unwrap_err();
         assert!(error.to_string().contains("8 partitions, --partitions says 9"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn count(name: &str, stream: &str, output: &str) -> crate::process::AggregateDeclaration {
+        let body = format!(
+            r#"{{"name":"{name}","stream":"{stream}","kind":"count","window":{{"type":"tumbling","size_ms":500}},
+               "output":"{output}"}}"#
+        );
+        crate::process::AggregateDeclaration::from_json(body.as_bytes()).unwrap()
+    }
+
+    /// A catalog with a cycle (from before they were refused) suspends the
+    /// declaration that closes it: kept and saved, left out of what the
+    /// shards run; deleting an aggregate of the cycle resumes it, unless a
+    /// running one would close the cycle again.
+    #[test]
+    fn cycles_from_an_older_catalog_are_suspended_and_resumed() {
+        let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
+        for declaration in [count("ab", "a", "b"), count("ba", "b", "a"), count("ab2", "a", "b"), count("bc", "b", "c")]
+        {
+            catalog.add_aggregate(declaration);
+        }
+        let suspended = catalog.suspend_cycles();
+        let names: Vec<&str> = suspended.iter().map(|(declaration, _)| declaration.name.as_str()).collect();
+        assert_eq!(names, ["ba"]);
+        assert_eq!(catalog.suspended("ba").unwrap().to_string(), "cycle: a -> b -> a (aggregates ab, ba)");
+        let running: Vec<String> = catalog.running().aggregates().iter().map(|held| held.name.clone()).collect();
+        assert_eq!(running, ["ab", "ab2", "bc"]);
+        assert_eq!(catalog.aggregates().len(), 4, "kept in the catalog, and in streams.json");
+        assert!(serde_json::to_string(&catalog).unwrap().contains("\"ba\""));
+
+        catalog.remove_aggregate("ab");
+        assert!(catalog.resume_acyclic().is_empty(), "ab2 still makes a -> b: ba would close the cycle");
+        assert!(catalog.suspended("ba").is_some());
+        catalog.remove_aggregate("ab2");
+        let resumed: Vec<String> = catalog.resume_acyclic().into_iter().map(|held| held.name).collect();
+        assert_eq!(resumed, ["ba"]);
+        assert!(catalog.suspended("ba").is_none() && catalog.running().aggregates().len() == 2);
     }
 
     /// Log ids tell every stream partition apart and survive restarts.
