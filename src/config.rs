@@ -87,6 +87,9 @@ pub const CONTROL_CHANNEL_CAPACITY: usize = 64;
 pub const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
 /// Longest `SUB` request line, in bytes.
 pub const SUBSCRIBE_REQUEST_SIZE_MAX: usize = 1024;
+/// How far the subscribe port reads (and drops) a longer first line to tell
+/// its real size in the `ERR`; past this it says "at least" and closes.
+pub const SUBSCRIBE_REQUEST_SKIP_BYTES_MAX: usize = MIB;
 /// A fetch reply's buffer is reserved this large (or at the fetch's budget)
 /// once it has data, so a full reply does not regrow it.
 pub const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * KIB;
