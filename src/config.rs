@@ -619,6 +619,13 @@ pub enum ConfigError {
         max: usize,
         why: &'static str,
     },
+    /// A size below what its use needs.
+    TooSmall {
+        name: &'static str,
+        value: usize,
+        min: usize,
+        why: &'static str,
+    },
     /// A term of the memory formula does not fit in a `usize`: the flags it
     /// multiplies are absurd (the bound would otherwise wrap to a small,
     /// wrong number).
@@ -656,6 +663,9 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Zero { name } => write!(f, "{name} must be greater than zero"),
             ConfigError::TooLarge { name, value, max, why } => {
                 write!(f, "{name} {value} is above its maximum {max} ({why})")
+            }
+            ConfigError::TooSmall { name, value, min, why } => {
+                write!(f, "{name} {value} is below its minimum {min} ({why})")
             }
             ConfigError::MemoryBoundOverflow { term, flags } => write!(
                 f,
@@ -880,6 +890,14 @@ impl Config {
             return Err(ConfigError::RetentionBelowSegment {
                 retention_bytes: self.retention_bytes(),
                 segment_bytes: self.segment_bytes(),
+            });
+        }
+        if self.tail_cache_bytes < self.tail_cache_segment_bytes() {
+            return Err(ConfigError::TooSmall {
+                name: "--tail-cache-bytes",
+                value: self.tail_cache_bytes,
+                min: self.tail_cache_segment_bytes(),
+                why: "the cache holds at least one in-memory segment of one record",
             });
         }
         if self.read_buffer_initial_bytes == 0 || self.read_buffer_initial_bytes > self.read_buffer_bytes {
@@ -1250,6 +1268,9 @@ mod tests {
         assert!(matches!(small_window.validate(), Err(ConfigError::CreditWindowBelowLine { .. })));
         let zero_partitions = parse(&["--shards", "1", "--partitions", "0"]);
         assert!(matches!(zero_partitions.validate(), Err(ConfigError::PartitionCount { .. })));
+        let no_cache = parse(&["--shards", "1", "--tail-cache-bytes", "0"]);
+        let error = no_cache.validate().unwrap_err();
+        assert!(matches!(error, ConfigError::TooSmall { name: "--tail-cache-bytes", value: 0, .. }), "{error}");
         let small_retention = parse(&["--shards", "1", "--retention-bytes", "1000"]);
         assert!(matches!(small_retention.validate(), Err(ConfigError::RetentionBelowSegment { .. })));
         let huge_segment =
