@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 
 use crate::protocol::record::PAYLOAD_SIZE_LIMIT;
+use crate::stream::RETENTION_MS_MAX;
 
 pub const KIB: usize = 1024;
 pub const MIB: usize = 1024 * KIB;
@@ -86,6 +87,9 @@ pub const CONTROL_CHANNEL_CAPACITY: usize = 64;
 pub const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
 /// Longest `SUB` request line, in bytes.
 pub const SUBSCRIBE_REQUEST_SIZE_MAX: usize = 1024;
+/// How far the subscribe port reads (and drops) a longer first line to tell
+/// its real size in the `ERR`; past this it says "at least" and closes.
+pub const SUBSCRIBE_REQUEST_SKIP_BYTES_MAX: usize = MIB;
 /// A fetch reply's buffer is reserved this large (or at the fetch's budget)
 /// once it has data, so a full reply does not regrow it.
 pub const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * KIB;
@@ -215,6 +219,19 @@ pub const CREDIT_WINDOW_BYTES_PER_OWNER_DISK: usize = 32 * MIB;
 /// The fewest batches in flight per (source, owner) pair by default.
 pub const CREDIT_WINDOW_BATCHES_MIN: usize = 64;
 
+/// The longest timeout or interval a `--*-ms` flag takes (7 days; age
+/// retention has its own, [`crate::stream::RETENTION_MS_MAX`]). Far beyond
+/// any use, and small enough that every deadline built on one (`now +
+/// timeout`, a revoke deadline, a report's staleness of 5 intervals) stays
+/// far from `u64::MAX`: clap refuses a larger value at start-up.
+pub const DURATION_FLAG_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
+/// The longest `--*-us` flag (batch flush, spin before park): 1 s, past which
+/// neither is a latency knob any more.
+pub const DURATION_FLAG_US_MAX: u64 = 1_000_000;
+/// The most the `--apply-delay-ns-per-event` test knob adds per event (1 s):
+/// times the events of a batch (a `u32`) it stays within `u64`.
+pub const APPLY_DELAY_NS_PER_EVENT_MAX: u64 = 1_000_000_000;
+
 /// How long a subscriber waits before asking again for a partition that is
 /// moving between owners, in ms.
 pub const FETCH_RETRY_DELAY_MS: u64 = 1;
@@ -335,7 +352,7 @@ pub struct Config {
     /// ms of connecting gets `ERR 1 idle_timeout` and is closed. Connections
     /// that have sent a line may stay idle (TCP keepalive notices a vanished
     /// peer). The subscribe port has its own, shorter deadline.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_FLAG_MS_MAX))]
     pub idle_timeout_ms: u64,
 
     /// A connection to the subscribe port that has not sent its whole `SUB`
@@ -351,14 +368,14 @@ pub struct Config {
     /// An ingest line that stays incomplete this many ms while spate waits
     /// for its bytes (a slowloris) gets `ERR <line> line_timeout` and the
     /// connection is closed. Time stalled on backpressure does not count.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_FLAG_MS_MAX))]
     pub line_timeout_ms: u64,
 
     /// On SIGINT/SIGTERM, connections get this many ms to finish (replies,
     /// subscribers' last data and `CLOSING` notice); then they are cut and
     /// the process exits within about a second more. A second signal exits
     /// at once.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
     pub shutdown_timeout_ms: u64,
 
     /// File descriptors kept free for anything the other limits do not
@@ -374,7 +391,7 @@ pub struct Config {
     pub batch_bytes: usize,
 
     /// A non-empty batch is sent at the latest after this long.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_US_MAX))]
     pub batch_flush_us: u64,
 
     /// Credit window, in bytes of batch records, that each owner shard grants
@@ -409,7 +426,7 @@ pub struct Config {
 
     /// With `--fsync interval`: the longest a written event waits for an
     /// fdatasync, in ms.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
     pub fsync_interval_ms: u64,
 
     /// With `--fsync interval`: written bytes a shard lets wait for an
@@ -433,7 +450,7 @@ pub struct Config {
     /// With `--storage disk`: how often each partition's aggregate state is
     /// checkpointed next to its log, in ms (a crash replays about this much
     /// of the log; more when a round waits for durability under load).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=DURATION_FLAG_MS_MAX))]
     pub aggregate_checkpoint_ms: u64,
 
     /// Retention per partition in bytes [default: 1 GiB of files on disk, 8
@@ -442,8 +459,9 @@ pub struct Config {
     pub retention_bytes: Option<usize>,
 
     /// Retention by age in ms [default: 7 days]: sealed segments whose last
-    /// write is older are deleted (disk only). 0 keeps them regardless.
-    #[arg(long, default_value_t = 7 * 24 * 3600 * 1000)]
+    /// write is older are deleted (disk only). 0 keeps them regardless; at
+    /// most 100 years.
+    #[arg(long, default_value_t = 7 * 24 * 3600 * 1000, value_parser = clap::value_parser!(u64).range(0..=RETENTION_MS_MAX))]
     pub retention_ms: u64,
 
     /// Segment size in bytes, the unit of retention [default: 64 MiB files
@@ -479,7 +497,7 @@ pub struct Config {
     /// A group member that sends no line (`COMMIT`, `PING`) for this long is
     /// cut and its partitions are reassigned. It is also how long a member
     /// may take to finish a revocation (to read up to its `REVOKED` line).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_FLAG_MS_MAX))]
     pub group_session_timeout_ms: u64,
 
     /// A `hold` group whose lag on a partition passes this many payload
@@ -500,7 +518,7 @@ pub struct Config {
     /// 100 k events/s: 20 us lowered p99 from 1.1-2.1 to 0.7-1.4 ms for 17 %
     /// more CPU, 50 us cost 38 % more with no better tail (README,
     /// Benchmarks). Try it on dedicated cores.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_US_MAX))]
     pub spin_before_park_us: u64,
 
     /// Bytes of log segments each shard writes once at start and keeps
@@ -518,16 +536,16 @@ pub struct Config {
     pub rebalance: Rebalance,
 
     /// How often each shard gossips its load (and may ask for work), in ms.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
     pub rebalance_interval_ms: u64,
 
     /// A partition that moved stays put at least this long, in ms.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
     pub rebalance_cooldown_ms: u64,
 
     /// TEST KNOB, off by default: nanoseconds of extra work per applied event,
     /// to make the apply stage slow and exercise backpressure.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=APPLY_DELAY_NS_PER_EVENT_MAX))]
     pub apply_delay_ns_per_event: u64,
 
     /// TEST KNOB: shards the apply delay applies to (comma-separated ids);
@@ -628,6 +646,20 @@ pub enum ConfigError {
         max: usize,
         why: &'static str,
     },
+    /// A size below what its use needs.
+    TooSmall {
+        name: &'static str,
+        value: usize,
+        min: usize,
+        why: &'static str,
+    },
+    /// A term of the memory formula does not fit in a `usize`: the flags it
+    /// multiplies are absurd (the bound would otherwise wrap to a small,
+    /// wrong number).
+    MemoryBoundOverflow {
+        term: &'static str,
+        flags: &'static str,
+    },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -659,6 +691,15 @@ impl std::fmt::Display for ConfigError {
             ConfigError::TooLarge { name, value, max, why } => {
                 write!(f, "{name} {value} is above its maximum {max} ({why})")
             }
+            ConfigError::TooSmall { name, value, min, why } => {
+                write!(f, "{name} {value} is below its minimum {min} ({why})")
+            }
+            ConfigError::MemoryBoundOverflow { term, flags } => write!(
+                f,
+                "the memory bound's {term} term does not fit in {} bits: {flags} multiply to more than any \
+                 machine holds (the formula is in `spate serve --help`)",
+                usize::BITS
+            ),
         }
     }
 }
@@ -766,7 +807,35 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_counts()?;
         self.validate_format_limits()?;
-        self.validate_relations()
+        self.validate_relations()?;
+        self.validate_memory_bound()
+    }
+
+    /// Every term of the memory formula is computed saturating; one that
+    /// reached `usize::MAX` did not fit, and the configuration is refused
+    /// with the flags that term multiplies.
+    fn validate_memory_bound(&self) -> Result<(), ConfigError> {
+        let bound = self.memory_bound();
+        let terms = [
+            ("connection_buffers", bound.connection_buffers, "--connections-per-shard-max and --read-buffer-bytes"),
+            ("long_line_worst_case", bound.long_line_worst_case, "--connections-per-shard-max and --line-size-max"),
+            ("batches_and_credits", bound.batches_and_credits, "--batch-bytes and --credit-window-bytes"),
+            (
+                "retention",
+                bound.retention,
+                "--retention-bytes, --tail-cache-bytes, --fsync-pending-bytes-max and --credit-window-bytes",
+            ),
+            ("subscribers", bound.subscribers, "--subscribers-per-shard-max and --fetch-bytes-max"),
+            ("fixed", bound.fixed, "--io-memory-bytes and --batch-bytes"),
+            ("mesh", bound.mesh, "--credit-window-batches and --subscribers-per-shard-max"),
+            ("groups", bound.groups, "--groups-max and --subscribers-per-shard-max"),
+            ("segment_pool", bound.segment_pool, "--log-prefault-bytes"),
+            ("total", bound.total_worst_case, "the terms' flags together"),
+        ];
+        match terms.into_iter().find(|&(_, bytes, _)| bytes == usize::MAX) {
+            Some((term, _, flags)) => Err(ConfigError::MemoryBoundOverflow { term, flags }),
+            None => Ok(()),
+        }
     }
 
     fn validate_counts(&self) -> Result<(), ConfigError> {
@@ -853,6 +922,14 @@ impl Config {
                 segment_bytes: self.segment_bytes(),
             });
         }
+        if self.tail_cache_bytes < self.tail_cache_segment_bytes() {
+            return Err(ConfigError::TooSmall {
+                name: "--tail-cache-bytes",
+                value: self.tail_cache_bytes,
+                min: self.tail_cache_segment_bytes(),
+                why: "the cache holds at least one in-memory segment of one record",
+            });
+        }
         if self.read_buffer_initial_bytes == 0 || self.read_buffer_initial_bytes > self.read_buffer_bytes {
             return Err(ConfigError::ReadBuffer {
                 read_buffer_initial_bytes: self.read_buffer_initial_bytes,
@@ -884,7 +961,7 @@ impl Config {
     /// scratch grows to the longest key or series it unescaped and is given
     /// back once over this).
     pub fn parser_scratch_bytes_max(&self) -> usize {
-        2 * self.key_size_max
+        self.key_size_max.saturating_mul(2)
     }
 
     /// The lag, in payload bytes, past which a `hold` group pauses ingest
@@ -958,9 +1035,14 @@ impl Config {
 
     /// What the stream catalog applies: the capacity and the defaults.
     pub fn catalog_limits(&self) -> crate::stream::CatalogLimits {
+        let retention_bytes_max = match self.storage {
+            Storage::Memory => self.retention_bytes() as u64,
+            Storage::Disk => u64::MAX,
+        };
         crate::stream::CatalogLimits {
             partitions_max: self.partitions_max,
             retention_bytes: self.retention_bytes() as u64,
+            retention_bytes_max,
             retention_ms: self.retention_ms,
             segment_bytes: self.segment_bytes() as u64,
         }
@@ -977,7 +1059,7 @@ impl Config {
         let report_interval_ms = self.rebalance_interval_ms.max(1);
         crate::balance::BalanceConfig {
             report_interval_ms,
-            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms * 5),
+            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms.saturating_mul(5)),
             cooldown_ms: self.rebalance_cooldown_ms,
             ..defaults
         }
@@ -991,7 +1073,7 @@ impl Config {
 
     /// Frames each mesh channel holds: every credited batch plus control.
     pub fn mesh_channel_frames(&self) -> usize {
-        self.credit_window_batches() + self.subscribers_per_shard_max * 2 + MESH_CONTROL_SLOTS
+        sum(&[self.credit_window_batches(), product(&[self.subscribers_per_shard_max, 2]), MESH_CONTROL_SLOTS])
     }
 
     /// The partition-log term of the memory formula: all of retention in
@@ -1001,14 +1083,17 @@ impl Config {
     pub fn partition_log_bytes(&self) -> usize {
         let partitions = self.partitions_max as usize;
         match self.storage {
-            Storage::Memory => partitions * (self.retention_bytes() + self.segment_bytes()),
+            Storage::Memory => product(&[partitions, sum(&[self.retention_bytes(), self.segment_bytes()])]),
             Storage::Disk => {
                 let shards = self.shard_count();
-                let index_bytes = self.retention_bytes() / INDEX_INTERVAL_BYTES as usize * 8;
-                let per_partition = self.tail_cache_bytes + self.tail_cache_segment_bytes() + index_bytes + 4 * KIB;
-                partitions * per_partition
-                    + shards * self.fsync_pending_bytes_max
-                    + shards * shards * self.credit_window_bytes()
+                let index_bytes = product(&[self.retention_bytes() / INDEX_INTERVAL_BYTES as usize, 8]);
+                let per_partition =
+                    sum(&[self.tail_cache_bytes, self.tail_cache_segment_bytes(), index_bytes, 4 * KIB]);
+                sum(&[
+                    product(&[partitions, per_partition]),
+                    product(&[shards, self.fsync_pending_bytes_max]),
+                    product(&[shards, shards, self.credit_window_bytes()]),
+                ])
             }
         }
     }
@@ -1019,50 +1104,68 @@ impl Config {
     /// batch at most `batch_bytes` plus one record) and 4 per partition id.
     pub fn apply_order_bytes(&self, partitions: usize) -> usize {
         let record_size_min = crate::protocol::record::BATCH_HEADER_SIZE + 1;
-        12 * (self.batch_bytes / record_size_min + 2) + 4 * (partitions + 1)
+        sum(&[product(&[12, self.batch_bytes / record_size_min + 2]), product(&[4, partitions + 1])])
     }
 
-    /// The peak-memory formula for this configuration.
+    /// The peak-memory formula for this configuration. Every sum and
+    /// product saturates at `usize::MAX` (see [`product`]), so huge flags
+    /// give a term of `usize::MAX`, which [`Config::validate`] refuses, never
+    /// a wrapped small number.
     pub fn memory_bound(&self) -> MemoryBound {
         let shards = self.shard_count();
         let partitions = self.partitions_max as usize;
-        let connections = shards * self.connections_per_shard_max;
-        let per_connection = self.read_buffer_bytes
-            + REPLY_BUFFER_BYTES_MAX
-            + REPLY_LINE_SIZE_MAX
-            + CONNECTION_STATE_BYTES
-            + self.parser_scratch_bytes_max();
-        let connection_buffers =
-            connections * per_connection + shards * REFUSALS_IN_FLIGHT_MAX * CONNECTION_STATE_BYTES;
+        let connections = product(&[shards, self.connections_per_shard_max]);
+        let per_connection = sum(&[
+            self.read_buffer_bytes,
+            REPLY_BUFFER_BYTES_MAX,
+            REPLY_LINE_SIZE_MAX,
+            CONNECTION_STATE_BYTES,
+            self.parser_scratch_bytes_max(),
+        ]);
+        let connection_buffers = sum(&[
+            product(&[connections, per_connection]),
+            product(&[shards, REFUSALS_IN_FLIGHT_MAX, CONNECTION_STATE_BYTES]),
+        ]);
         // A long line may also grow a JSON or ILP parser's scratch to its
         // size, for that line only.
-        let long_line_worst_case = connections * (self.line_size_max + 2).saturating_sub(self.read_buffer_bytes)
-            + connections * self.line_size_max.saturating_sub(self.parser_scratch_bytes_max());
-        let batches_and_credits = shards * shards * (self.batch_bytes + self.credit_window_bytes());
+        let long_line_worst_case = sum(&[
+            product(&[connections, self.line_size_max.saturating_add(2).saturating_sub(self.read_buffer_bytes)]),
+            product(&[connections, self.line_size_max.saturating_sub(self.parser_scratch_bytes_max())]),
+        ]);
+        let batches_and_credits = product(&[shards, shards, sum(&[self.batch_bytes, self.credit_window_bytes()])]);
         let retention = self.partition_log_bytes();
-        let per_subscriber = (shards + 1) * self.fetch_bytes_max
-            + shards * STANDING_REPLIES_STATE_BYTES
-            + partitions * SUBSCRIBER_BYTES_PER_PARTITION
-            + SUBSCRIBER_STATE_BYTES;
-        let subscribers = shards * self.subscribers_per_shard_max * per_subscriber;
+        let per_subscriber = sum(&[
+            product(&[shards + 1, self.fetch_bytes_max]),
+            product(&[shards, STANDING_REPLIES_STATE_BYTES]),
+            product(&[partitions, SUBSCRIBER_BYTES_PER_PARTITION]),
+            SUBSCRIBER_STATE_BYTES,
+        ]);
+        let subscribers = product(&[shards, self.subscribers_per_shard_max, per_subscriber]);
         let placement = partitions * std::mem::size_of::<crate::partition::Placement>();
-        let mesh = shards * shards * self.mesh_channel_frames() * crate::shard::frame::FRAME_SIZE_BYTES;
-        let fixed = shards
-            * (self.io_memory_bytes + placement + self.apply_order_bytes(partitions) + SHARD_FIXED_ALLOWANCE_BYTES);
+        let mesh = product(&[shards, shards, self.mesh_channel_frames(), crate::shard::frame::FRAME_SIZE_BYTES]);
+        let fixed = product(&[
+            shards,
+            sum(&[self.io_memory_bytes, placement, self.apply_order_bytes(partitions), SHARD_FIXED_ALLOWANCE_BYTES]),
+        ]);
         let response_max = partitions * ADMIN_RESPONSE_BYTES_PER_PARTITION + shards * ADMIN_RESPONSE_BYTES_PER_SHARD;
         let admin = ADMIN_CONNECTIONS_MAX * (2 * ADMIN_HEADER_BYTES_MAX + response_max);
-        let groups = self.groups_max * (GROUP_STATE_BYTES + partitions * (GROUP_BYTES_PER_PARTITION + 8 * shards))
-            + shards * self.subscribers_per_shard_max * COMMITS_IN_FLIGHT_MAX * GROUP_ACK_BYTES;
-        let segment_pool = shards * self.log_prefault_bytes;
-        let total = connection_buffers
-            + batches_and_credits
-            + retention
-            + subscribers
-            + fixed
-            + mesh
-            + admin
-            + groups
-            + segment_pool;
+        let group_per_partition = sum(&[GROUP_BYTES_PER_PARTITION, product(&[8, shards])]);
+        let groups = sum(&[
+            product(&[self.groups_max, sum(&[GROUP_STATE_BYTES, product(&[partitions, group_per_partition])])]),
+            product(&[shards, self.subscribers_per_shard_max, COMMITS_IN_FLIGHT_MAX, GROUP_ACK_BYTES]),
+        ]);
+        let segment_pool = product(&[shards, self.log_prefault_bytes]);
+        let total = sum(&[
+            connection_buffers,
+            batches_and_credits,
+            retention,
+            subscribers,
+            fixed,
+            mesh,
+            admin,
+            groups,
+            segment_pool,
+        ]);
         MemoryBound {
             connection_buffers,
             long_line_worst_case,
@@ -1075,26 +1178,44 @@ impl Config {
             groups,
             segment_pool,
             total,
-            total_worst_case: total + long_line_worst_case,
+            total_worst_case: sum(&[total, long_line_worst_case]),
         }
     }
 
     /// The file descriptors this configuration may hold at once.
     pub fn fd_budget(&self) -> FdBudget {
+        // Saturating, as the memory formula: a budget past usize::MAX is
+        // refused by the start-up fd check as any budget over the limit.
         let shards = self.shard_count();
-        let connections = shards * self.connections_per_shard_max;
-        let subscribers = 2 * shards * self.subscribers_per_shard_max;
+        let connections = product(&[shards, self.connections_per_shard_max]);
+        // A shed subscribe connection may linger beside its successor.
+        let subscribers = product(&[2, shards, self.subscribers_per_shard_max]);
         let refusals = shards * REFUSALS_IN_FLIGHT_MAX;
         let admin = ADMIN_CONNECTIONS_MAX + 1;
         let fixed = shards * FDS_PER_SHARD_FIXED + FDS_PROCESS_FIXED;
         let files = match self.storage {
-            Storage::Disk => self.partitions_max as usize + shards * self.subscribers_per_shard_max * shards,
+            Storage::Disk => {
+                sum(&[self.partitions_max as usize, product(&[shards, self.subscribers_per_shard_max, shards])])
+            }
             Storage::Memory => 0,
         };
         let reserved = self.fds_reserved;
-        let total = connections + subscribers + refusals + admin + fixed + files + reserved;
+        let total = sum(&[connections, subscribers, refusals, admin, fixed, files, reserved]);
         FdBudget { connections, subscribers, refusals, admin, fixed, files, reserved, total }
     }
+}
+
+/// The product of `factors`, saturating at `usize::MAX`: the memory formula
+/// and the fd budget multiply flags, and a configuration whose bound does not
+/// fit in a `usize` is refused at start-up ([`Config::validate`]) instead of
+/// wrapping to a small, wrong bound.
+fn product(factors: &[usize]) -> usize {
+    factors.iter().fold(1, |product: usize, &factor| product.saturating_mul(factor))
+}
+
+/// The sum of `terms`, saturating at `usize::MAX` (see [`product`]).
+fn sum(terms: &[usize]) -> usize {
+    terms.iter().fold(0, |sum: usize, &term| sum.saturating_add(term))
 }
 
 #[cfg(test)]
@@ -1180,6 +1301,9 @@ mod tests {
         assert!(matches!(small_window.validate(), Err(ConfigError::CreditWindowBelowLine { .. })));
         let zero_partitions = parse(&["--shards", "1", "--partitions", "0"]);
         assert!(matches!(zero_partitions.validate(), Err(ConfigError::PartitionCount { .. })));
+        let no_cache = parse(&["--shards", "1", "--tail-cache-bytes", "0"]);
+        let error = no_cache.validate().unwrap_err();
+        assert!(matches!(error, ConfigError::TooSmall { name: "--tail-cache-bytes", value: 0, .. }), "{error}");
         let small_retention = parse(&["--shards", "1", "--retention-bytes", "1000"]);
         assert!(matches!(small_retention.validate(), Err(ConfigError::RetentionBelowSegment { .. })));
         let huge_segment =
@@ -1187,5 +1311,83 @@ mod tests {
         let error = huge_segment.validate().unwrap_err();
         assert!(matches!(error, ConfigError::TooLarge { name: "--segment-bytes", value: 5_000_000_000, .. }));
         assert!(error.to_string().contains("4294967295"), "{error}");
+    }
+
+    /// Time flags past their maxima (u64::MAX, 2^63, the maximum + 1) are
+    /// refused when parsed, with the range; the maxima themselves parse
+    /// and validate.
+    #[test]
+    fn time_flags_past_their_maxima_are_refused_by_clap() {
+        let parse_result =
+            |args: &[String]| Cli::try_parse_from(std::iter::once("spate".to_string()).chain(args.iter().cloned()));
+        let flags = [
+            ("--retention-ms", RETENTION_MS_MAX),
+            ("--idle-timeout-ms", DURATION_FLAG_MS_MAX),
+            ("--line-timeout-ms", DURATION_FLAG_MS_MAX),
+            ("--shutdown-timeout-ms", DURATION_FLAG_MS_MAX),
+            ("--fsync-interval-ms", DURATION_FLAG_MS_MAX),
+            ("--aggregate-checkpoint-ms", DURATION_FLAG_MS_MAX),
+            ("--group-session-timeout-ms", DURATION_FLAG_MS_MAX),
+            ("--rebalance-interval-ms", DURATION_FLAG_MS_MAX),
+            ("--rebalance-cooldown-ms", DURATION_FLAG_MS_MAX),
+            ("--batch-flush-us", DURATION_FLAG_US_MAX),
+            ("--spin-before-park-us", DURATION_FLAG_US_MAX),
+            ("--apply-delay-ns-per-event", APPLY_DELAY_NS_PER_EVENT_MAX),
+        ];
+        for (flag, max) in flags {
+            for value in [u64::MAX, 1 << 63, max + 1] {
+                let args = ["--shards".to_string(), "1".to_string(), flag.to_string(), value.to_string()];
+                let error = parse_result(&args).err().unwrap_or_else(|| panic!("{flag} {value} was accepted"));
+                assert!(error.to_string().contains(&max.to_string()), "{flag} {value}: {error}");
+            }
+            let args = ["--shards".to_string(), "1".to_string(), flag.to_string(), max.to_string()];
+            let config = parse_result(&args).unwrap_or_else(|error| panic!("{flag} {max}: {error}")).config;
+            config.validate().unwrap_or_else(|error| panic!("{flag} {max}: {error}"));
+        }
+        let slow = parse(&["--shards", "1", "--rebalance-interval-ms", &DURATION_FLAG_MS_MAX.to_string()]);
+        assert_eq!(slow.balance_config().report_stale_ms, 5 * DURATION_FLAG_MS_MAX);
+    }
+
+    /// Size flags whose memory term does not fit in a usize (u64::MAX, 2^63
+    /// and products of large ones) are refused at start-up naming the term,
+    /// instead of wrapping to a small bound; the sums saturate, never wrap.
+    #[test]
+    fn a_memory_bound_that_overflows_is_refused_with_its_term() {
+        let huge = [u64::MAX, 1 << 63];
+        for value in huge.map(|value| value.to_string()) {
+            let cases = [
+                (vec!["--connections-per-shard-max", &value], "connection_buffers"),
+                (vec!["--subscribers-per-shard-max", &value], "subscribers"),
+                (vec!["--fetch-bytes-max", &value], "subscribers"),
+                (vec!["--groups-max", &value], "groups"),
+                (vec!["--log-prefault-bytes", &value], "segment_pool"),
+                (vec!["--io-memory-bytes", &value], "fixed"),
+                (vec!["--tail-cache-bytes", &value], "retention"),
+                (vec!["--credit-window-batches", &value], "mesh"),
+            ];
+            for (flags, term) in cases {
+                let config = parse(&[&["--shards", "4"], flags.as_slice()].concat());
+                let bound = config.memory_bound();
+                assert_eq!(bound.total_worst_case, usize::MAX, "{flags:?} saturates the total");
+                let error = config.validate().unwrap_err();
+                assert!(
+                    matches!(error, ConfigError::MemoryBoundOverflow { term: named, .. } if named == term),
+                    "{flags:?}: {error}"
+                );
+                assert!(error.to_string().contains(flags[0]), "names the flag: {error}");
+            }
+        }
+        // 2^40 connections of 2^24 bytes each: each factor fits, the product does not.
+        let product = parse(&[
+            "--shards",
+            "2",
+            "--connections-per-shard-max",
+            "1099511627776",
+            "--read-buffer-bytes",
+            "16777216",
+        ]);
+        assert!(matches!(product.validate(), Err(ConfigError::MemoryBoundOverflow { term: "connection_buffers", .. })));
+        let budget = parse(&["--shards", "2", "--subscribers-per-shard-max", &u64::MAX.to_string()]).fd_budget();
+        assert_eq!(budget.total, usize::MAX, "the fd budget saturates, and the fd check refuses it");
     }
 }

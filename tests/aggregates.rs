@@ -426,3 +426,91 @@ fn lateness_key_limit_malformed_values_and_declarations() {
     let (status, _) = server.http("GET", "/aggregates/per-key?key=a", None);
     assert_eq!(status, 404, "deleted");
 }
+
+/// Declares a count in tumbling 500 ms arrival-time windows from `stream` to
+/// `output`; returns the status and body.
+fn declare_count(server: &Server, name: &str, stream: &str, output: &str) -> (u16, String) {
+    let body = json!({"name": name, "kind": "count", "window": {"type": "tumbling", "size_ms": 500}, "output": output});
+    server.http("POST", &format!("/streams/{stream}/aggregates"), Some(&body))
+}
+
+/// Sends one event to `stream`, waits two seconds (four windows of 500 ms)
+/// and returns the events each of `streams` then holds.
+fn one_event_then_counts(server: &Server, stream: &str, streams: &[&str]) -> Vec<u64> {
+    let mut producer = server.producer();
+    producer.send(format!("#STREAM {stream}\nk one\n").as_bytes());
+    producer.sync();
+    std::thread::sleep(Duration::from_secs(2));
+    streams.iter().map(|name| server.stream_end(name)).collect()
+}
+
+/// A declaration that would close a cycle of streams (two or three long) is
+/// refused with 409 naming the cycle, so one event cannot feed itself for
+/// ever; chains are accepted, and after a delete a declaration is checked
+/// against what is left.
+#[test]
+fn declarations_that_close_a_cycle_are_refused_naming_it() {
+    let server = Server::start(&["--shards", "2", "--partitions", "1"]);
+    for name in ["in", "out", "a", "b", "c"] {
+        server.create_stream(json!({ "name": name, "partitions": 1 }));
+    }
+    assert_eq!(declare_count(&server, "fwd", "in", "out").0, 201);
+    let (status, body) = declare_count(&server, "back", "out", "in");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("cycle: in -> out -> in (aggregates fwd, back)"), "{body}");
+    assert_eq!(one_event_then_counts(&server, "in", &["in", "out"]), [1, 1], "one event, one window, no loop");
+
+    assert_eq!(declare_count(&server, "ab", "a", "b").0, 201, "a chain");
+    assert_eq!(declare_count(&server, "bc", "b", "c").0, 201, "a longer chain");
+    let (status, body) = declare_count(&server, "ca", "c", "a");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("cycle: a -> b -> c -> a (aggregates ab, bc, ca)"), "{body}");
+
+    let (status, body) = server.http("DELETE", "/streams/b/aggregates/bc", None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(declare_count(&server, "ca", "c", "a").0, 201, "no cycle once bc is gone");
+    let (status, body) = declare_count(&server, "bc", "b", "c");
+    assert_eq!(status, 409, "declared again, it would close the cycle the other way: {body}");
+    assert!(body.contains("cycle: c -> a -> b -> c (aggregates ca, ab, bc)"), "{body}");
+    assert_eq!(one_event_then_counts(&server, "c", &["a", "b", "c"]), [1, 1, 1], "the chain c -> a -> b ends");
+}
+
+/// A catalog written before cycles were refused (here: edited on disk) does
+/// not stop the server: the aggregate that closes the cycle is suspended
+/// (listed with its cycle, logged, not run), so one event does not feed
+/// itself; new cycles are still refused, and deleting the other aggregate
+/// of the cycle starts the suspended one.
+#[test]
+fn a_cycle_in_an_older_catalog_is_suspended_not_run() {
+    let mut server = Server::start(&["--shards", "2", "--partitions", "1"]);
+    for name in ["in", "out"] {
+        server.create_stream(json!({ "name": name, "partitions": 1 }));
+    }
+    assert_eq!(declare_count(&server, "fwd", "in", "out").0, 201);
+    server.crash();
+    let catalog_path = server.data_dir.join("streams.json");
+    let mut catalog: Value = serde_json::from_slice(&std::fs::read(&catalog_path).unwrap()).unwrap();
+    let aggregates = catalog["aggregates"].as_array_mut().unwrap();
+    let mut back = aggregates[0].clone();
+    back["name"] = json!("back");
+    back["stream"] = json!("out");
+    back["output"] = json!("in");
+    aggregates.push(back);
+    std::fs::write(&catalog_path, serde_json::to_vec_pretty(&catalog).unwrap()).unwrap();
+
+    server.spawn();
+    assert!(server.log().contains("aggregate back on stream out is suspended"), "{}", server.log());
+    let listed: Value = serde_json::from_str(&server.get("/streams/out/aggregates")).unwrap();
+    let suspended = listed["aggregates"][0]["suspended"].as_str().unwrap_or_default().to_string();
+    assert_eq!(suspended, "cycle: in -> out -> in (aggregates fwd, back)", "{listed}");
+    assert_eq!(one_event_then_counts(&server, "in", &["in", "out"]), [1, 1], "the suspended aggregate does not run");
+    let (status, body) = declare_count(&server, "back2", "out", "in");
+    assert_eq!(status, 409, "{body}");
+
+    let (status, body) = server.http("DELETE", "/streams/in/aggregates/fwd", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"back\""), "back resumes: {body}");
+    let listed: Value = serde_json::from_str(&server.get("/streams/out/aggregates")).unwrap();
+    assert!(listed["aggregates"][0]["suspended"].is_null(), "{listed}");
+    assert_eq!(one_event_then_counts(&server, "out", &["in", "out"]), [2, 2], "back counts out into in, once");
+}

@@ -176,3 +176,38 @@ fn bad_subscribe_requests_get_errors() {
     producer.send(b"fine 1\n");
     assert_eq!(producer.sync(), ["OK 2 SYNC t1"]);
 }
+
+/// Sends `bytes` as the first line of a subscribe connection and returns the
+/// server's one reply line.
+fn first_line_reply(server: &Server, bytes: &[u8]) -> String {
+    let mut socket = TcpStream::connect(server.subscribe).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    socket.write_all(bytes).unwrap();
+    let mut reply = String::new();
+    socket.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+/// An overlong request line on the subscribe port is refused with its real
+/// size: 5,000 and 100,000 bytes get different, true messages (both used
+/// to be one buffer's size); a line whose end never comes is refused with
+/// how much was read ("at least"), never a made-up size.
+#[test]
+fn overlong_subscribe_request_lines_are_measured() {
+    let server = Server::start(&["--shards", "1", "--partitions", "2"]);
+    for size in [5_000, 100_000] {
+        let mut line = format!("SUB {}", "9".repeat(size - 4)).into_bytes();
+        line.push(b'\n');
+        let reply = first_line_reply(&server, &line);
+        assert_eq!(reply, format!("ERR bad_request: request line of {size} bytes, limit 1024\n"));
+    }
+    // Exactly the reader's limit (1 MiB) and no LF: all of it is read, none
+    // of it ends the line.
+    let reply = first_line_reply(&server, &vec![b'x'; 1 << 20]);
+    assert_eq!(reply, "ERR bad_request: request line of at least 1048576 bytes (its end was not read), limit 1024\n");
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB * earliest");
+    let mut producer = server.producer();
+    producer.send(b"fine 1\n");
+    producer.sync();
+    assert_eq!(subscriber.next_event().expect("the port still serves").payload, b"1");
+}

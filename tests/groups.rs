@@ -617,6 +617,31 @@ fn bad_member_lines_are_refused_and_change_nothing() {
     assert_eq!(groups["groups"][0]["members"].as_array().unwrap().len(), 1);
 }
 
+/// A member's overlong lines are refused with their real sizes (5,000 and
+/// 100,000 bytes: different, true messages, where both used to say the
+/// 4096 bytes of one read), and the lines after them are served.
+#[test]
+fn overlong_member_lines_are_measured() {
+    let server = Server::start(&["--shards", "1", "--partitions", "1"]);
+    let mut socket = TcpStream::connect(server.subscribe).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    socket.write_all(b"GROUP default g earliest\n").unwrap();
+    let mut reader = BufReader::new(socket.try_clone().unwrap());
+    let mut next = || {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    };
+    assert_eq!(next(), "ASSIGNED 1 0");
+    for size in [5_000, 100_000] {
+        socket.write_all(format!("{}\n", "x".repeat(size)).as_bytes()).unwrap();
+    }
+    socket.write_all(b"COMMIT 0 0\n").unwrap();
+    assert_eq!(next(), "ERR bad_request: line of 5000 bytes, limit 1024");
+    assert_eq!(next(), "ERR bad_request: line of 100000 bytes, limit 1024");
+    assert_eq!(next(), "OK COMMIT 0 0", "the connection goes on");
+}
+
 /// A member that goes silent (no line, not reading: a hung process whose
 /// connection stays open) is cut after the session timeout, and its
 /// partitions deliver to the others within the timeout plus a second.

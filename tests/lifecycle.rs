@@ -533,11 +533,21 @@ fn soak_subscriber(address: SocketAddr, state: Shared, index: usize) -> std::thr
 /// Every acknowledged payload of `name` is stored once: each partition is
 /// read from offset 0 up to its next offset.
 fn check_whole(server: &Server, name: &str, acked: &[String]) -> Result<(), String> {
-    let streams = server.streams();
-    let stream = streams.get(name).ok_or_else(|| format!("{name} is gone"))?;
+    // A partition migrating between shards has no next offset for a few ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next_offsets = loop {
+        let streams = server.streams();
+        let stream = streams.get(name).ok_or_else(|| format!("{name} is gone"))?;
+        let next_offsets: Option<Vec<u64>> =
+            stream["next_offsets"].as_array().unwrap().iter().map(serde_json::Value::as_u64).collect();
+        match next_offsets {
+            Some(next_offsets) => break next_offsets,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            None => return Err(format!("{name}: a partition has no next offset for 10 s: {stream}")),
+        }
+    };
     let mut stored = std::collections::HashSet::new();
-    for (partition, next) in stream["next_offsets"].as_array().unwrap().iter().enumerate() {
-        let next = next.as_u64().unwrap();
+    for (partition, &next) in next_offsets.iter().enumerate() {
         if next == 0 {
             continue;
         }

@@ -259,3 +259,80 @@ fn a_relative_data_dir_works() {
     assert!(cwd.join("spate-data").join("streams").join("default").join("0").is_dir());
     let _ = std::fs::remove_dir_all(&cwd);
 }
+
+/// The largest `retention_ms` the API accepts (100 years): must match
+/// `spate::stream::RETENTION_MS_MAX`.
+const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
+
+/// `retention_ms` is checked at the API: u64::MAX and 2^63 (which the age
+/// check used to wrap, deleting every sealed segment at once) are refused
+/// with 400 naming the field and the maximum; the maximum itself and 0
+/// (keep regardless of age) are accepted.
+#[test]
+fn retention_past_its_maximum_is_refused_at_the_api() {
+    let server = Server::start(&["--shards", "1"]);
+    for retention_ms in [u64::MAX, 1 << 63, RETENTION_MS_MAX + 1] {
+        let request = json!({ "name": "rmax", "partitions": 1, "retention_ms": retention_ms });
+        let (status, body) = server.http("POST", "/streams", Some(&request));
+        assert_eq!(status, 400, "retention_ms {retention_ms}: {body}");
+        assert!(body.contains("retention_ms") && body.contains(&RETENTION_MS_MAX.to_string()), "{body}");
+    }
+    assert!(!server.streams().contains_key("rmax"), "a refused stream is not created");
+    let accepted = server.create_stream(json!({ "name": "rmax", "partitions": 1, "retention_ms": RETENTION_MS_MAX }));
+    assert_eq!(accepted["retention_ms"], RETENTION_MS_MAX);
+    server.create_stream(json!({ "name": "forever", "partitions": 1, "retention_ms": 0 }));
+}
+
+/// With memory storage a stream's `retention_bytes` is at most
+/// `--retention-bytes`: that is what the memory formula counts per
+/// partition, so a larger one would pass the documented bound.
+#[test]
+fn memory_retention_past_the_flag_is_refused_at_the_api() {
+    let retention = 4 << 20;
+    let server = Server::start(&["--shards", "1", "--storage", "memory", "--retention-bytes", &retention.to_string()]);
+    let request = json!({ "name": "big", "partitions": 1, "retention_bytes": 2 * retention });
+    let (status, body) = server.http("POST", "/streams", Some(&request));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("--retention-bytes") && body.contains(&retention.to_string()), "{body}");
+    server.create_stream(json!({ "name": "fits", "partitions": 1, "retention_bytes": retention }));
+}
+
+/// A stream whose age retention is u64::MAX or 2^63 (a catalog written
+/// before the API checked it) keeps every sealed segment: the age check
+/// saturates instead of wrapping. Before, `modified + u64::MAX` wrapped
+/// below the clock and all but the active segment were deleted (5000
+/// events: 19 remained).
+#[test]
+fn a_huge_age_retention_from_an_older_catalog_keeps_every_segment() {
+    let mut server = Server::start(&["--shards", "1", "--segment-bytes", "65536", "--line-size-max", "60000"]);
+    for name in ["rmax", "r63", "aged"] {
+        server.create_stream(json!({ "name": name, "partitions": 1, "retention_ms": 1000 }));
+    }
+    server.crash();
+    let catalog_path = server.data_dir.join("streams.json");
+    let mut catalog: serde_json::Value = serde_json::from_slice(&std::fs::read(&catalog_path).unwrap()).unwrap();
+    for stream in catalog["streams"].as_array_mut().unwrap() {
+        match stream["name"].as_str().unwrap() {
+            "rmax" => stream["retention_ms"] = json!(u64::MAX),
+            "r63" => stream["retention_ms"] = json!(1u64 << 63),
+            _ => {}
+        }
+    }
+    std::fs::write(&catalog_path, serde_json::to_vec_pretty(&catalog).unwrap()).unwrap();
+    server.spawn();
+    assert_eq!(server.streams()["rmax"]["retention_ms"], u64::MAX, "an older catalog is read as it is");
+    for stream in ["rmax", "r63", "aged"] {
+        fill(&server, stream, 5000, 1000);
+    }
+    // Age retention runs once a second: "aged" (1 s) shows it ran.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.streams()["aged"]["events"].as_u64().unwrap() >= 5000 {
+        assert!(Instant::now() < deadline, "age retention did not run: {:?}", server.streams());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let streams = server.streams();
+    for stream in ["rmax", "r63"] {
+        assert_eq!(streams[stream]["events"], 5000, "{stream} keeps every event: {:?}", streams[stream]);
+    }
+}

@@ -6,11 +6,16 @@
 //!   the catalog (`streams.json`), every shard adds it to the partitions it
 //!   owns, and on disk each writes the first checkpoint before the answer
 //!   (`201`, the declaration as stored). Aggregate names are unique across
-//!   streams (they name `/aggregates/NAME`).
+//!   streams (they name `/aggregates/NAME`). A declaration whose output
+//!   leads back to its stream through the aggregates already declared is
+//!   refused with `409` naming the cycle (`cycle: in -> out -> in`; see
+//!   [`crate::process::cycle_closed_by`]).
 //! * `GET /streams/NAME/aggregates`: the stream's aggregates, each with its
-//!   keys, open windows, memory and counters summed over partitions.
+//!   keys, open windows, memory and counters summed over partitions, and
+//!   `suspended` (the cycle) for one a catalog from before cycles were
+//!   refused holds that is kept but not run.
 //! * `DELETE /streams/NAME/aggregates/AGG`: drops the aggregate and its
-//!   state.
+//!   state; a suspended aggregate that no longer closes a cycle starts.
 //! * `GET /aggregates/AGG?key=K`: one key's open windows and last closed
 //!   window, from the shard that owns the key's partition (`404` when the
 //!   aggregate holds nothing for it). `K` is percent-decoded.
@@ -97,6 +102,12 @@ async fn create(state: &AdminState, stream: &str, body: &[u8]) -> Result<String,
         let message = format!("exists: aggregate {:?} already exists\n", declaration.name);
         return Err(Failure { status: 409, message });
     }
+    // Suspended aggregates count: deleting one must not be what lets a new
+    // cycle through.
+    if let Some(cycle) = crate::process::cycle_closed_by(catalog.aggregates(), &declaration) {
+        let message = format!("{cycle}: an aggregate's output must not lead back to its own input\n");
+        return Err(Failure { status: 409, message });
+    }
     let count = catalog.aggregates_of(stream).count();
     if count >= AGGREGATES_PER_STREAM_MAX {
         return Err(bad_request(format!(
@@ -108,6 +119,12 @@ async fn create(state: &AdminState, stream: &str, body: &[u8]) -> Result<String,
         catalog.remove_aggregate(&declaration.name);
         return Err(error.into());
     }
+    declare_on_shards(state, &declaration).await?;
+    Ok(serde_json::to_string_pretty(&declaration.to_value()).expect("json serializes"))
+}
+
+/// Has every shard start `declaration` (and write its first checkpoint).
+async fn declare_on_shards(state: &AdminState, declaration: &AggregateDeclaration) -> Result<(), Failure> {
     let declared = ask_all_within(
         state,
         |reply| ControlRequest::Aggregate(AggregateRequest::Declare { declaration: declaration.clone(), reply }),
@@ -118,16 +135,17 @@ async fn create(state: &AdminState, stream: &str, body: &[u8]) -> Result<String,
         let message = format!("declaring aggregate {}: {error}\n", declaration.name);
         return Err(Failure { status: 500, message });
     }
-    Ok(serde_json::to_string_pretty(&declaration.to_value()).expect("json serializes"))
+    Ok(())
 }
 
 async fn list(state: &AdminState, stream: &str) -> Result<String, Failure> {
-    let declarations: Vec<AggregateDeclaration> = {
+    let declarations: Vec<(AggregateDeclaration, Option<String>)> = {
         let catalog = state.catalog.lock().await;
         if catalog.get(stream).is_none() {
             return Err(Failure { status: 404, message: format!("unknown_stream: {stream}\n") });
         }
-        catalog.aggregates_of(stream).cloned().collect()
+        let suspended = |name: &str| catalog.suspended(name).map(ToString::to_string);
+        catalog.aggregates_of(stream).map(|declaration| (declaration.clone(), suspended(&declaration.name))).collect()
     };
     let stats = collect_stats(state).await?;
     let mut by_name: BTreeMap<&str, Vec<&AggregateStats>> = BTreeMap::new();
@@ -136,11 +154,12 @@ async fn list(state: &AdminState, stream: &str) -> Result<String, Failure> {
     }
     let aggregates: Vec<Value> = declarations
         .iter()
-        .map(|declaration| {
+        .map(|(declaration, suspended)| {
             let entries = by_name.get(declaration.name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
             let sum = |read: fn(&AggregateStats) -> u64| entries.iter().map(|entry| read(entry)).sum::<u64>();
             json!({
                 "declaration": declaration.to_value(),
+                "suspended": suspended,
                 "partitions": entries.len(),
                 "keys": sum(|entry| entry.keys),
                 "open_windows": sum(|entry| entry.open_windows),
@@ -177,7 +196,13 @@ async fn delete(state: &AdminState, stream: &str, name: &str) -> Result<String, 
     }
     let name = name.to_string();
     ask_all(state, |reply| ControlRequest::Aggregate(AggregateRequest::Remove { name: name.clone(), reply })).await?;
-    Ok(serde_json::to_string_pretty(&json!({ "deleted": declaration.to_value() })).expect("json serializes"))
+    let resumed = catalog.resume_acyclic();
+    for declaration in &resumed {
+        declare_on_shards(state, declaration).await?;
+    }
+    let resumed: Vec<&str> = resumed.iter().map(|declaration| declaration.name.as_str()).collect();
+    let body = json!({ "deleted": declaration.to_value(), "resumed": resumed });
+    Ok(serde_json::to_string_pretty(&body).expect("json serializes"))
 }
 
 async fn check_known(state: &AdminState, name: &str) -> Result<(), Failure> {

@@ -183,7 +183,7 @@ fn group_lag(committed: Option<u64>, partition: Option<&PartitionInfo>) -> (u64,
     let (Some(committed), Some(partition)) = (committed, partition) else { return (0, 0) };
     let events = partition.next_offset.saturating_sub(committed);
     let mean = partition.payload_bytes_total.checked_div(partition.events_total).unwrap_or(0);
-    (events, events * mean)
+    (events, events.saturating_mul(mean))
 }
 
 /// `GET /groups`: every group with its members, generation, assignment,

@@ -225,7 +225,7 @@ impl ShardState {
     /// Remembers a refusal from `victim`, if it is one that waiting a moment will not cure.
     pub fn note_refusal(&mut self, victim: u16, refusal: &Refusal, now_ms: u64, cfg: &BalanceConfig) {
         if refusal.backs_off() {
-            let until_ms = now_ms + cfg.refusal_backoff_ms;
+            let until_ms = now_ms.saturating_add(cfg.refusal_backoff_ms);
             self.backoff = Some(Backoff { victim, until_ms });
         }
     }
@@ -233,7 +233,7 @@ impl ShardState {
     /// A thief that just received a partition waits `settle_ms` before it
     /// asks again, so its peers see its new load first.
     pub fn settling(&self, now_ms: u64, cfg: &BalanceConfig) -> bool {
-        self.last_migration_end_ms.is_some_and(|end_ms| now_ms < end_ms + cfg.settle_ms)
+        self.last_migration_end_ms.is_some_and(|end_ms| now_ms < end_ms.saturating_add(cfg.settle_ms))
     }
 
     fn backed_off(&self, victim: u16, now_ms: u64) -> bool {
@@ -268,14 +268,14 @@ impl Cooldowns {
     /// How long `partition` must still stay put; 0 if it may move.
     pub fn remaining_ms(&self, partition: u32, now_ms: u64, cooldown_ms: u64) -> u64 {
         match self.moved_ms.get(&partition) {
-            Some(&moved_ms) => (moved_ms + cooldown_ms).saturating_sub(now_ms),
+            Some(&moved_ms) => moved_ms.saturating_add(cooldown_ms).saturating_sub(now_ms),
             None => 0,
         }
     }
 
     /// Forgets partitions whose cooldown is over.
     pub fn prune(&mut self, now_ms: u64, cooldown_ms: u64) {
-        self.moved_ms.retain(|_, moved_ms| *moved_ms + cooldown_ms > now_ms);
+        self.moved_ms.retain(|_, moved_ms| moved_ms.saturating_add(cooldown_ms) > now_ms);
     }
 
     pub fn len(&self) -> usize {
@@ -710,6 +710,25 @@ mod tests {
         assert_eq!(pick_partition(&only, 128_000.0, 60_000.0, &cfg, &cooldowns, &state, later_ms), Ok(2));
         cooldowns.prune(later_ms, cfg.cooldown_ms);
         assert!(cooldowns.is_empty());
+    }
+
+    #[test]
+    fn huge_cooldowns_and_backoffs_saturate_instead_of_wrapping() {
+        // Proves that a cooldown, settle time or refusal back-off near u64::MAX (2^63, u64::MAX)
+        // keeps the partition or the thief waiting, where a wrapped sum let it go at once.
+        for huge_ms in [u64::MAX, 1 << 63] {
+            let mut cooldowns = Cooldowns::new();
+            cooldowns.record(2, NOW_MS);
+            assert!(cooldowns.remaining_ms(2, NOW_MS + 1, huge_ms) >= (1 << 63) - 1, "cooldown {huge_ms}");
+            cooldowns.prune(NOW_MS + 1_000_000, huge_ms);
+            assert_eq!(cooldowns.len(), 1, "still cooling down");
+            let cfg = BalanceConfig { settle_ms: huge_ms, refusal_backoff_ms: huge_ms, ..BalanceConfig::default() };
+            let mut state = ShardState::new();
+            state.last_migration_end_ms = Some(NOW_MS);
+            assert!(state.settling(NOW_MS + 1_000_000, &cfg));
+            state.note_refusal(3, &Refusal::NothingToMove { partitions_owned: 0 }, NOW_MS, &cfg);
+            assert!(state.backed_off(3, NOW_MS + 1_000_000));
+        }
     }
 
     #[test]

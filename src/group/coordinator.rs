@@ -285,7 +285,7 @@ impl GroupState {
         self.rebalances += 1;
         for (member, partitions) in revokes {
             if let Some(entry) = self.members.iter_mut().find(|m| m.id == member) {
-                entry.revoke_deadline_ms.get_or_insert(now_ms + revoke_timeout_ms);
+                entry.revoke_deadline_ms.get_or_insert(now_ms.saturating_add(revoke_timeout_ms));
             }
             effects.push(Effect::Revoke { member, generation: self.generation, partitions });
         }
@@ -361,5 +361,20 @@ mod tests {
         assert_eq!(group.member_count(), 0);
         assert!(group.commit_start(0, 5));
         assert!(!group.commit_start(0, 9), "a start never overrides a commit");
+    }
+
+    /// A revoke timeout near u64::MAX puts the deadline at the end of time
+    /// (saturated), not wrapped into the past: nobody is expelled at once.
+    #[test]
+    fn a_huge_revoke_timeout_never_wraps_into_the_past() {
+        for timeout_ms in [u64::MAX, 1 << 63] {
+            let mut group = GroupState::new(vec![None; 4]);
+            let now_ms = 1_000_000;
+            group.join(1, OffsetReset::Latest, false, 8, now_ms, timeout_ms).unwrap();
+            let effects = group.join(2, OffsetReset::Latest, false, 8, now_ms, timeout_ms).unwrap();
+            assert_eq!(revoked(&effects, 1).len(), 2, "member 1 must let two partitions go");
+            let effects = group.expire(now_ms + 3_600_000, timeout_ms);
+            assert!(!effects.contains(&Effect::Expel { member: 1 }), "timeout {timeout_ms}: {effects:?}");
+        }
     }
 }

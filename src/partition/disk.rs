@@ -476,7 +476,7 @@ impl DiskLog {
                 break;
             }
             let over_bytes = self.bytes() > self.config.retention_bytes;
-            let too_old = self.config.retention_ms > 0 && oldest.modified_ms + self.config.retention_ms < now_ms;
+            let too_old = is_past_age_retention(oldest.modified_ms, self.config.retention_ms, now_ms);
             if !over_bytes && !too_old {
                 break;
             }
@@ -625,6 +625,15 @@ pub fn encode_pending(
     Ok(Encoded::All)
 }
 
+/// Whether a sealed segment last written at `modified_ms` is older than
+/// `retention_ms` at `now_ms` (0 keeps it regardless of age). The sum
+/// saturates: a retention near `u64::MAX` (a catalog from before the API
+/// limit, [`crate::stream::RETENTION_MS_MAX`]) once wrapped below the clock
+/// and deleted every sealed segment at once.
+pub fn is_past_age_retention(modified_ms: u64, retention_ms: u64, now_ms: u64) -> bool {
+    retention_ms > 0 && modified_ms.saturating_add(retention_ms) < now_ms
+}
+
 /// Milliseconds since the Unix epoch (frame timestamps and age retention).
 pub fn now_unix_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -729,5 +738,22 @@ mod tests {
             }
         });
         std::fs::remove_dir_all(base).unwrap();
+    }
+
+    /// Age retention keeps a segment until it is older than the retention,
+    /// never wraps (u64::MAX, 2^63, a clock or file time near u64::MAX), and
+    /// 0 keeps everything.
+    #[test]
+    fn age_retention_saturates_instead_of_wrapping() {
+        let now_ms = 1_780_000_000_000;
+        assert!(is_past_age_retention(now_ms - 2000, 1000, now_ms));
+        assert!(!is_past_age_retention(now_ms - 1000, 1000, now_ms), "exactly the retention old is kept");
+        assert!(!is_past_age_retention(now_ms - 500, 1000, now_ms));
+        assert!(!is_past_age_retention(0, 0, now_ms), "0 keeps segments regardless of age");
+        for retention_ms in [u64::MAX, 1 << 63, u64::MAX - now_ms + 1] {
+            assert!(!is_past_age_retention(now_ms - 3_600_000, retention_ms, now_ms), "retention {retention_ms}");
+        }
+        assert!(!is_past_age_retention(u64::MAX, 1000, u64::MAX), "a file time far in the future");
+        assert!(is_past_age_retention(0, crate::stream::RETENTION_MS_MAX, u64::MAX));
     }
 }

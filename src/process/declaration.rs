@@ -866,4 +866,36 @@ mod tests {
             format!(r#"{{"name":"{}","stream":"s","kind":"count","window":{{"type":"none"}}}}"#, "a".repeat(65));
         assert!(matches!(parse(&long_name).unwrap_err(), DeclarationError::BadName { size_max: 64, .. }));
     }
+
+    /// Window sizes, steps and lateness near u64::MAX (u64::MAX, 2^63) are
+    /// refused by field before any sum of them (size + lateness, start +
+    /// size) is computed, so no declaration can make window arithmetic wrap;
+    /// the largest accepted ones stay far from it.
+    #[test]
+    fn huge_windows_and_lateness_are_refused_before_any_sum() {
+        for huge in [u64::MAX, 1 << 63, WINDOW_SIZE_MS_MAX + 1] {
+            let cases = [
+                (format!(r#"{{"type":"tumbling","size_ms":{huge}}}"#), 0, "window.size_ms"),
+                (format!(r#"{{"type":"hopping","size_ms":{huge},"step_ms":{huge}}}"#), 0, "window.size_ms"),
+                (format!(r#"{{"type":"hopping","size_ms":1000,"step_ms":{huge}}}"#), 0, "window.step_ms"),
+                (r#"{"type":"tumbling","size_ms":1000}"#.to_string(), huge, "allowed_lateness_ms"),
+            ];
+            for (window, lateness, field) in cases {
+                let body = format!(
+                    r#"{{"name":"n","stream":"s","kind":"count","window":{window},"allowed_lateness_ms":{lateness},
+                       "output":"o"}}"#
+                );
+                let error = parse(&body).expect_err(&body);
+                assert_eq!(error.field(), field, "{body}: {error}");
+            }
+        }
+        let widest = format!(
+            r#"{{"name":"n","stream":"s","kind":"count","window":{{"type":"tumbling","size_ms":{WINDOW_SIZE_MS_MAX}}},
+               "allowed_lateness_ms":{ALLOWED_LATENESS_MS_MAX},"output":"o"}}"#
+        );
+        let declaration = parse(&widest).unwrap();
+        assert_eq!(declaration.windows_per_key_max(), 2);
+        let last_end_ms = crate::process::TIME_MS_MAX + WINDOW_SIZE_MS_MAX + ALLOWED_LATENESS_MS_MAX;
+        assert!(last_end_ms < u64::MAX / 2, "the latest window end and its lateness fit with room");
+    }
 }

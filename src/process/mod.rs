@@ -23,6 +23,9 @@
 //!   writes the whole state, with the log offset it covers, into bytes with a
 //!   CRC32C; [`PartitionProcessor::decode_checkpoint`] reads it back or says
 //!   why it cannot ([`CheckpointError`]).
+//! * `cycle.rs`: aggregates as a graph of streams (`stream -> output`); a
+//!   declaration that would close a cycle is refused ([`cycle_closed_by`]),
+//!   and one an older catalog holds is found at start ([`cycles_in`]).
 //! * `extract.rs` reads values and event times out of JSON, ILP and plain
 //!   payloads with the engine's own parsers; `hll.rs` is the
 //!   `distinct-estimate` sketch; `aggregate.rs` is one aggregate's state
@@ -105,6 +108,7 @@
 
 mod aggregate;
 mod checkpoint;
+mod cycle;
 mod declaration;
 mod extract;
 mod hll;
@@ -113,6 +117,7 @@ mod processor;
 
 pub use aggregate::AggregateCounters;
 pub use checkpoint::{CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CheckpointError};
+pub use cycle::{Cycle, cycle_closed_by, cycles_in};
 pub use declaration::{
     AggregateDeclaration, AggregateKind, DeclarationError, LatePolicy, SOURCE_SIZE_MAX, TimeSource, ValueSource,
     WindowSpec,

@@ -18,6 +18,38 @@ pub enum EnvironmentError {
     IoUring { error: String },
     /// `RLIMIT_NOFILE` could not be read.
     FdLimit { error: std::io::Error },
+    /// What start-up allocates at once does not fit in the machine's RAM.
+    EagerMemory { eager: EagerMemory, physical_bytes: u64 },
+}
+
+/// The memory a server allocates (and touches) at start, whatever its load:
+/// glommio's registered buffers, the prefaulted log segments and the mesh
+/// rings, each sized by flags. A configuration where these alone pass the
+/// machine's RAM cannot start; it would die in an allocation instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EagerMemory {
+    /// shards * --io-memory-bytes.
+    pub io_memory_bytes: u64,
+    /// shards * --log-prefault-bytes.
+    pub log_prefault_bytes: u64,
+    /// The mesh term of the memory formula (--credit-window-batches and
+    /// --subscribers-per-shard-max size every ring).
+    pub mesh_bytes: u64,
+}
+
+impl EagerMemory {
+    pub fn of(config: &Config) -> EagerMemory {
+        let shards = config.shard_count() as u64;
+        EagerMemory {
+            io_memory_bytes: shards.saturating_mul(config.io_memory_bytes as u64),
+            log_prefault_bytes: shards.saturating_mul(config.log_prefault_bytes as u64),
+            mesh_bytes: config.memory_bound().mesh as u64,
+        }
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.io_memory_bytes.saturating_add(self.log_prefault_bytes).saturating_add(self.mesh_bytes)
+    }
 }
 
 impl std::fmt::Display for EnvironmentError {
@@ -40,6 +72,17 @@ impl std::fmt::Display for EnvironmentError {
                  (e.g. a container runtime's) blocks io_uring_setup, and `ulimit -l`"
             ),
             EnvironmentError::FdLimit { error } => write!(f, "cannot read the file descriptor limit: {error}"),
+            EnvironmentError::EagerMemory { eager, physical_bytes } => write!(
+                f,
+                "this configuration allocates {} MiB at start ({} MiB of io_uring buffers: shards x \
+                 --io-memory-bytes; {} MiB of log segments: shards x --log-prefault-bytes; {} MiB of mesh \
+                 rings: --credit-window-batches), more than this machine's {} MiB of RAM",
+                eager.total_bytes() >> 20,
+                eager.io_memory_bytes >> 20,
+                eager.log_prefault_bytes >> 20,
+                eager.mesh_bytes >> 20,
+                physical_bytes >> 20
+            ),
         }
     }
 }
@@ -53,6 +96,20 @@ pub fn check_memlock() -> Result<(), ServeError> {
             limit_bytes: limit.rlim_cur,
             needed_bytes: MEMLOCK_BYTES_MIN,
         }));
+    }
+    Ok(())
+}
+
+/// What start-up allocates at once must fit in the machine's RAM (an
+/// unknown RAM size skips the check).
+pub fn check_eager_memory(config: &Config) -> Result<(), ServeError> {
+    // SAFETY: sysconf reads system values and touches no memory of ours.
+    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (Ok(pages), Ok(page_size)) = (u64::try_from(pages), u64::try_from(page_size)) else { return Ok(()) };
+    let physical_bytes = pages.saturating_mul(page_size);
+    let eager = EagerMemory::of(config);
+    if physical_bytes > 0 && eager.total_bytes() > physical_bytes {
+        return Err(ServeError::Environment(EnvironmentError::EagerMemory { eager, physical_bytes }));
     }
     Ok(())
 }

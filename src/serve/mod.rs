@@ -119,6 +119,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     install_fail_fast_hook();
     config.validate().map_err(ServeError::Config)?;
     checks::check_memlock()?;
+    checks::check_eager_memory(&config)?;
     checks::check_io_uring(&config)?;
     checks::check_fd_limit(&config)?;
     checks::check_addresses(&config)?;
@@ -142,7 +143,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         control: Arc::new(control_receivers),
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
-        catalog: Arc::new(catalog.clone()),
+        catalog: Arc::new(catalog.running()),
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;
@@ -400,6 +401,17 @@ fn open_catalog(config: &Config) -> Result<(crate::stream::Catalog, crate::strea
             crate::stream::Catalog::with_default(&limits, config.partitions).map_err(ServeError::Catalog)?
         }
     };
+    let mut catalog = catalog;
+    for (declaration, cycle) in catalog.suspend_cycles() {
+        eprintln!(
+            "spate: aggregate {name} on stream {stream} is suspended (kept, not run): it closes the {cycle}, and \
+             an aggregate fed by its own output grows its streams for ever (declared before cycles were \
+             refused). Delete it (DELETE /streams/{stream}/aggregates/{name}) or another aggregate of the \
+             cycle, and it runs again when it no longer closes one.",
+            name = declaration.name,
+            stream = declaration.stream,
+        );
+    }
     if config.storage == crate::config::Storage::Disk {
         // Deleted streams' files an earlier run left: off the start-up path.
         let data_dir = config.data_dir.clone();

@@ -371,7 +371,7 @@ impl Shard {
     /// the revoke timeout has passed.
     fn schedule_revoke_check(self: &Rc<Self>, key: GroupKey) {
         let shard = self.clone();
-        let timeout = Duration::from_millis(self.config.group_session_timeout_ms + 1);
+        let timeout = Duration::from_millis(self.config.group_session_timeout_ms.saturating_add(1));
         glommio::spawn_local(async move {
             glommio::timer::sleep(timeout).await;
             let effects = shard.with_group(&key, |entry, now_ms, timeout| entry.state.expire(now_ms, timeout));

@@ -286,7 +286,7 @@ impl Shard {
 
     /// Applies one batch from `source` and carries out what follows.
     async fn apply(self: &Rc<Self>, source: u16, batch: DataBatch) {
-        let delay_ns = self.config.apply_delay_ns_per_event_on(self.id) * u64::from(batch.event_count);
+        let delay_ns = self.config.apply_delay_ns_per_event_on(self.id).saturating_mul(u64::from(batch.event_count));
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
         }

@@ -54,6 +54,13 @@ pub const STREAMS_MAX: usize = 1024;
 pub const CATALOG_FILE_NAME: &str = "streams.json";
 /// Where deleted streams' directories wait to be removed.
 pub const TRASH_DIR_NAME: &str = "trash";
+/// The longest age retention a stream (or `--retention-ms`) may ask for: 100
+/// years (36 500 days). Longer means nothing a `0` ("keep regardless of
+/// age") does not say, and values near `u64::MAX` once wrapped the age check
+/// and deleted every sealed segment at once. A catalog written before this
+/// limit may hold a larger value: the age check saturates, so it keeps
+/// segments as this maximum would.
+pub const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +151,16 @@ pub enum CatalogError {
         retention_bytes: u64,
         segment_bytes: u64,
     },
+    /// The byte retention is above what this storage allows per partition
+    /// (with memory storage, `--retention-bytes`: the memory formula's term).
+    RetentionBytesTooLarge {
+        retention_bytes: u64,
+        retention_bytes_max: u64,
+    },
+    /// The age retention is above [`RETENTION_MS_MAX`].
+    RetentionMsTooLarge {
+        retention_ms: u64,
+    },
     /// The catalog on disk says `default` has another partition count.
     DefaultMismatch {
         on_disk: u32,
@@ -179,6 +196,17 @@ impl std::fmt::Display for CatalogError {
             CatalogError::Retention { retention_bytes, segment_bytes } => write!(
                 f,
                 "bad_retention: retention_bytes {retention_bytes} must be at least one segment ({segment_bytes})"
+            ),
+            CatalogError::RetentionBytesTooLarge { retention_bytes, retention_bytes_max } => write!(
+                f,
+                "bad_retention: retention_bytes {retention_bytes} is over {retention_bytes_max}, the \
+                 --retention-bytes a memory-storage server is started with (what its memory bound counts \
+                 per partition)"
+            ),
+            CatalogError::RetentionMsTooLarge { retention_ms } => write!(
+                f,
+                "bad_retention: retention_ms {retention_ms} is over the maximum {RETENTION_MS_MAX} (100 years; \
+                 0 keeps segments regardless of age)"
             ),
             CatalogError::DefaultMismatch { on_disk, flag } => write!(
                 f,
@@ -239,6 +267,11 @@ pub struct Catalog {
     /// the order they were declared; names are unique across streams.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     aggregates: Vec<crate::process::AggregateDeclaration>,
+    /// Aggregates kept in the catalog but not run, each with the cycle it
+    /// closes: a catalog from before cycles were refused
+    /// ([`Catalog::suspend_cycles`]). Found again at every start.
+    #[serde(skip)]
+    suspended: Vec<(String, crate::process::Cycle)>,
 }
 
 impl Catalog {
@@ -277,6 +310,14 @@ impl Catalog {
         if retention_bytes < limits.segment_bytes {
             return Err(CatalogError::Retention { retention_bytes, segment_bytes: limits.segment_bytes });
         }
+        if retention_bytes > limits.retention_bytes_max {
+            let retention_bytes_max = limits.retention_bytes_max;
+            return Err(CatalogError::RetentionBytesTooLarge { retention_bytes, retention_bytes_max });
+        }
+        let retention_ms = request.retention_ms.unwrap_or(limits.retention_ms);
+        if retention_ms > RETENTION_MS_MAX {
+            return Err(CatalogError::RetentionMsTooLarge { retention_ms });
+        }
         let base = self.free_range(request.partitions, partitions_max)?;
         let spec = StreamSpec {
             id: self.next_id,
@@ -284,7 +325,7 @@ impl Catalog {
             partitions: request.partitions,
             base,
             retention_bytes,
-            retention_ms: request.retention_ms.unwrap_or(limits.retention_ms),
+            retention_ms,
         };
         self.next_id += 1;
         self.streams.push(spec.clone());
@@ -312,7 +353,55 @@ impl Catalog {
     /// Removes an aggregate by name.
     pub fn remove_aggregate(&mut self, name: &str) -> Option<crate::process::AggregateDeclaration> {
         let index = self.aggregates.iter().position(|declaration| declaration.name == name)?;
+        self.suspended.retain(|(suspended, _)| suspended != name);
         Some(self.aggregates.remove(index))
+    }
+
+    /// Suspends each aggregate that closes a cycle with the ones declared
+    /// before it (a catalog written before cycles were refused; see
+    /// [`crate::process::cycles_in`]) and returns them with their cycles.
+    /// A suspended aggregate stays declared (listed, deletable, saved) but
+    /// is not run: [`Catalog::running`] leaves it out of the shards' copy.
+    pub fn suspend_cycles(&mut self) -> Vec<(crate::process::AggregateDeclaration, crate::process::Cycle)> {
+        let cycles = crate::process::cycles_in(&self.aggregates);
+        let suspended: Vec<_> =
+            cycles.into_iter().map(|(index, cycle)| (self.aggregates[index].clone(), cycle)).collect();
+        self.suspended =
+            suspended.iter().map(|(declaration, cycle)| (declaration.name.clone(), cycle.clone())).collect();
+        suspended
+    }
+
+    /// The cycle a suspended aggregate closes, or `None` if it runs.
+    pub fn suspended(&self, name: &str) -> Option<&crate::process::Cycle> {
+        self.suspended.iter().find(|(suspended, _)| suspended == name).map(|(_, cycle)| cycle)
+    }
+
+    /// Resumes, in declaration order, each suspended aggregate that closes
+    /// no cycle with the running ones any more (an aggregate of its cycle
+    /// was deleted) and returns them, for the shards to start. The running
+    /// aggregates stay acyclic: each one resumed joins them before the next
+    /// is checked.
+    pub fn resume_acyclic(&mut self) -> Vec<crate::process::AggregateDeclaration> {
+        let mut running: Vec<_> =
+            self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_none()).cloned().collect();
+        let mut resumed = Vec::new();
+        for declaration in self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_some()) {
+            if crate::process::cycle_closed_by(&running, declaration).is_none() {
+                running.push(declaration.clone());
+                resumed.push(declaration.clone());
+            }
+        }
+        self.suspended.retain(|(name, _)| !resumed.iter().any(|declaration| declaration.name == *name));
+        resumed
+    }
+
+    /// The catalog the shards run: every stream, and every aggregate but the
+    /// suspended ones.
+    pub fn running(&self) -> Catalog {
+        let mut running = self.clone();
+        running.aggregates.retain(|declaration| self.suspended(&declaration.name).is_none());
+        running.suspended.clear();
+        running
     }
 
     /// Begins deleting a stream: it leaves `streams` for `deleting`, with
@@ -327,6 +416,8 @@ impl Catalog {
         let spec = self.streams.remove(index);
         self.aggregates.retain(|declaration| declaration.stream != name);
         self.deleting.push(spec.clone());
+        let aggregates = &self.aggregates;
+        self.suspended.retain(|(suspended, _)| aggregates.iter().any(|declaration| declaration.name == *suspended));
         Ok(spec)
     }
 
@@ -543,6 +634,10 @@ impl UnsavedCatalog {
 pub struct CatalogLimits {
     pub partitions_max: u32,
     pub retention_bytes: u64,
+    /// The largest `retention_bytes` a stream may ask for: `--retention-bytes`
+    /// with memory storage (the memory formula counts it per partition),
+    /// unbounded on disk (files are not in the formula).
+    pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
 }
@@ -617,7 +712,13 @@ mod tests {
     use super::*;
 
     fn limits() -> CatalogLimits {
-        CatalogLimits { partitions_max: 64, retention_bytes: 1 << 20, retention_ms: 1000, segment_bytes: 1 << 16 }
+        CatalogLimits {
+            partitions_max: 64,
+            retention_bytes: 1 << 20,
+            retention_bytes_max: 1 << 24,
+            retention_ms: 1000,
+            segment_bytes: 1 << 16,
+        }
     }
 
     fn request(name: &str, partitions: u32) -> StreamRequest {
@@ -656,6 +757,26 @@ mod tests {
         assert!(matches!(catalog.create(&small, &limits()), Err(CatalogError::Retention { .. })));
     }
 
+    /// Retention past its maximum is refused with the numbers (u64::MAX and
+    /// 2^63 too, which the age check once wrapped); the maxima are accepted.
+    #[test]
+    fn retention_limits_are_checked_with_their_numbers() {
+        let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
+        for retention_ms in [u64::MAX, 1 << 63, RETENTION_MS_MAX + 1] {
+            let aged = StreamRequest { retention_ms: Some(retention_ms), ..request("aged", 1) };
+            let error = catalog.create(&aged, &limits()).unwrap_err();
+            assert!(matches!(error, CatalogError::RetentionMsTooLarge { .. }), "{error}");
+            assert!(error.to_string().contains(&RETENTION_MS_MAX.to_string()), "{error}");
+            assert_eq!(error.http_status(), 400);
+        }
+        let sized = StreamRequest { retention_bytes: Some(u64::MAX), ..request("sized", 1) };
+        let error = catalog.create(&sized, &limits()).unwrap_err();
+        assert!(matches!(error, CatalogError::RetentionBytesTooLarge { retention_bytes_max: 16777216, .. }));
+        let at_most =
+            StreamRequest { retention_bytes: Some(1 << 24), retention_ms: Some(RETENTION_MS_MAX), ..request("max", 1) };
+        assert_eq!(catalog.create(&at_most, &limits()).unwrap().retention_ms, RETENTION_MS_MAX);
+    }
+
     /// The catalog survives a save and open; a changed default partition
     /// count is refused with both numbers.
     #[test]
@@ -671,6 +792,43 @@ mod tests {
         let error = Catalog::open(&dir, &limits(), 9).unwrap_err();
         assert!(error.to_string().contains("8 partitions, --partitions says 9"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn count(name: &str, stream: &str, output: &str) -> crate::process::AggregateDeclaration {
+        let body = format!(
+            r#"{{"name":"{name}","stream":"{stream}","kind":"count","window":{{"type":"tumbling","size_ms":500}},
+               "output":"{output}"}}"#
+        );
+        crate::process::AggregateDeclaration::from_json(body.as_bytes()).unwrap()
+    }
+
+    /// A catalog with a cycle (from before they were refused) suspends the
+    /// declaration that closes it: kept and saved, left out of what the
+    /// shards run; deleting an aggregate of the cycle resumes it, unless a
+    /// running one would close the cycle again.
+    #[test]
+    fn cycles_from_an_older_catalog_are_suspended_and_resumed() {
+        let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
+        for declaration in [count("ab", "a", "b"), count("ba", "b", "a"), count("ab2", "a", "b"), count("bc", "b", "c")]
+        {
+            catalog.add_aggregate(declaration);
+        }
+        let suspended = catalog.suspend_cycles();
+        let names: Vec<&str> = suspended.iter().map(|(declaration, _)| declaration.name.as_str()).collect();
+        assert_eq!(names, ["ba"]);
+        assert_eq!(catalog.suspended("ba").unwrap().to_string(), "cycle: a -> b -> a (aggregates ab, ba)");
+        let running: Vec<String> = catalog.running().aggregates().iter().map(|held| held.name.clone()).collect();
+        assert_eq!(running, ["ab", "ab2", "bc"]);
+        assert_eq!(catalog.aggregates().len(), 4, "kept in the catalog, and in streams.json");
+        assert!(serde_json::to_string(&catalog).unwrap().contains("\"ba\""));
+
+        catalog.remove_aggregate("ab");
+        assert!(catalog.resume_acyclic().is_empty(), "ab2 still makes a -> b: ba would close the cycle");
+        assert!(catalog.suspended("ba").is_some());
+        catalog.remove_aggregate("ab2");
+        let resumed: Vec<String> = catalog.resume_acyclic().into_iter().map(|held| held.name).collect();
+        assert_eq!(resumed, ["ba"]);
+        assert!(catalog.suspended("ba").is_none() && catalog.running().aggregates().len() == 2);
     }
 
     /// Log ids tell every stream partition apart and survive restarts.

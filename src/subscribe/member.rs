@@ -22,6 +22,7 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
+use super::overlong::Overlong;
 use super::session::{Cursor, Outstanding, Registration, Session};
 use crate::net::Connection;
 use crate::net::socket::write_goodbye;
@@ -235,18 +236,14 @@ async fn read_loop<R: futures_lite::AsyncRead + Unpin>(shared: &Shared<'_>, mut 
             }
         }
         if buffer.len() > GROUP_REQUEST_SIZE_MAX {
-            shared.push_error(&GroupError::BadRequest(RequestError::TooLong { line_size: buffer.len() }));
-            buffer.clear();
-            // Skip the rest of the overlong line.
-            loop {
-                let count = match reader.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(count) => count,
-                };
-                if let Some(end) = memchr::memchr(b'\n', &chunk[..count]) {
-                    buffer.extend_from_slice(&chunk[end + 1..count]);
-                    break;
+            // Drop the rest of the overlong line, measuring it for the ERR
+            // (the session timeout bounds a line that never ends).
+            match super::overlong::skip_overlong(&mut reader, buffer.len(), usize::MAX).await {
+                Overlong::Measured { line_size, rest } => {
+                    shared.push_error(&GroupError::BadRequest(RequestError::TooLong { line_size }));
+                    buffer = rest;
                 }
+                Overlong::Unfinished { .. } | Overlong::Closed => return,
             }
             continue;
         }

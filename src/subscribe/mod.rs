@@ -32,6 +32,7 @@
 //!   the close, all within --shutdown-timeout-ms.
 
 mod member;
+mod overlong;
 mod session;
 
 use std::rc::Rc;

@@ -10,7 +10,8 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
 use crate::config::{
-    CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
+    CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX,
+    SUBSCRIBE_REQUEST_SKIP_BYTES_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
 };
 use crate::net::socket::write_goodbye;
 use crate::net::{CloseReason, Connection};
@@ -23,6 +24,7 @@ use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::notify::{Either, first};
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
+use crate::subscribe::overlong::Overlong;
 
 pub(super) struct Cursor {
     pub(super) partition: u32,
@@ -165,7 +167,9 @@ impl Drop for Registration<'_> {
     }
 }
 
-/// Reads the first line; returns it (without LF) and any bytes after it.
+/// Reads the first line; returns it (without LF) and any bytes after it. A
+/// line past [`SUBSCRIBE_REQUEST_SIZE_MAX`] is read on to its end (at most
+/// [`SUBSCRIBE_REQUEST_SKIP_BYTES_MAX`]) so that the refusal names its size.
 async fn read_request_line(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut request = Vec::new();
     let mut chunk = [0u8; 256];
@@ -183,7 +187,16 @@ async fn read_request_line(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)>
             return Some((request, rest));
         }
         if request.len() > SUBSCRIBE_REQUEST_SIZE_MAX {
-            let message = format!("ERR bad_request: request line longer than {SUBSCRIBE_REQUEST_SIZE_MAX} bytes\n");
+            let limit = SUBSCRIBE_REQUEST_SIZE_MAX;
+            let size =
+                match super::overlong::skip_overlong(stream, request.len(), SUBSCRIBE_REQUEST_SKIP_BYTES_MAX).await {
+                    Overlong::Measured { line_size, .. } => format!("{line_size} bytes"),
+                    Overlong::Unfinished { line_size_min } => {
+                        format!("at least {line_size_min} bytes (its end was not read)")
+                    }
+                    Overlong::Closed => return None,
+                };
+            let message = format!("ERR bad_request: request line of {size}, limit {limit}\n");
             write_goodbye(stream, message.as_bytes()).await;
             return None;
         }
