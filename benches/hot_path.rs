@@ -42,8 +42,8 @@ use spate::partition::apply::RecordOrder;
 use spate::partition::fetch::write_lines;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
 use spate::protocol::{BatchIter, Line, LineBuffer, Next, RecordRef, encode_batch_record, parse_line, partition_of};
+use spate::routing::{CreditGrant, DataBatch, Router, route};
 use spate::stream::StreamRoute;
-use spate::{CreditGrant, DataBatch, Router, route};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;

@@ -18,7 +18,7 @@ use std::collections::HashMap as StdHashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use spate::process::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
+use spate::aggregate::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
 
 const KEY_COUNT: usize = 10_000;
 const EVENT_COUNT: usize = 1_000_000;

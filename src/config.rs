@@ -444,7 +444,7 @@ pub struct Config {
     /// refused (counted in spate_aggregate_keys_refused_total). Memory: see
     /// README "Keyed aggregates" (at most 322 bytes per key of 32 bytes in
     /// tumbling windows).
-    #[arg(long, default_value_t = crate::process::KEYS_PER_AGGREGATE_MAX)]
+    #[arg(long, default_value_t = crate::aggregate::KEYS_PER_AGGREGATE_MAX)]
     pub aggregate_keys_max: u32,
 
     /// With `--storage disk`: how often each partition's aggregate state is

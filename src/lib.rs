@@ -13,9 +13,9 @@
 //! 1. [`protocol`]: the bytes on every wire (ingest lines, control lines and
 //!    replies, `SUB` and subscriber lines, binary records, the key hash).
 //! 2. `ingest` (private): a connection task reads big chunks, splits lines
-//!    and hands each event to [`route`], the one entry point of every
-//!    ingest format, which batches it for its partition's owner shard and
-//!    spends credits ([`Router`]).
+//!    and hands each event to the shard's ingress (`shard::ingress`), the
+//!    one entry point of every ingest format, which batches it for its
+//!    partition's owner shard and spends credits.
 //! 3. `shard` (private): the per-core runtime that owns its services and
 //!    dispatches mesh frames: batches to apply, credit grants, fetches, load
 //!    reports, migrations.
@@ -37,7 +37,7 @@
 //!    indexes, recovery, the data directory) and the named streams a
 //!    partition belongs to. A shard's committer (`shard::commit`) writes and
 //!    syncs each partition's new frames before it returns the credits.
-//! 10. [`process`]: keyed aggregates (counts, sums, windows) that a
+//! 10. [`aggregate`]: keyed aggregates (counts, sums, windows) that a
 //!     partition runs on its events as they are applied; `shard::aggregates`
 //!     routes their closed windows to an output stream, checkpoints them
 //!     next to the log and recovers them by replay.
@@ -51,27 +51,23 @@
 //! ```
 
 mod admin;
-pub mod aggregate_client;
+pub mod aggregate;
 pub mod balance;
 pub mod bench;
-mod client;
+pub mod cli;
 pub mod config;
 pub mod group;
 mod ingest;
 mod net;
 pub mod partition;
-pub mod process;
 pub mod protocol;
-pub mod pub_client;
+pub mod routing;
+pub mod runtime;
 mod serve;
 mod shard;
 pub mod storage;
 pub mod stream;
-pub mod stream_client;
 mod subscribe;
 
-pub use client::{SubArgs, SubError, run_sub};
 pub use config::Config;
 pub use serve::{ServeError, serve};
-pub use shard::frame::{CreditGrant, DataBatch};
-pub use shard::source::{Blocked, Router, route};

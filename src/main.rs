@@ -18,15 +18,15 @@ enum Command {
     #[command(after_help = spate::config::MEMORY_FORMULA_HELP)]
     Serve(spate::Config),
     /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
-    Sub(spate::SubArgs),
+    Sub(spate::cli::sub::SubArgs),
     /// Publish files (or stdin) to a listener, end with #SYNC, and report
     /// each rejected line as FILE:LINE on stderr.
-    #[command(after_help = spate::pub_client::EXIT_STATUS_HELP)]
-    Pub(spate::pub_client::PubArgs),
+    #[command(after_help = spate::cli::publish::EXIT_STATUS_HELP)]
+    Pub(spate::cli::publish::PubArgs),
     /// Create, list or delete named streams (through the admin port).
-    Stream(spate::stream_client::StreamArgs),
+    Stream(spate::cli::stream::StreamArgs),
     /// Declare, list, delete and query keyed aggregates (through the admin port).
-    Aggregate(spate::aggregate_client::AggregateArgs),
+    Aggregate(spate::cli::aggregate::AggregateArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
     /// server, simulated clock, seeded randomness; the seed is printed).
     Simulate(spate::balance::sim::SimArgs),
@@ -39,10 +39,10 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),
-        Command::Sub(args) => spate::run_sub(&args).map_err(|error| error.to_string()),
-        Command::Pub(args) => std::process::exit(spate::pub_client::run_pub(&args)),
-        Command::Stream(args) => spate::stream_client::run_stream(&args),
-        Command::Aggregate(args) => spate::aggregate_client::run_aggregate(&args),
+        Command::Sub(args) => spate::cli::sub::run_sub(&args).map_err(|error| error.to_string()),
+        Command::Pub(args) => std::process::exit(spate::cli::publish::run_pub(&args)),
+        Command::Stream(args) => spate::cli::stream::run_stream(&args),
+        Command::Aggregate(args) => spate::cli::aggregate::run_aggregate(&args),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
         Command::Simulate(args) => {
             spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())

@@ -1,7 +1,7 @@
 //! Keyed aggregates over HTTP:
 //!
 //! * `POST /streams/NAME/aggregates`: declares an aggregate on stream NAME
-//!   (the body is the declaration of [`crate::process`]; `stream` may be
+//!   (the body is the declaration of [`crate::aggregate`]; `stream` may be
 //!   left out). The output stream must exist. The declaration is written to
 //!   the catalog (`streams.json`), every shard adds it to the partitions it
 //!   owns, and on disk each writes the first checkpoint before the answer
@@ -9,7 +9,7 @@
 //!   streams (they name `/aggregates/NAME`). A declaration whose output
 //!   leads back to its stream through the aggregates already declared is
 //!   refused with `409` naming the cycle (`cycle: in -> out -> in`; see
-//!   [`crate::process::cycle_closed_by`]).
+//!   [`crate::aggregate::cycle_closed_by`]).
 //! * `GET /streams/NAME/aggregates`: the stream's aggregates, each with its
 //!   keys, open windows, memory and counters summed over partitions, and
 //!   `suspended` (the cycle) for one a catalog from before cycles were
@@ -20,7 +20,7 @@
 //!   window, from the shard that owns the key's partition (`404` when the
 //!   aggregate holds nothing for it). `K` is percent-decoded.
 //! * `GET /aggregates/AGG/top?n=N`: the `N` (default 10, at most
-//!   [`crate::process::TOP_N_MAX`]) keys with the largest value (running
+//!   [`crate::aggregate::TOP_N_MAX`]) keys with the largest value (running
 //!   aggregates) or largest last closed window, merged across shards.
 
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use crate::admin::streams::{Failure, save};
 use crate::admin::{AdminState, ShardUnavailable, ask_all, ask_all_within};
-use crate::process::{AGGREGATES_PER_STREAM_MAX, AggregateDeclaration, AggregateStats, KeyView, TOP_N_MAX};
+use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, AggregateDeclaration, AggregateStats, KeyView, TOP_N_MAX};
 use crate::shard::aggregates::AggregateRequest;
 use crate::shard::control::ControlRequest;
 
@@ -104,7 +104,7 @@ async fn create(state: &AdminState, stream: &str, body: &[u8]) -> Result<String,
     }
     // Suspended aggregates count: deleting one must not be what lets a new
     // cycle through.
-    if let Some(cycle) = crate::process::cycle_closed_by(catalog.aggregates(), &declaration) {
+    if let Some(cycle) = crate::aggregate::cycle_closed_by(catalog.aggregates(), &declaration) {
         let message = format!("{cycle}: an aggregate's output must not lead back to its own input\n");
         return Err(Failure { status: 409, message });
     }
@@ -266,7 +266,7 @@ async fn top(state: &AdminState, name: &str, query: Option<&str>) -> Result<Stri
     };
     let make = |reply| ControlRequest::Aggregate(AggregateRequest::Top { name: name.to_string(), n, reply });
     let lists = ask_all(state, make).await?;
-    let merged = crate::process::merge_top(lists, n);
+    let merged = crate::aggregate::merge_top(lists, n);
     Ok(serde_json::to_string_pretty(&json!({ "aggregate": name, "top": merged })).expect("json serializes"))
 }
 

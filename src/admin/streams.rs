@@ -28,8 +28,8 @@ use serde_json::json;
 
 use crate::admin::{AdminState, ShardUnavailable, ask_all_within, collect_partitions};
 use crate::config::Storage;
-use crate::shard::control::{ControlRequest, StreamRequest};
-use crate::stream::{Catalog, CatalogError, StreamRequest as CreateRequest, StreamSpec};
+use crate::shard::control::{ControlRequest, StreamChange};
+use crate::stream::{Catalog, CatalogError, NewStream, StreamSpec};
 
 /// How long a shard may take to install or drop a stream (opening or
 /// closing the files of every partition it owns).
@@ -107,7 +107,7 @@ async fn release_fenced(state: &AdminState, catalog: &mut Catalog, wait: bool) -
 
 /// `POST /streams`: creates a stream from a JSON body.
 pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> {
-    let request: CreateRequest = serde_json::from_slice(body).map_err(|error| Failure {
+    let request: NewStream = serde_json::from_slice(body).map_err(|error| Failure {
         status: 400,
         message: format!(
             "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?}})\n"
@@ -143,7 +143,7 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
 async fn install(state: &AdminState, spec: &StreamSpec) -> Result<(), Failure> {
     let installed = ask_all_within(
         state,
-        |reply| ControlRequest::Stream(StreamRequest::Install { spec: spec.clone(), reply }),
+        |reply| ControlRequest::Stream(StreamChange::Install { spec: spec.clone(), reply }),
         STREAM_CHANGE_TIMEOUT,
     )
     .await?;
@@ -151,7 +151,7 @@ async fn install(state: &AdminState, spec: &StreamSpec) -> Result<(), Failure> {
         return Err(Failure { status: 500, message: format!("installing stream {}: {error}\n", spec.name) });
     }
     let id = spec.id;
-    ask_all_within(state, |reply| ControlRequest::Stream(StreamRequest::Activate { id, reply }), STREAM_CHANGE_TIMEOUT)
+    ask_all_within(state, |reply| ControlRequest::Stream(StreamChange::Activate { id, reply }), STREAM_CHANGE_TIMEOUT)
         .await?;
     Ok(())
 }
@@ -184,11 +184,11 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
 async fn finish_delete(state: &AdminState, catalog: &mut Catalog, spec: &StreamSpec) -> Result<(), Failure> {
     let id = spec.id;
     let (fenced, done) = flume::bounded(state.controls.len());
-    let deactivate = |reply| ControlRequest::Stream(StreamRequest::Deactivate { id, reply, fenced: fenced.clone() });
+    let deactivate = |reply| ControlRequest::Stream(StreamChange::Deactivate { id, reply, fenced: fenced.clone() });
     ask_all_within(state, deactivate, STREAM_CHANGE_TIMEOUT).await?;
     let fence = Fence { base: spec.base, partitions: spec.partitions, done, outstanding: state.controls.len() };
     state.fences.lock().unwrap_or_else(|poison| poison.into_inner()).push(fence);
-    ask_all_within(state, |reply| ControlRequest::Stream(StreamRequest::Drop { id, reply }), STREAM_CHANGE_TIMEOUT)
+    ask_all_within(state, |reply| ControlRequest::Stream(StreamChange::Drop { id, reply }), STREAM_CHANGE_TIMEOUT)
         .await?;
     if state.config.storage == Storage::Disk {
         let data_dir = state.config.data_dir.clone();

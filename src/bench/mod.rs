@@ -2,8 +2,8 @@
 //!
 //! It drives a running server (`--ingest/--subscribe/--admin`), starts one
 //! (`--start-server`, see [`server`]), or drives nats-server with the same
-//! code (`--target nats`, see [`nats`]), and measures what DESIGN.md section
-//! 6 asks for: stored, routed events/s, end-to-end latency percentiles, and
+//! code (`--target nats`, see [`nats`]), and measures what spate's
+//! performance goals are stated in (README, Benchmarks): stored, routed events/s, end-to-end latency percentiles, and
 //! the server's CPU per event.
 //!
 //! A run, in order:
@@ -79,7 +79,7 @@ use producer::{LineLayout, ProducerOutcome, ProducerTask, Shared};
 use report::{CpuUse, LatencyUs, Machine, RunInfo, SecondLatency, ServerInfo, SubscriberCounts};
 use session::Session;
 use stamp::{BenchClock, RunTag};
-use stats::{Sample, SamplerInputs, StatsSnapshot};
+use stats::{ProgressSample, SamplerInputs, StatsSnapshot};
 use subscriber::{LineScanner, Recorder, SubscriberOutcome, SubscriberShared};
 
 /// How long the bench waits for the server to count its subscriber.
@@ -197,7 +197,7 @@ impl CpuMark {
 struct Measured {
     producers: Vec<ProducerOutcome>,
     subscriber: Option<SubscriberOutcome>,
-    samples: Vec<Sample>,
+    samples: Vec<ProgressSample>,
     cpu: CpuUse,
 }
 

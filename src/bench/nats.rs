@@ -1,7 +1,7 @@
 //! `--target nats`: the same generator, pacer, stamps and histograms, driving
 //! NATS core (nats-server) instead of spate, so the two are measured the same
-//! way (DESIGN.md section 6 asks for latency "never worse than NATS core's at
-//! the same rate").
+//! way (spate's goal is a latency "never worse than NATS core's at the same
+//! rate", README, Benchmarks).
 //!
 //! How NATS is driven, raw protocol over TCP (no client library, whose own
 //! per-message cost would be measured too):

@@ -19,7 +19,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::bench::BenchError;
-use crate::bench::stats::Sample;
+use crate::bench::stats::ProgressSample;
 use crate::bench::sweep::{PointFigures, SweepSummary};
 
 /// Pixels of each plot.
@@ -121,7 +121,7 @@ fn draw_latency(path: &Path, latency_ns: &Histogram<u64>, subtitle: &str) -> Res
 }
 
 /// Per-shard events/s between consecutive samples: `(seconds, rate)` lines.
-pub fn shard_rates(samples: &[Sample]) -> Vec<Vec<(f64, f64)>> {
+pub fn shard_rates(samples: &[ProgressSample]) -> Vec<Vec<(f64, f64)>> {
     let shard_count = samples.iter().map(|sample| sample.events_total.len()).min().unwrap_or(0);
     let mut lines = vec![Vec::with_capacity(samples.len()); shard_count];
     for pair in samples.windows(2) {
@@ -140,14 +140,19 @@ pub fn shard_rates(samples: &[Sample]) -> Vec<Vec<(f64, f64)>> {
 /// Writes `shards.svg`; returns its path.
 /// Samples after `run_seconds` (the subscriber draining, the last partial
 /// interval) are left out.
-pub fn shard_plot(dir: &Path, samples: &[Sample], run_seconds: f64, subtitle: &str) -> Result<PathBuf, BenchError> {
+pub fn shard_plot(
+    dir: &Path,
+    samples: &[ProgressSample],
+    run_seconds: f64,
+    subtitle: &str,
+) -> Result<PathBuf, BenchError> {
     let path = dir.join("shards.svg");
     let kept = samples.iter().take_while(|sample| sample.elapsed_s <= run_seconds).count();
     draw_shards(&path, &samples[..kept.max(2).min(samples.len())], subtitle)?;
     Ok(path)
 }
 
-fn draw_shards(path: &Path, samples: &[Sample], subtitle: &str) -> Result<(), BenchError> {
+fn draw_shards(path: &Path, samples: &[ProgressSample], subtitle: &str) -> Result<(), BenchError> {
     let error = plot_error(path);
     let lines = shard_rates(samples);
     let total: Vec<(f64, f64)> = match lines.first() {
@@ -200,8 +205,8 @@ fn draw_shards(path: &Path, samples: &[Sample], subtitle: &str) -> Result<(), Be
     root.present().map_err(|e| error(e.to_string()))
 }
 
-/// The latency goals drawn on the sweep plot (DESIGN.md section 6 and the
-/// latency issue): p99 and p99.9 in µs.
+/// The latency goals drawn on the sweep plot (the latency goals of
+/// the README's Benchmarks section): p99 and p99.9 in µs.
 const GOAL_P99_US: f64 = 1_000.0;
 const GOAL_P999_US: f64 = 5_000.0;
 /// The server CPU goal at moderate rates, µs per event.
@@ -469,9 +474,9 @@ mod tests {
     #[test]
     fn shard_rates_are_deltas() {
         let samples = [
-            Sample { elapsed_s: 0.0, events_total: vec![0, 0] },
-            Sample { elapsed_s: 0.5, events_total: vec![100, 50] },
-            Sample { elapsed_s: 1.0, events_total: vec![300, 50] },
+            ProgressSample { elapsed_s: 0.0, events_total: vec![0, 0] },
+            ProgressSample { elapsed_s: 0.5, events_total: vec![100, 50] },
+            ProgressSample { elapsed_s: 1.0, events_total: vec![300, 50] },
         ];
         let lines = shard_rates(&samples);
         assert_eq!(lines, [vec![(0.5, 200.0), (1.0, 400.0)], vec![(0.5, 100.0), (1.0, 0.0)]]);

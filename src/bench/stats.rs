@@ -121,7 +121,7 @@ impl AdminClient {
 
 /// Per-shard `events_total` at one moment of the run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub struct ProgressSample {
     pub elapsed_s: f64,
     pub events_total: Vec<u64>,
 }
@@ -141,10 +141,10 @@ pub struct SamplerInputs {
 
 /// Polls `/stats` until `stop`, printing a progress line on stderr each
 /// second; returns the samples (the first is `before`, at 0 s).
-pub fn run_sampler(inputs: SamplerInputs) -> Vec<Sample> {
+pub fn run_sampler(inputs: SamplerInputs) -> Vec<ProgressSample> {
     let clock = inputs.producers.clock;
     let totals = |snapshot: &StatsSnapshot| snapshot.shards.iter().map(|shard| shard.events_total).collect();
-    let mut samples = vec![Sample { elapsed_s: 0.0, events_total: totals(&inputs.before) }];
+    let mut samples = vec![ProgressSample { elapsed_s: 0.0, events_total: totals(&inputs.before) }];
     let mut line = ProgressLine { at_s: 0.0, sent: 0, line_bytes: 0, stored: inputs.before.events_stored, received: 0 };
     let mut next_ns = inputs.start_ns;
     let mut latest = inputs.before.clone();
@@ -161,7 +161,7 @@ pub fn run_sampler(inputs: SamplerInputs) -> Vec<Sample> {
         }
         let elapsed_s = clock.now_ns().saturating_sub(inputs.start_ns) as f64 / 1e9;
         if samples.len() < SAMPLE_COUNT_MAX {
-            samples.push(Sample { elapsed_s, events_total: totals(&latest) });
+            samples.push(ProgressSample { elapsed_s, events_total: totals(&latest) });
         }
         sample_index += 1;
         if sample_index.is_multiple_of(SAMPLES_PER_PROGRESS_LINE) {

@@ -12,8 +12,8 @@
 //! `--compare a.json,b.json` reads sweeps written by `--sweep --json` (of
 //! spate and of NATS, say), lines their points up by offered rate, and
 //! prints each one's figures with the p99 ratio against the first: the
-//! number DESIGN.md section 6 sets a goal for ("never worse than NATS core's
-//! p99 at the same rate").
+//! number spate's latency goal is stated in ("never worse than NATS core's
+//! p99 at the same rate", README, Benchmarks).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

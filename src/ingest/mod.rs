@@ -6,7 +6,7 @@
 //! ([`crate::protocol::ilp`], `--ingest-ilp`: the series as the key, the line
 //! as the payload). Everything below is the same for all three: control
 //! lines (`#SYNC`, `#PING`, `#STREAM`), `ERR` replies, credits, limits and
-//! timeouts; each format's events go through [`crate::shard::source::route`].
+//! timeouts; each format's events go through [`crate::shard::ingress::route`].
 //! Keys longer than `--key-size-max` are rejected in every format.
 //!
 //! ILP clients do not read replies. On an ILP connection a batch of replies
@@ -65,10 +65,10 @@ use crate::protocol::control::{UnknownControl, write_err, write_ok};
 use crate::protocol::ilp::{IlpError, IlpLine, IlpScratch, parse_ilp_line};
 use crate::protocol::json::{JsonError, JsonLine, parse_json_line};
 use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line_with};
+use crate::routing::Blocked;
+use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Either, first};
-use crate::shard::source::Blocked;
 use crate::stream::{DEFAULT_STREAM, STREAM_NAME_SIZE_MAX, StreamRoute};
 
 /// The format a listener speaks.
@@ -266,16 +266,16 @@ async fn serve_connection(
             match process_buffered(shard, lines, &mut replies, &mut target, &mut parser, drained) {
                 Progress::NeedMore => break,
                 Progress::Blocked(Blocked { held: Some(partition), .. }) => {
-                    shard.source.wait_for_release(partition).await;
+                    shard.ingress.wait_for_release(partition).await;
                 }
                 Progress::Blocked(blocked) => {
-                    shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+                    shard.ingress.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
                 Progress::Action(Action::Sync { line_number, token }) => {
                     let owners = target.touched.iter().enumerate().filter(|(_, touched)| **touched);
                     let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
                     target.touched.fill(false);
-                    shard.source.sync_barrier(owners.into_iter()).await;
+                    shard.ingress.sync_barrier(owners.into_iter()).await;
                     reserve_reply(&mut replies);
                     write_ok(&mut replies, line_number, b"SYNC", &token);
                 }
@@ -464,7 +464,7 @@ impl Target {
 /// Parses and routes every complete buffered line, holding the shard's
 /// placement and router borrowed for the whole chunk (one borrow per chunk,
 /// not per event). `drained`: the chunk's read left the socket empty, so
-/// its open batches go soon ([`crate::shard::source`]).
+/// its open batches go soon ([`crate::shard::ingress`]).
 fn process_buffered(
     shard: &Shard,
     lines: &mut LineBuffer,
@@ -475,7 +475,7 @@ fn process_buffered(
 ) -> Progress {
     let config = &shard.config;
     let mut stream = target.check(shard);
-    let mut route = shard.source.begin(&shard.placement);
+    let mut route = shard.ingress.begin(&shard.placement);
     route.drained = drained;
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {

@@ -20,9 +20,9 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::config::{ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN};
 use crate::net::registry::Connections;
+use crate::runtime::notify::{Either, first};
 use crate::shard::lifecycle::Lifecycle;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Either, first};
 
 /// A run of accept failures for lack of resources, and the quiet time after
 /// it that ends it.

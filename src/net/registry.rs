@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::{CONNECTION_SWEEP_INTERVAL_MS, Config, IDLE_TRIM_MS};
 use crate::net::admission::SubscriberSlot;
+use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::lifecycle::Lifecycle;
-use crate::shard::notify::{Notify, WaitList};
 
 /// Which port a connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use glommio::net::TcpStream;
 use crate::config::{
     GOODBYE_WRITE_TIMEOUT_MS, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, REFUSALS_IN_FLIGHT_MAX,
 };
-use crate::shard::notify::{Either, first};
+use crate::runtime::notify::{Either, first};
 
 /// Sets the options of an accepted socket: TCP keepalive
 /// ([`KEEPALIVE_IDLE_S`], [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]) and

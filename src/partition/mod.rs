@@ -28,8 +28,8 @@ pub mod placement;
 pub use log::{MemoryLog, PartitionLog};
 pub use placement::{Placement, PlacementTable};
 
+use crate::aggregate::PartitionProcessor;
 use crate::balance::Ewma;
-use crate::process::PartitionProcessor;
 use crate::protocol::RecordRef;
 
 /// One partition owned by this shard. Everything here moves with the
@@ -62,7 +62,7 @@ pub struct Partition {
     /// When this partition last arrived at a new owner (process clock, ms).
     pub moved_ms: Option<u64>,
     /// The keyed aggregates declared on its stream, run on every event it
-    /// appends ([`crate::process`]); `None` when its stream has none.
+    /// appends ([`crate::aggregate`]); `None` when its stream has none.
     pub processor: Option<Box<PartitionProcessor>>,
 }
 

@@ -13,14 +13,14 @@ use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
-use crate::shard::frame::Frame;
+use crate::shard::frame::MeshFrame;
 use crate::shard::outbox::Outbox;
 
 /// Everything a shard thread needs; cloned into every executor.
 #[derive(Clone)]
 pub struct ShardContext {
     pub config: Arc<Config>,
-    pub mesh: FullMesh<Frame>,
+    pub mesh: FullMesh<MeshFrame>,
     /// Control receivers, indexed by shard id (known only after the mesh join).
     pub control: Arc<Vec<flume::Receiver<ControlRequest>>>,
     pub events: flume::Sender<ShardEvent>,
@@ -151,7 +151,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
 /// The shard's own loops: flusher, applier, balancer, fetch servicer.
 fn spawn_shard_tasks(shard: &Rc<Shard>) {
     let flusher = shard.clone();
-    glommio::spawn_local(async move { flusher.source.run_flusher().await }).detach();
+    glommio::spawn_local(async move { flusher.ingress.run_flusher().await }).detach();
     let applier = shard.clone();
     glommio::spawn_local(async move { applier.run_applier().await }).detach();
     crate::shard::aggregates::spawn_tasks(shard);

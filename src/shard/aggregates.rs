@@ -1,4 +1,4 @@
-//! Keyed aggregates on a shard: the engine side of [`crate::process`].
+//! Keyed aggregates on a shard: the engine side of [`crate::aggregate`].
 //!
 //! # Where the state lives
 //!
@@ -16,7 +16,7 @@
 //! them, right after the batch (or clock tick) that closed them, into its
 //! emit queue ([`ShardAggregates`]). The emitter task routes them to their
 //! output stream exactly as a connection routes events (key = the window's
-//! key, payload = [`crate::process::ClosedWindow::write_json`]), spending
+//! key, payload = [`crate::aggregate::ClosedWindow::write_json`]), spending
 //! credits and waiting for them. The queue's limit is
 //! [`EMIT_QUEUE_BYTES_MAX`]: over it the applier pauses after each batch
 //! (up to [`EMIT_WAIT_MS_MAX`] at a time, so that two shards whose emitters
@@ -38,7 +38,7 @@
 //! old, directory fsynced. A checkpoint covers offsets below its
 //! `next_offset`, and it is renamed into place only once (1) every window it
 //! counts as closed has been routed and is durable at its output owner
-//! ([`crate::shard::source::Source::sync_barrier`]), and (2) every event it
+//! ([`crate::shard::ingress::Source::sync_barrier`]), and (2) every event it
 //! covers is durable in the log (a synced commit round): so after a crash
 //! the checkpoint never covers an event the log lost, nor a closed window
 //! the output stream lost. A declaration writes its first checkpoint before
@@ -65,15 +65,15 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::partition::PartitionManager;
-use crate::partition::disk::{DiskLog, Located, now_unix_ms};
-use crate::process::{
+use crate::aggregate::{
     AggregateDeclaration, AggregateStats, ClosedOutputs, KeyView, PartitionProcessor, ProcessorLimits, TopEntry,
 };
+use crate::partition::PartitionManager;
+use crate::partition::disk::{DiskLog, Located, now_unix_ms};
+use crate::routing::Blocked;
+use crate::runtime::notify::{Notify, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Notify, first};
-use crate::shard::source::Blocked;
 use crate::storage::format::decode_frame;
 use crate::storage::segment::{SegmentError, SegmentReader};
 use crate::stream::StreamSpec;
@@ -115,7 +115,7 @@ pub struct ShardAggregates {
     /// Windows put in the emit queue, and routed out of it, since start.
     pushed_total: Cell<u64>,
     routed_total: Cell<u64>,
-    routed_notify: crate::shard::notify::WaitList,
+    routed_notify: crate::runtime::notify::WaitList,
     /// The arrival clock (Unix ms), never going back.
     clock_ms: Cell<u64>,
     /// Partition -> the offset its last checkpoint covers.
@@ -138,7 +138,7 @@ impl ShardAggregates {
             emit_drained: Notify::default(),
             pushed_total: Cell::new(0),
             routed_total: Cell::new(0),
-            routed_notify: crate::shard::notify::WaitList::default(),
+            routed_notify: crate::runtime::notify::WaitList::default(),
             clock_ms: Cell::new(0),
             checkpointed: RefCell::default(),
             checkpoint_serial: Cell::new(0),
@@ -243,7 +243,7 @@ async fn run_emitter(shard: Rc<Shard>) {
                 None => break,
                 Some(Ok(())) => glommio::yield_if_needed().await,
                 Some(Err(blocked)) => {
-                    shard.source.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+                    shard.ingress.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
             }
         }
@@ -259,7 +259,7 @@ fn emit_some(shard: &Shard) -> Option<Result<(), Blocked>> {
         return None;
     }
     let streams = shard.streams.borrow();
-    let mut route = shard.source.begin(&shard.placement);
+    let mut route = shard.ingress.begin(&shard.placement);
     let (mut position, mut count, mut dropped) = (0, 0u64, 0u64);
     let mut outcome = Ok(());
     while count < EMIT_CHUNK_WINDOWS {
@@ -356,7 +356,7 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
     // (1) Every window closed so far is routed, then stored at its owner.
     let aggregates = &shard.aggregates;
     aggregates.routed_notify.wait_until(|| aggregates.routed_total.get() >= pushed).await;
-    shard.source.sync_barrier(0..shard.shard_count).await;
+    shard.ingress.sync_barrier(0..shard.shard_count).await;
     // (2) Every event covered is durable in the log.
     committer.barrier().await;
     let serial = aggregates.checkpoint_serial.get() + 1;
@@ -481,7 +481,7 @@ pub fn handle(shard: &Rc<Shard>, request: AggregateRequest) {
                     lists.push(processor.top(&name, n));
                 }
             }
-            let _ = reply.send(crate::process::merge_top(lists, n));
+            let _ = reply.send(crate::aggregate::merge_top(lists, n));
         }
         AggregateRequest::Stats { reply } => {
             let partitions = shard.partitions.borrow();

@@ -9,8 +9,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 
-use crate::shard::frame::DataBatch;
-use crate::shard::notify::Notify;
+use crate::routing::DataBatch;
+use crate::runtime::notify::Notify;
 
 #[derive(Default)]
 pub struct ApplyQueue {

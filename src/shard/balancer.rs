@@ -18,7 +18,7 @@ use crate::balance::{
 };
 use crate::config::{GOSSIP_IDLE_EVENTS_PER_S, GOSSIP_IDLE_INTERVAL_MS, STEAL_REQUEST_TIMEOUT_MS};
 use crate::partition::PartitionManager;
-use crate::shard::notify::{Notify, first};
+use crate::runtime::notify::{Notify, first};
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
 /// so report ages compare across them). Only the engine reads it: the
@@ -62,7 +62,7 @@ pub struct BalanceCounters {
 }
 
 /// What this shard measured for its report, besides its partitions.
-pub struct Sample {
+pub struct LoadSample {
     pub now_ms: u64,
     /// Total time the executor has spent running tasks (glommio's stats).
     pub runtime: std::time::Duration,
@@ -111,7 +111,11 @@ impl Balancer {
     /// One gossip interval: samples the partitions' rates into this shard's
     /// report (to publish) and, if the rule says so, a steal request (to
     /// send to its victim).
-    pub fn tick(&mut self, partitions: &mut PartitionManager, sample: Sample) -> (LoadReport, Option<StealRequest>) {
+    pub fn tick(
+        &mut self,
+        partitions: &mut PartitionManager,
+        sample: LoadSample,
+    ) -> (LoadReport, Option<StealRequest>) {
         let report = self.sample_load(partitions, &sample);
         self.view.update(report.clone());
         self.cooldowns.prune(sample.now_ms, self.config.cooldown_ms);
@@ -131,7 +135,7 @@ impl Balancer {
         (report, request)
     }
 
-    fn sample_load(&mut self, partitions: &mut PartitionManager, sample: &Sample) -> LoadReport {
+    fn sample_load(&mut self, partitions: &mut PartitionManager, sample: &LoadSample) -> LoadReport {
         let now_ms = sample.now_ms;
         let elapsed_ms = self.last_sample_ms.map_or(0, |last| now_ms.saturating_sub(last));
         self.loads.clear();

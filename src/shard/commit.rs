@@ -47,10 +47,10 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
 use crate::partition::Partition;
 use crate::partition::disk::{Deferred, Encoded, encode_pending, now_unix_ms};
+use crate::routing::CreditGrant;
+use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::Shard;
-use crate::shard::frame::CreditGrant;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Notify, WaitList};
 use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
 
 /// One shard's committer state.
@@ -245,12 +245,12 @@ pub async fn run_committer(shard: Rc<Shard>) {
             let idle_with_unsynced = committer.policy == FsyncPolicy::Interval && committer.unsynced_bytes.get() > 0;
             if idle_with_unsynced {
                 let interval = glommio::timer::sleep(committer.interval);
-                let _ = crate::shard::notify::first(committer.notify.notified(), interval).await;
+                let _ = crate::runtime::notify::first(committer.notify.notified(), interval).await;
             } else {
                 // Idle: wake once per retention check, so segments expire by
                 // age on a stream nobody writes to.
                 let check = glommio::timer::sleep(Duration::from_millis(RETENTION_CHECK_MS));
-                let _ = crate::shard::notify::first(committer.notify.notified(), check).await;
+                let _ = crate::runtime::notify::first(committer.notify.notified(), check).await;
                 if !has_work(&shard) {
                     expire_if_due(&shard);
                     continue;

@@ -18,9 +18,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
+use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
-use crate::shard::notify::{Either, first};
 use crate::stream::StreamSpec;
 
 /// Requests from the control plane to one shard.
@@ -30,7 +30,7 @@ pub enum ControlRequest {
     /// The consumer groups this shard coordinates.
     Groups(flume::Sender<Vec<crate::shard::groups::GroupInfo>>),
     /// Stream lifecycle ([`crate::shard::streams`]): each answers once done.
-    Stream(StreamRequest),
+    Stream(StreamChange),
     /// Keyed aggregates ([`crate::shard::aggregates`]).
     Aggregate(crate::shard::aggregates::AggregateRequest),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
@@ -85,7 +85,7 @@ pub enum ShardEvent {
 /// create = `Install` on every shard, then `Activate` on every shard;
 /// delete = `Deactivate` everywhere, then `Drop` everywhere
 /// ([`crate::shard::streams`]).
-pub enum StreamRequest {
+pub enum StreamChange {
     /// Open the partitions of a new stream that this shard owns.
     Install { spec: StreamSpec, reply: flume::Sender<Result<(), String>> },
     /// Let ingest route to it (every shard has installed it).
@@ -175,7 +175,7 @@ async fn drain(shard: &Shard, deadline: Instant) -> bool {
     };
     let margin = deadline.max(Instant::now()) + Duration::from_millis(SHUTDOWN_DRAIN_MARGIN_MS);
     let applied =
-        matches!(first(shard.source.sync_barrier(0..shard.shard_count), until(margin)).await, Either::Left(()));
+        matches!(first(shard.ingress.sync_barrier(0..shard.shard_count), until(margin)).await, Either::Left(()));
     if !applied {
         eprintln!("spate: shard {}: shutdown deadline: events read but not yet applied are dropped", shard.id);
     }
@@ -195,7 +195,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
         metrics.disk_segments.set(segments.sum::<usize>() as u64);
     }
     {
-        let router = shard.source.router();
+        let router = shard.ingress.router();
         metrics.credits_outstanding_bytes.set(router.credits_outstanding_bytes() as u64);
         metrics.batch_buffered_bytes.set(router.batch_buffered_bytes() as u64);
     }

@@ -73,7 +73,7 @@ async fn read_one(
                 // Bounded: a writer out for a move or a stream deletion has
                 // no round to wait for.
                 let limit = glommio::timer::sleep(std::time::Duration::from_millis(BUSY_WAIT_MS_MAX));
-                let _ = crate::shard::notify::first(committer.round_ended(), limit).await;
+                let _ = crate::runtime::notify::first(committer.round_ended(), limit).await;
             }
             return Ok(());
         }

@@ -24,12 +24,12 @@
 //! asked. Memory stays within the same bound: held grants are credits still
 //! spent, counted in the window.
 //!
-//! [`DataBatch::grant_now`]: crate::shard::frame::DataBatch::grant_now
+//! [`DataBatch::grant_now`]: crate::routing::DataBatch::grant_now
 
 use std::cell::RefCell;
 
 use crate::config::GRANT_BATCHES_HELD_MAX;
-use crate::shard::frame::CreditGrant;
+use crate::routing::CreditGrant;
 
 /// Grants held per source, each merged into one.
 pub struct PendingGrants {

@@ -22,10 +22,10 @@ pub use crate::group::messages::{GroupFrame, GroupKey, MemberEvent};
 use crate::group::store::{StoredGroup, group_path};
 use crate::group::{Effect, GroupState, MemberId, coordinator_of};
 use crate::protocol::group::{GroupError, OffsetReset};
+use crate::runtime::notify::Notify;
 use crate::shard::Shard;
-use crate::shard::frame::Frame;
+use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::Notify;
 
 /// How often an owner checks its partitions against the `hold` floors
 /// while any exist (the overshoot past `--group-hold-lag-bytes` is what
@@ -158,14 +158,14 @@ impl Shard {
         if to == self.id {
             self.handle_group_frame(frame);
         } else {
-            self.outbox.send(to, Frame::Group(Box::new(frame)), &self.metrics);
+            self.outbox.send(to, MeshFrame::Group(Box::new(frame)), &self.metrics);
         }
     }
 
     /// Sends a group frame to every shard, this one included.
     fn broadcast_group(self: &Rc<Self>, frame: GroupFrame) {
         for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
-            self.outbox.send(peer, Frame::Group(Box::new(frame.clone())), &self.metrics);
+            self.outbox.send(peer, MeshFrame::Group(Box::new(frame.clone())), &self.metrics);
         }
         self.handle_group_frame(frame);
     }
@@ -229,7 +229,7 @@ impl Shard {
                 }
             }
             GroupFrame::Floors { key, base, floors } => self.on_floors(key, base, floors),
-            GroupFrame::Held { partition, held } => self.source.set_held(partition, held),
+            GroupFrame::Held { partition, held } => self.ingress.set_held(partition, held),
         }
     }
 
@@ -511,7 +511,7 @@ impl Shard {
     /// releases the ones it caught up on, on every shard.
     pub async fn run_hold_checker(self: &Rc<Self>) {
         loop {
-            let idle = self.groups.floors.borrow().is_empty() && self.source.router().held_count() == 0;
+            let idle = self.groups.floors.borrow().is_empty() && self.ingress.router().held_count() == 0;
             if idle {
                 self.groups.hold_notify.notified().await;
             } else {
@@ -541,7 +541,7 @@ impl Shard {
                 let lag_events = partition.log.next_offset().saturating_sub(floor);
                 let mean_payload = partition.bytes_total.checked_div(partition.events_total).unwrap_or(0).max(1);
                 let held = floor != u64::MAX && lag_events.saturating_mul(mean_payload) > limit;
-                if held != self.source.is_held(partition_id) {
+                if held != self.ingress.is_held(partition_id) {
                     changes.push((partition_id, held));
                 }
                 holding += u64::from(held);

@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
-use crate::shard::notify::WaitList;
+use crate::runtime::notify::WaitList;
 
 #[derive(Default)]
 pub struct Lifecycle {

@@ -1,6 +1,6 @@
 //! The per-core runtime. One [`Shard`] per glommio executor owns a set of
 //! partitions and its services; it is `!Send`, everything it owns lives on
-//! its thread, and other shards reach it only through [`frame::Frame`]s on
+//! its thread, and other shards reach it only through [`frame::MeshFrame`]s on
 //! the channel mesh.
 //!
 //! The shard is thin: it owns its services and dispatches mesh frames to
@@ -29,11 +29,10 @@ pub mod disk_read;
 pub mod frame;
 pub mod grants;
 pub mod groups;
+pub mod ingress;
 pub mod lifecycle;
 pub mod metrics;
-pub mod notify;
 pub mod outbox;
-pub mod source;
 pub mod streams;
 pub mod subscriptions;
 
@@ -51,16 +50,17 @@ use crate::partition::disk::OpenReport;
 use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
 use crate::partition::migration::{Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
+use crate::routing::{CreditGrant, DataBatch};
 use crate::storage::segment::SegmentError;
 use crate::stream::{Catalog, ShardStreams, StreamSpec};
 use apply_queue::ApplyQueue;
-use balancer::{Balancer, Sample, now_ms};
+use balancer::{Balancer, LoadSample, now_ms};
 use commit::Committer;
-use frame::{CreditGrant, DataBatch, Frame, Handoff};
+use frame::{Handoff, MeshFrame};
+use ingress::Ingress;
 use lifecycle::Lifecycle;
 use metrics::ShardMetrics;
 use outbox::Outbox;
-use source::Source;
 use subscriptions::Subscriptions;
 
 /// One shard's state. Borrow its cells briefly and never across an `.await`.
@@ -70,7 +70,7 @@ pub struct Shard {
     pub config: Arc<Config>,
     pub metrics: Rc<ShardMetrics>,
     pub placement: RefCell<PlacementTable>,
-    pub source: Source,
+    pub ingress: Ingress,
     pub partitions: RefCell<PartitionManager>,
     pub migrations: RefCell<ShardMigrations<CreditGrant>>,
     pub apply_queue: Rc<ApplyQueue>,
@@ -101,7 +101,7 @@ impl Shard {
         let shard_count = outbox.peer_count() as u16;
         let metrics = Rc::new(ShardMetrics::default());
         let apply_queue = Rc::new(ApplyQueue::default());
-        let source = Source::new(id, &config, outbox.clone(), apply_queue.clone(), metrics.clone());
+        let ingress = Ingress::new(id, &config, outbox.clone(), apply_queue.clone(), metrics.clone());
         let enabled = config.rebalance == crate::config::Rebalance::On;
         let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
         let placement = PlacementTable::spread(config.partitions_max, shard_count);
@@ -117,7 +117,7 @@ impl Shard {
             shard_count,
             metrics,
             placement: RefCell::new(placement),
-            source,
+            ingress,
             partitions: RefCell::new(partitions),
             migrations: RefCell::new(Migrations::new(id, shard_count)),
             apply_queue,
@@ -194,24 +194,24 @@ impl Shard {
     }
 
     /// Handles one frame from peer `source`; never waits.
-    pub fn handle_frame(self: &Rc<Self>, source: u16, frame: Frame) {
+    pub fn handle_frame(self: &Rc<Self>, source: u16, frame: MeshFrame) {
         match frame {
-            Frame::Data(batch) => self.apply_queue.push(source, batch),
-            Frame::Credit(grant) => self.source.on_grant(source, grant),
-            Frame::Fetch(request) => self.handle_fetch(source, request),
-            Frame::FetchReply(reply) => self.subscriptions.deliver(*reply),
-            Frame::FetchCredit(credit) => self.subscriptions.credit(source, credit),
-            Frame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
-            Frame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
-            Frame::Load(report) => {
+            MeshFrame::Data(batch) => self.apply_queue.push(source, batch),
+            MeshFrame::Credit(grant) => self.ingress.on_grant(source, grant),
+            MeshFrame::Fetch(request) => self.handle_fetch(source, request),
+            MeshFrame::FetchReply(reply) => self.subscriptions.deliver(*reply),
+            MeshFrame::FetchCredit(credit) => self.subscriptions.credit(source, credit),
+            MeshFrame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
+            MeshFrame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
+            MeshFrame::Load(report) => {
                 if report.events_per_s >= crate::config::GOSSIP_IDLE_EVENTS_PER_S || report.migrating {
                     self.gossip_pace.traffic();
                 }
                 self.balancer.borrow_mut().view.update(report);
             }
-            Frame::StealRequest { thief_events_per_s } => self.on_steal_request(source, thief_events_per_s),
-            Frame::StealRefused(refusal) => self.on_steal_refused(source, refusal),
-            Frame::Placement { partition, owner, epoch } => {
+            MeshFrame::StealRequest { thief_events_per_s } => self.on_steal_request(source, thief_events_per_s),
+            MeshFrame::StealRefused(refusal) => self.on_steal_refused(source, refusal),
+            MeshFrame::Placement { partition, owner, epoch } => {
                 let mut effects = Vec::new();
                 let mut placement = self.placement.borrow_mut();
                 let now_ms = now_ms();
@@ -226,8 +226,8 @@ impl Shard {
                 drop(placement);
                 self.carry_out(effects);
             }
-            Frame::Handoff(handoff) => self.on_handoff(handoff),
-            Frame::Group(frame) => self.handle_group_frame(*frame),
+            MeshFrame::Handoff(handoff) => self.on_handoff(handoff),
+            MeshFrame::Group(frame) => self.handle_group_frame(*frame),
         }
     }
 
@@ -236,9 +236,9 @@ impl Shard {
         for effect in effects {
             match effect {
                 Effect::SendPlacement { to, partition, owner, epoch } => {
-                    self.outbox.send(to, Frame::Placement { partition, owner, epoch }, &self.metrics);
+                    self.outbox.send(to, MeshFrame::Placement { partition, owner, epoch }, &self.metrics);
                 }
-                Effect::SendMarker { to, marker } => self.source.send_marker(to, marker),
+                Effect::SendMarker { to, marker } => self.ingress.send_marker(to, marker),
                 Effect::SendHandoff { to, partition, epoch } => self.send_handoff(to, partition, epoch),
                 Effect::Grant { source, grant } => self.send_grant(source, grant),
                 Effect::Began(migration) => self.balancer.borrow_mut().migration_began(migration),
@@ -267,9 +267,9 @@ impl Shard {
     /// Returns credits to `source` (this shard included) now.
     pub(crate) fn send_grant_now(&self, source: u16, grant: CreditGrant) {
         if source == self.id {
-            self.source.on_grant(source, grant);
+            self.ingress.on_grant(source, grant);
         } else {
-            self.outbox.send(source, Frame::Credit(grant), &self.metrics);
+            self.outbox.send(source, MeshFrame::Credit(grant), &self.metrics);
         }
     }
 
@@ -375,7 +375,7 @@ impl Shard {
         self.migrations.borrow_mut().handoff_sent(partition_id);
         partition.moved_ms = Some(now_ms());
         let partition = Box::new(partition);
-        self.outbox.send(thief, Frame::Handoff(Handoff { partition_id, epoch, partition }), &self.metrics);
+        self.outbox.send(thief, MeshFrame::Handoff(Handoff { partition_id, epoch, partition }), &self.metrics);
         // Parked fetches for it must now be told it moved.
         self.subscriptions.wake_parked();
     }
@@ -500,7 +500,7 @@ impl Shard {
         if origin == self.id {
             self.subscriptions.deliver(reply);
         } else {
-            self.outbox.send(origin, Frame::FetchReply(Box::new(reply)), &self.metrics);
+            self.outbox.send(origin, MeshFrame::FetchReply(Box::new(reply)), &self.metrics);
         }
     }
 
@@ -518,7 +518,7 @@ impl Shard {
         if owner == self.id {
             self.handle_fetch(self.id, request);
         } else {
-            self.outbox.send(owner, Frame::Fetch(request), &self.metrics);
+            self.outbox.send(owner, MeshFrame::Fetch(request), &self.metrics);
         }
     }
 
@@ -527,7 +527,7 @@ impl Shard {
         if owner == self.id {
             self.subscriptions.credit(self.id, credit);
         } else {
-            self.outbox.send(owner, Frame::FetchCredit(credit), &self.metrics);
+            self.outbox.send(owner, MeshFrame::FetchCredit(credit), &self.metrics);
         }
     }
 
@@ -536,7 +536,7 @@ impl Shard {
         if owner == self.id {
             self.wake_fetch(self.id, subscription_id);
         } else {
-            self.outbox.send(owner, Frame::FetchWake { subscription_id }, &self.metrics);
+            self.outbox.send(owner, MeshFrame::FetchWake { subscription_id }, &self.metrics);
         }
     }
 
@@ -547,7 +547,7 @@ impl Shard {
             if owner == self.id {
                 self.subscriptions.cancel(self.id, subscription_id);
             } else {
-                self.outbox.send(owner, Frame::FetchCancel { subscription_id }, &self.metrics);
+                self.outbox.send(owner, MeshFrame::FetchCancel { subscription_id }, &self.metrics);
             }
         }
     }
@@ -557,7 +557,7 @@ impl Shard {
         let interval = Duration::from_millis(self.balancer.borrow().config.report_interval_ms);
         loop {
             self.gossip_pace.sleep(interval).await;
-            let sample = Sample {
+            let sample = LoadSample {
                 now_ms: now_ms(),
                 runtime: glommio::executor().executor_stats().total_runtime(),
                 credit_stalls: self.metrics.credit_stalls.get(),
@@ -565,10 +565,10 @@ impl Shard {
             };
             let (report, request) = self.balancer.borrow_mut().tick(&mut self.partitions.borrow_mut(), sample);
             for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
-                self.outbox.send(peer, Frame::Load(report.clone()), &self.metrics);
+                self.outbox.send(peer, MeshFrame::Load(report.clone()), &self.metrics);
             }
             if let Some(request) = request {
-                let frame = Frame::StealRequest { thief_events_per_s: request.thief_events_per_s };
+                let frame = MeshFrame::StealRequest { thief_events_per_s: request.thief_events_per_s };
                 self.outbox.send(request.victim, frame, &self.metrics);
             }
             self.gossip_pace.set_idle(self.balancer.borrow().is_idle() && !self.is_migrating());
@@ -600,7 +600,7 @@ impl Shard {
                 drop(placement);
                 self.carry_out(effects);
             }
-            Err(refusal) => self.outbox.send(thief, Frame::StealRefused(refusal), &self.metrics),
+            Err(refusal) => self.outbox.send(thief, MeshFrame::StealRefused(refusal), &self.metrics),
         }
     }
 
@@ -615,8 +615,8 @@ async fn open_partition(
     config: Arc<Config>,
     spec: StreamSpec,
     partition_id: u32,
-    declarations: Vec<crate::process::AggregateDeclaration>,
-    limits: crate::process::ProcessorLimits,
+    declarations: Vec<crate::aggregate::AggregateDeclaration>,
+    limits: crate::aggregate::ProcessorLimits,
 ) -> Result<(u32, Partition, OpenReport), SegmentError> {
     let local = partition_id - spec.base;
     let dir = crate::storage::dir::partition_dir(&config.data_dir, &spec.name, local).map_err(|error| {

@@ -15,12 +15,12 @@ use std::rc::Rc;
 
 use glommio::channels::channel_mesh::Senders;
 
-use crate::shard::frame::Frame;
+use crate::runtime::notify::Notify;
+use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::Notify;
 
 struct PeerQueue {
-    queued: RefCell<VecDeque<Frame>>,
+    queued: RefCell<VecDeque<MeshFrame>>,
     /// The drainer holds a frame it is awaiting a send for; later frames must
     /// queue behind it.
     draining: Cell<bool>,
@@ -28,12 +28,12 @@ struct PeerQueue {
 }
 
 pub struct Outbox {
-    senders: Senders<Frame>,
+    senders: Senders<MeshFrame>,
     peers: Vec<PeerQueue>,
 }
 
 impl Outbox {
-    pub fn new(senders: Senders<Frame>) -> Outbox {
+    pub fn new(senders: Senders<MeshFrame>) -> Outbox {
         let peers = (0..senders.nr_consumers())
             .map(|_| PeerQueue { queued: RefCell::default(), draining: Cell::new(false), notify: Notify::default() })
             .collect();
@@ -41,12 +41,12 @@ impl Outbox {
     }
 
     /// Sends a frame to `peer` without waiting.
-    pub fn send(&self, peer: u16, frame: Frame, metrics: &ShardMetrics) {
+    pub fn send(&self, peer: u16, frame: MeshFrame, metrics: &ShardMetrics) {
         let counter = match &frame {
-            Frame::Data(_) => &metrics.mesh_frames_data,
-            Frame::Credit(_) => &metrics.mesh_frames_credit,
-            Frame::Fetch(_) | Frame::FetchCredit(_) | Frame::FetchWake { .. } => &metrics.mesh_frames_fetch,
-            Frame::FetchReply(_) => &metrics.mesh_frames_fetch_reply,
+            MeshFrame::Data(_) => &metrics.mesh_frames_data,
+            MeshFrame::Credit(_) => &metrics.mesh_frames_credit,
+            MeshFrame::Fetch(_) | MeshFrame::FetchCredit(_) | MeshFrame::FetchWake { .. } => &metrics.mesh_frames_fetch,
+            MeshFrame::FetchReply(_) => &metrics.mesh_frames_fetch_reply,
             _ => &metrics.mesh_frames_other,
         };
         ShardMetrics::add(counter, 1);
@@ -103,12 +103,12 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::frame::CreditGrant;
+    use crate::routing::CreditGrant;
     use glommio::channels::channel_mesh::MeshBuilder;
     use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 
-    fn grant(sequence: u64) -> Frame {
-        Frame::Credit(CreditGrant {
+    fn grant(sequence: u64) -> MeshFrame {
+        MeshFrame::Credit(CreditGrant {
             sequence,
             batch_count: 1,
             credit_bytes: 0,
@@ -154,7 +154,7 @@ mod tests {
                         }
                         let mut seen = Vec::new();
                         for (_, stream) in receivers.streams() {
-                            while let Some(Frame::Credit(grant)) = stream.recv().await {
+                            while let Some(MeshFrame::Credit(grant)) = stream.recv().await {
                                 seen.push(grant.sequence);
                                 if seen.len() as u64 == FRAME_COUNT {
                                     break;

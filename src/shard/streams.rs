@@ -1,7 +1,7 @@
 //! Streams created and deleted while the server runs, on one shard.
 //!
 //! The admin side ([`crate::admin`]) owns the catalog and runs each change
-//! in rounds over every shard (see [`StreamRequest`]), so no batch ever
+//! in rounds over every shard (see [`StreamChange`]), so no batch ever
 //! reaches an owner that has not installed its partition, and none routed
 //! after a delete is stored: ingest checks its stream after every await
 //! (once per chunk), and an owner discards the records of a deleted
@@ -20,39 +20,39 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::shard::Shard;
-use crate::shard::control::StreamRequest;
+use crate::shard::control::StreamChange;
 use crate::stream::StreamSpec;
 
 /// How often a drop re-checks that no partition of the stream is migrating.
 const DROP_RETRY_MS: u64 = 10;
 
 /// Handles one stream request; those that wait run as their own task.
-pub fn handle(shard: &Rc<Shard>, request: StreamRequest) {
+pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
     match request {
-        StreamRequest::Install { spec, reply } => {
+        StreamChange::Install { spec, reply } => {
             let shard = shard.clone();
             glommio::spawn_local(async move {
                 let _ = reply.send(install(&shard, spec).await);
             })
             .detach();
         }
-        StreamRequest::Activate { id, reply } => {
+        StreamChange::Activate { id, reply } => {
             shard.streams.borrow_mut().activate(id);
             let _ = reply.send(());
         }
-        StreamRequest::Deactivate { id, reply, fenced } => {
+        StreamChange::Deactivate { id, reply, fenced } => {
             deactivate(shard, id);
             let _ = reply.send(());
             let shard = shard.clone();
             glommio::spawn_local(async move {
                 // Everything this shard routed before the deactivation is
                 // applied (or discarded) at its owner once this returns.
-                shard.source.sync_barrier(0..shard.shard_count).await;
+                shard.ingress.sync_barrier(0..shard.shard_count).await;
                 let _ = fenced.send(());
             })
             .detach();
         }
-        StreamRequest::Drop { id, reply } => {
+        StreamChange::Drop { id, reply } => {
             let shard = shard.clone();
             glommio::spawn_local(async move {
                 drop_stream(&shard, id).await;

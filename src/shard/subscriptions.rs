@@ -8,7 +8,7 @@ use ahash::AHashMap;
 use glommio::channels::local_channel::LocalSender;
 
 use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, ParkedFetches};
-use crate::shard::notify::Notify;
+use crate::runtime::notify::Notify;
 
 /// Inbox slots a subscriber keeps free beyond its owners' windows, for the
 /// notice that its stream was deleted ([`Subscriptions::tell_deleted`]).

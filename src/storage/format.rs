@@ -280,13 +280,13 @@ fn frame_crc32c(header: &[u8], body: &[u8]) -> u32 {
 
 /// A frame checked whole: header, CRC and record structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame<'a> {
+pub struct DecodedFrame<'a> {
     pub header: FrameHeader,
     /// The records, back to back.
     pub body: &'a [u8],
 }
 
-impl<'a> Frame<'a> {
+impl<'a> DecodedFrame<'a> {
     /// The records of this frame, with their offsets.
     pub fn records(&self) -> RecordIter<'a> {
         RecordIter { bytes: self.body, offset: self.header.base_offset }
@@ -295,7 +295,7 @@ impl<'a> Frame<'a> {
 
 /// Decodes the frame at the start of `bytes`, checking everything: header,
 /// size, CRC32C, and that the body is exactly `record_count` records.
-pub fn decode_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
+pub fn decode_frame(bytes: &[u8]) -> Result<DecodedFrame<'_>, FrameError> {
     let header = parse_header(bytes)?;
     let frame_size = header.frame_size();
     if bytes.len() < frame_size {
@@ -307,7 +307,7 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
         return Err(FrameError::CrcMismatch { expected: header.crc32c, actual });
     }
     check_records(body, header.record_count)?;
-    Ok(Frame { header, body })
+    Ok(DecodedFrame { header, body })
 }
 
 /// Checks that `body` is exactly `record_count` whole records.

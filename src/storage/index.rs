@@ -290,7 +290,7 @@ impl SegmentIndex {
 mod tests {
     use super::*;
     use crate::storage::format::tests::sample_log;
-    use crate::storage::format::{Frame, ScanCursor, decode_frame, scan_with};
+    use crate::storage::format::{DecodedFrame, ScanCursor, decode_frame, scan_with};
 
     fn index_of(log: &[u8], interval_bytes: u32) -> SegmentIndex {
         let mut index = SegmentIndex::new(7, 0, interval_bytes);
@@ -312,7 +312,7 @@ mod tests {
             for offset in 0..index.next_offset() {
                 let mut position = index.lookup(offset).unwrap() as usize;
                 let start = position;
-                let frame: Frame<'_> = loop {
+                let frame: DecodedFrame<'_> = loop {
                     let frame = decode_frame(&log[position..]).unwrap();
                     if frame.header.contains(offset) {
                         break frame;

@@ -110,7 +110,7 @@ pub struct StreamRoute {
 /// A request to create a stream (the body of `POST /streams`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StreamRequest {
+pub struct NewStream {
     pub name: String,
     pub partitions: u32,
     #[serde(default)]
@@ -263,15 +263,15 @@ pub struct Catalog {
     /// every user, their ranges still taken; see the module doc.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     deleting: Vec<StreamSpec>,
-    /// Keyed aggregates declared on the streams ([`crate::process`]), in
+    /// Keyed aggregates declared on the streams ([`crate::aggregate`]), in
     /// the order they were declared; names are unique across streams.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    aggregates: Vec<crate::process::AggregateDeclaration>,
+    aggregates: Vec<crate::aggregate::AggregateDeclaration>,
     /// Aggregates kept in the catalog but not run, each with the cycle it
     /// closes: a catalog from before cycles were refused
     /// ([`Catalog::suspend_cycles`]). Found again at every start.
     #[serde(skip)]
-    suspended: Vec<(String, crate::process::Cycle)>,
+    suspended: Vec<(String, crate::aggregate::Cycle)>,
 }
 
 impl Catalog {
@@ -294,7 +294,7 @@ impl Catalog {
 
     /// Adds a stream with `request`'s settings (retention defaults from
     /// `defaults`), in the first free range of global ids.
-    pub fn create(&mut self, request: &StreamRequest, limits: &CatalogLimits) -> Result<StreamSpec, CatalogError> {
+    pub fn create(&mut self, request: &NewStream, limits: &CatalogLimits) -> Result<StreamSpec, CatalogError> {
         check_name(&request.name)?;
         if self.get(&request.name).is_some() || self.deleting.iter().any(|spec| spec.name == request.name) {
             return Err(CatalogError::Exists { name: request.name.clone() });
@@ -333,7 +333,7 @@ impl Catalog {
     }
 
     /// Every aggregate, in declaration order.
-    pub fn aggregates(&self) -> &[crate::process::AggregateDeclaration] {
+    pub fn aggregates(&self) -> &[crate::aggregate::AggregateDeclaration] {
         &self.aggregates
     }
 
@@ -341,17 +341,17 @@ impl Catalog {
     pub fn aggregates_of<'c>(
         &'c self,
         stream: &'c str,
-    ) -> impl Iterator<Item = &'c crate::process::AggregateDeclaration> + 'c {
+    ) -> impl Iterator<Item = &'c crate::aggregate::AggregateDeclaration> + 'c {
         self.aggregates.iter().filter(move |declaration| declaration.stream == stream)
     }
 
     /// Adds an aggregate (the caller checked the name and the streams).
-    pub fn add_aggregate(&mut self, declaration: crate::process::AggregateDeclaration) {
+    pub fn add_aggregate(&mut self, declaration: crate::aggregate::AggregateDeclaration) {
         self.aggregates.push(declaration);
     }
 
     /// Removes an aggregate by name.
-    pub fn remove_aggregate(&mut self, name: &str) -> Option<crate::process::AggregateDeclaration> {
+    pub fn remove_aggregate(&mut self, name: &str) -> Option<crate::aggregate::AggregateDeclaration> {
         let index = self.aggregates.iter().position(|declaration| declaration.name == name)?;
         self.suspended.retain(|(suspended, _)| suspended != name);
         Some(self.aggregates.remove(index))
@@ -359,11 +359,11 @@ impl Catalog {
 
     /// Suspends each aggregate that closes a cycle with the ones declared
     /// before it (a catalog written before cycles were refused; see
-    /// [`crate::process::cycles_in`]) and returns them with their cycles.
+    /// [`crate::aggregate::cycles_in`]) and returns them with their cycles.
     /// A suspended aggregate stays declared (listed, deletable, saved) but
     /// is not run: [`Catalog::running`] leaves it out of the shards' copy.
-    pub fn suspend_cycles(&mut self) -> Vec<(crate::process::AggregateDeclaration, crate::process::Cycle)> {
-        let cycles = crate::process::cycles_in(&self.aggregates);
+    pub fn suspend_cycles(&mut self) -> Vec<(crate::aggregate::AggregateDeclaration, crate::aggregate::Cycle)> {
+        let cycles = crate::aggregate::cycles_in(&self.aggregates);
         let suspended: Vec<_> =
             cycles.into_iter().map(|(index, cycle)| (self.aggregates[index].clone(), cycle)).collect();
         self.suspended =
@@ -372,7 +372,7 @@ impl Catalog {
     }
 
     /// The cycle a suspended aggregate closes, or `None` if it runs.
-    pub fn suspended(&self, name: &str) -> Option<&crate::process::Cycle> {
+    pub fn suspended(&self, name: &str) -> Option<&crate::aggregate::Cycle> {
         self.suspended.iter().find(|(suspended, _)| suspended == name).map(|(_, cycle)| cycle)
     }
 
@@ -381,12 +381,12 @@ impl Catalog {
     /// was deleted) and returns them, for the shards to start. The running
     /// aggregates stay acyclic: each one resumed joins them before the next
     /// is checked.
-    pub fn resume_acyclic(&mut self) -> Vec<crate::process::AggregateDeclaration> {
+    pub fn resume_acyclic(&mut self) -> Vec<crate::aggregate::AggregateDeclaration> {
         let mut running: Vec<_> =
             self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_none()).cloned().collect();
         let mut resumed = Vec::new();
         for declaration in self.aggregates.iter().filter(|declaration| self.suspended(&declaration.name).is_some()) {
-            if crate::process::cycle_closed_by(&running, declaration).is_none() {
+            if crate::aggregate::cycle_closed_by(&running, declaration).is_none() {
                 running.push(declaration.clone());
                 resumed.push(declaration.clone());
             }
@@ -546,7 +546,7 @@ impl Catalog {
     /// A catalog holding only `default` (memory storage, or a new data dir).
     pub fn with_default(limits: &CatalogLimits, default_partitions: u32) -> Result<Catalog, CatalogError> {
         let mut catalog = Catalog::default();
-        let request = StreamRequest {
+        let request = NewStream {
             name: DEFAULT_STREAM.to_string(),
             partitions: default_partitions,
             retention_bytes: None,
@@ -721,8 +721,8 @@ mod tests {
         }
     }
 
-    fn request(name: &str, partitions: u32) -> StreamRequest {
-        StreamRequest { name: name.into(), partitions, retention_bytes: None, retention_ms: None }
+    fn request(name: &str, partitions: u32) -> NewStream {
+        NewStream { name: name.into(), partitions, retention_bytes: None, retention_ms: None }
     }
 
     /// Streams get disjoint ranges, first fit; a deleted stream's range is
@@ -753,7 +753,7 @@ mod tests {
         assert!(matches!(catalog.create(&request("z", 0), &limits()), Err(CatalogError::PartitionCount { .. })));
         assert!(matches!(catalog.begin_delete("default"), Err(CatalogError::DeleteDefault)));
         assert!(matches!(catalog.begin_delete("nope"), Err(CatalogError::Unknown { .. })));
-        let small = StreamRequest { retention_bytes: Some(10), ..request("small", 1) };
+        let small = NewStream { retention_bytes: Some(10), ..request("small", 1) };
         assert!(matches!(catalog.create(&small, &limits()), Err(CatalogError::Retention { .. })));
     }
 
@@ -763,17 +763,17 @@ mod tests {
     fn retention_limits_are_checked_with_their_numbers() {
         let mut catalog = Catalog::with_default(&limits(), 4).unwrap();
         for retention_ms in [u64::MAX, 1 << 63, RETENTION_MS_MAX + 1] {
-            let aged = StreamRequest { retention_ms: Some(retention_ms), ..request("aged", 1) };
+            let aged = NewStream { retention_ms: Some(retention_ms), ..request("aged", 1) };
             let error = catalog.create(&aged, &limits()).unwrap_err();
             assert!(matches!(error, CatalogError::RetentionMsTooLarge { .. }), "{error}");
             assert!(error.to_string().contains(&RETENTION_MS_MAX.to_string()), "{error}");
             assert_eq!(error.http_status(), 400);
         }
-        let sized = StreamRequest { retention_bytes: Some(u64::MAX), ..request("sized", 1) };
+        let sized = NewStream { retention_bytes: Some(u64::MAX), ..request("sized", 1) };
         let error = catalog.create(&sized, &limits()).unwrap_err();
         assert!(matches!(error, CatalogError::RetentionBytesTooLarge { retention_bytes_max: 16777216, .. }));
         let at_most =
-            StreamRequest { retention_bytes: Some(1 << 24), retention_ms: Some(RETENTION_MS_MAX), ..request("max", 1) };
+            NewStream { retention_bytes: Some(1 << 24), retention_ms: Some(RETENTION_MS_MAX), ..request("max", 1) };
         assert_eq!(catalog.create(&at_most, &limits()).unwrap().retention_ms, RETENTION_MS_MAX);
     }
 
@@ -794,12 +794,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn count(name: &str, stream: &str, output: &str) -> crate::process::AggregateDeclaration {
+    fn count(name: &str, stream: &str, output: &str) -> crate::aggregate::AggregateDeclaration {
         let body = format!(
             r#"{{"name":"{name}","stream":"{stream}","kind":"count","window":{{"type":"tumbling","size_ms":500}},
                "output":"{output}"}}"#
         );
-        crate::process::AggregateDeclaration::from_json(body.as_bytes()).unwrap()
+        crate::aggregate::AggregateDeclaration::from_json(body.as_bytes()).unwrap()
     }
 
     /// A catalog with a cycle (from before they were refused) suspends the

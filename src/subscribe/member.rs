@@ -31,10 +31,10 @@ use crate::protocol::group::{
     GROUP_REQUEST_SIZE_MAX, GroupError, GroupRequest, JoinRequest, OffsetReset, RequestError, parse_group_request,
     write_assigned, write_commit_ok, write_group_error, write_revoked,
 };
+use crate::runtime::notify::{Either, Notify, first};
 use crate::shard::Shard;
 use crate::shard::groups::{COMMITS_IN_FLIGHT_MAX, GroupFrame, GroupKey, MemberEvent, MemberInbox};
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Either, Notify, first};
 
 /// Serves a connection whose first line starts with `GROUP`.
 pub async fn serve_member(

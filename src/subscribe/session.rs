@@ -20,9 +20,9 @@ use crate::protocol::subscribe::{
     write_closing_end, write_closing_entry, write_closing_start, write_offset_out_of_range,
 };
 use crate::protocol::{PartitionSelector, StartOffset, SubscribeError, parse_subscribe};
+use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Either, first};
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
 use crate::subscribe::overlong::Overlong;
 

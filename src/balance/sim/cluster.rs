@@ -129,7 +129,7 @@ impl Batch {
 /// What travels on the simulated mesh. Small, as a hundred migrations at 1024 shards put a
 /// million frames in flight at once: the large ones are boxed.
 #[derive(Debug)]
-pub enum Frame {
+pub enum SimFrame {
     Data(Batch),
     Grant(SimGrant),
     Placement { partition: u32, owner: u16, epoch: u32 },
@@ -251,7 +251,7 @@ pub struct Cluster {
     /// [`Cluster::check`].
     changed: bool,
     shards: Vec<SimShard>,
-    mesh: Mesh<Frame>,
+    mesh: Mesh<SimFrame>,
     /// Open batches by (source, owner): a map, so they leave in the same order every run.
     open: BTreeMap<(u16, u16), Box<SimBatch>>,
     /// Emptied batches for reuse, boxed: a data frame carries the box itself.
@@ -433,18 +433,18 @@ impl Cluster {
             && self.shards.iter().all(|shard| !shard.migrations.is_busy() && shard.migrations.held_grant_count() == 0)
     }
 
-    fn receive(&mut self, from: u16, to: u16, frame: Frame) {
+    fn receive(&mut self, from: u16, to: u16, frame: SimFrame) {
         match frame {
-            Frame::Data(batch) => {
+            SimFrame::Data(batch) => {
                 let shard = &mut self.shards[usize::from(to)];
                 if shard.apply_queue.is_empty() {
                     self.appliers_due.push(to);
                 }
                 shard.apply_queue.push_back((from, batch));
             }
-            Frame::Grant(grant) => self.on_grant(to, from, grant),
-            Frame::Placement { partition, owner, epoch } => self.on_placement(to, partition, owner, epoch),
-            Frame::Handoff { partition, epoch, state } => self.on_handoff(to, partition, epoch, *state),
+            SimFrame::Grant(grant) => self.on_grant(to, from, grant),
+            SimFrame::Placement { partition, owner, epoch } => self.on_placement(to, partition, owner, epoch),
+            SimFrame::Handoff { partition, epoch, state } => self.on_handoff(to, partition, epoch, *state),
         }
     }
 
@@ -533,11 +533,11 @@ impl Cluster {
         for effect in effects.drain(..) {
             match effect {
                 Effect::SendPlacement { to, partition, owner, epoch } => {
-                    self.send(me, to, Frame::Placement { partition, owner, epoch });
+                    self.send(me, to, SimFrame::Placement { partition, owner, epoch });
                 }
                 Effect::SendMarker { to, marker } => self.send_marker(me, to, marker),
                 Effect::SendHandoff { to, partition, epoch } => self.send_handoff(me, to, partition, epoch),
-                Effect::Grant { source, grant } => self.send(me, source, Frame::Grant(grant)),
+                Effect::Grant { source, grant } => self.send(me, source, SimFrame::Grant(grant)),
                 Effect::Began(migration) => self.shards[usize::from(me)].balancer.migration_began(migration),
                 Effect::Ended { partition, direction, at_ms } => {
                     let balancer = &mut self.shards[usize::from(me)].balancer;
@@ -547,7 +547,7 @@ impl Cluster {
         }
     }
 
-    fn send(&mut self, from: u16, to: u16, frame: Frame) {
+    fn send(&mut self, from: u16, to: u16, frame: SimFrame) {
         if self.mesh.len() >= MESH_FRAMES_MAX {
             fail!(self, "{} frames in flight, the most the mesh holds", self.mesh.len());
         }
@@ -578,7 +578,7 @@ impl Cluster {
             }
             None => {
                 let sequence = self.next_batch_sequence(me, to);
-                self.send(me, to, Frame::Data(Batch::Marker { sequence, marker }));
+                self.send(me, to, SimFrame::Data(Batch::Marker { sequence, marker }));
             }
         }
     }
@@ -598,10 +598,10 @@ impl Cluster {
             self.swapped = Some((source, owner, batch));
             return;
         }
-        self.send(source, owner, Frame::Data(Batch::Boxed(batch)));
+        self.send(source, owner, SimFrame::Data(Batch::Boxed(batch)));
         if self.swapped.as_ref().is_some_and(|(from, to, _)| (*from, *to) == (source, owner)) {
             let (_, _, held) = self.swapped.take().expect("checked above");
-            self.send(source, owner, Frame::Data(Batch::Boxed(held)));
+            self.send(source, owner, SimFrame::Data(Batch::Boxed(held)));
         }
     }
 
@@ -731,9 +731,9 @@ impl Cluster {
         }
         if self.fault == Fault::DuplicateHandoff {
             self.fault = Fault::None;
-            self.send(me, thief, Frame::Handoff { partition, epoch, state: Box::new(state.clone()) });
+            self.send(me, thief, SimFrame::Handoff { partition, epoch, state: Box::new(state.clone()) });
         }
-        self.send(me, thief, Frame::Handoff { partition, epoch, state: Box::new(state) });
+        self.send(me, thief, SimFrame::Handoff { partition, epoch, state: Box::new(state) });
     }
 
     /// Step 5 on the thief, as `Shard::on_handoff`: install, append what waited, then release

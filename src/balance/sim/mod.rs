@@ -399,7 +399,7 @@ impl SimArgs {
 
 /// The measurements of one instant, from true rates.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Sample {
+pub struct ImbalanceSample {
     pub at_ms: u64,
     /// Max shard load over mean shard load.
     pub imbalance: f64,
@@ -427,7 +427,7 @@ pub struct PhaseSummary {
 pub struct RunSummary {
     pub rebalance: bool,
     /// One sample per report interval.
-    pub samples: Vec<Sample>,
+    pub samples: Vec<ImbalanceSample>,
     pub phases: Vec<PhaseSummary>,
     pub migrations_count: u64,
     pub partitions_moved_count: u32,
@@ -439,7 +439,7 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
-    fn final_mean(&self, metric: impl Fn(&Sample) -> f64) -> f64 {
+    fn final_mean(&self, metric: impl Fn(&ImbalanceSample) -> f64) -> f64 {
         let end_ms = self.samples.last().map_or(0, |sample| sample.at_ms);
         let window: Vec<f64> =
             self.samples.iter().filter(|sample| sample.at_ms + FINAL_WINDOW_MS >= end_ms).map(metric).collect();
@@ -535,7 +535,7 @@ struct Run<'a> {
     refusals: BTreeMap<&'static str, u64>,
     bound: f64,
     level_events_per_s: f64,
-    samples: Vec<Sample>,
+    samples: Vec<ImbalanceSample>,
     phase_starts: Vec<(u64, f64)>,
     scratch_loads: Vec<PartitionLoad>,
     scratch_shard_loads: Vec<f64>,
@@ -762,7 +762,7 @@ impl<'a> Run<'a> {
         let mean = loads.iter().sum::<f64>() / shard_count as f64;
         let max = loads.iter().copied().fold(0.0, f64::max);
         let clipped_max = clipped_loads.iter().copied().fold(0.0, f64::max);
-        self.samples.push(Sample {
+        self.samples.push(ImbalanceSample {
             at_ms: self.now_ms,
             imbalance: max / mean,
             bound: self.bound,
@@ -832,7 +832,7 @@ fn water_level(rates: &[f64], shard_count: usize) -> f64 {
     water_level_events_per_s(&sorted, total_events_per_s, shard_count)
 }
 
-fn phase_summaries(samples: &[Sample], phase_starts: &[(u64, f64)], tolerance: f64) -> Vec<PhaseSummary> {
+fn phase_summaries(samples: &[ImbalanceSample], phase_starts: &[(u64, f64)], tolerance: f64) -> Vec<PhaseSummary> {
     let mut phases = Vec::with_capacity(phase_starts.len());
     for (index, &(start_ms, bound)) in phase_starts.iter().enumerate() {
         let end_ms = phase_starts.get(index + 1).map_or(u64::MAX, |next| next.0);

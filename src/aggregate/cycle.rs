@@ -7,7 +7,7 @@
 //! closes a window there, and so on for ever (with hopping windows each
 //! event closes several windows, so the streams grow exponentially). A
 //! declaration whose output is its own input is refused by
-//! [`crate::process::AggregateDeclaration::from_value`]; one that would close
+//! [`crate::aggregate::AggregateDeclaration::from_value`]; one that would close
 //! a longer cycle with the aggregates already declared is refused by the
 //! admin side with [`cycle_closed_by`], which names the cycle.
 //!
@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use crate::process::AggregateDeclaration;
+use crate::aggregate::AggregateDeclaration;
 
 /// A cycle of streams through aggregates.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -89,13 +89,13 @@
 //! are ordered against the output's durability so that none is lost).
 //!
 //! ```
-//! use spate::process::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
+//! use spate::aggregate::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
 //! let declaration = AggregateDeclaration::from_json(br#"{"name":"clicks","stream":"web","kind":"count",
 //!     "window":{"type":"tumbling","size_ms":1000},"output":"clicks-per-second"}"#).unwrap();
 //! let mut processor = PartitionProcessor::new("web", 7, 0, ProcessorLimits::default());
 //! processor.add_aggregate(declaration, 0).unwrap();
 //! let mut closed = Vec::new();
-//! let mut out = |window: &spate::process::ClosedWindow<'_>| closed.push((window.key.to_vec(), window.value));
+//! let mut out = |window: &spate::aggregate::ClosedWindow<'_>| closed.push((window.key.to_vec(), window.value));
 //! processor.on_event(0, b"alice", b"click", 1_000, &mut out);
 //! processor.on_event(1, b"alice", b"click", 1_500, &mut out);
 //! processor.on_event(2, b"bob", b"click", 2_100, &mut out); // the watermark passes 2000
@@ -106,7 +106,6 @@
 //! assert_eq!(restored.next_offset(), 3);
 //! ```
 
-mod aggregate;
 mod checkpoint;
 mod cycle;
 mod declaration;
@@ -114,8 +113,8 @@ mod extract;
 mod hll;
 mod output;
 mod processor;
+mod state;
 
-pub use aggregate::AggregateCounters;
 pub use checkpoint::{CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CheckpointError};
 pub use cycle::{Cycle, cycle_closed_by, cycles_in};
 pub use declaration::{
@@ -125,6 +124,7 @@ pub use declaration::{
 pub use hll::{HLL_PRECISION, HLL_REGISTERS};
 pub use output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry, WindowView, merge_top};
 pub use processor::{PartitionProcessor, ProcessError};
+pub use state::AggregateCounters;
 
 /// Aggregates declared on one stream, each costing its keys on every
 /// partition of the stream.
@@ -152,12 +152,12 @@ pub const TIME_MS_MAX: u64 = 253_402_300_799_999;
 /// Largest `n` of a top-N query.
 pub const TOP_N_MAX: usize = 1000;
 /// Bytes of one window's accumulator.
-pub const WINDOW_ENTRY_BYTES: usize = std::mem::size_of::<aggregate::WindowState>();
+pub const WINDOW_ENTRY_BYTES: usize = std::mem::size_of::<state::WindowState>();
 /// Bytes of one key besides its key bytes and windows: its hash-map slot at
 /// worst occupancy (hashbrown keeps at most 7/8 of a power-of-two table
 /// full, so up to twice the slots), the control byte, and allocator overhead
 /// of the key's own allocations (two: bytes and windows).
-pub const KEY_ENTRY_BYTES: usize = 2 * (std::mem::size_of::<aggregate::KeySlot>() + 1) + 32;
+pub const KEY_ENTRY_BYTES: usize = 2 * (std::mem::size_of::<state::KeySlot>() + 1) + 32;
 
 const _: () = assert!(TIME_MS_MAX < u64::MAX / 2 && WINDOW_SIZE_MS_MAX < u64::MAX / 4);
 const _: () = assert!(WINDOWS_PER_KEY_MAX <= u16::MAX as usize);

@@ -1,59 +1,37 @@
-//! The source side of the data path: where every ingest format's events
-//! enter the engine, and the credits that bound them.
+//! The source side of the data path as plain data: where an event goes
+//! ([`route`]), the open batch and credit window of each owner ([`Router`]),
+//! and what crosses between a source and an owner ([`DataBatch`] one way,
+//! [`CreditGrant`] the other).
 //!
-//! [`route`] is the one entry point: it places an event by its key's stable
-//! hash, encodes it into the open batch of the partition's owner shard (the
-//! shard itself included: local appends use the same accounting) and spends
-//! its record size in credits. An owner grants each source a window of
-//! `credit_window_bytes` and `credit_window_batches`; credits come back in a
-//! [`CreditGrant`] once the owner has applied a batch. A source without
-//! credits for an event's owner gets [`Blocked`] and must stop (the
-//! connection stops reading its socket), so bytes in flight between any two
-//! shards never exceed the window.
+//! [`route`] places an event by its key's stable hash, encodes it into the
+//! open batch of the partition's owner shard (the shard itself included:
+//! local appends use the same accounting) and spends its record size in
+//! credits. An owner grants each source a window of `credit_window_bytes`
+//! and `credit_window_batches`; credits come back in a [`CreditGrant`] once
+//! the owner has applied a batch. A source without credits for an event's
+//! owner gets [`Blocked`] and must stop (the connection stops reading its
+//! socket), so bytes in flight between any two shards never exceed the
+//! window.
 //!
 //! Grants need not come back one frame per batch: a frame to a parked shard
 //! wakes it, and a source with most of its window left has no use for its
 //! credits yet. So an owner may hold grants and send several in one frame
-//! ([`crate::shard::grants`]), and a source marks a batch
-//! [`DataBatch::grant_now`] when it wants them promptly: once less than half
-//! of its window (bytes or batches) is left after the batch, or when a
-//! `#SYNC` or a drain waits for the owner. The owner then
-//! sends that grant and every one it holds for the source. A source that
-//! lacks credits therefore never waits for grants an owner is holding: every
-//! batch it sent since it fell below half asked for them.
+//! (`shard::grants`), and a source marks a batch [`DataBatch::grant_now`]
+//! when it wants them promptly: once less than half of its window (bytes or
+//! batches) is left after the batch, or when a `#SYNC` or a drain waits for
+//! the owner. The owner then sends that grant and every one it holds for the
+//! source. A source that lacks credits therefore never waits for grants an
+//! owner is holding: every batch it sent since it fell below half asked for
+//! them.
 //!
-//! [`Router`] and [`route`] are plain data and functions, unit-tested and
-//! benchmarked without executors. [`Source`] is the shard's service around
-//! them: it sends full batches (to the local apply queue or the mesh), runs
-//! the flusher, and parks connections that wait for credits.
-//!
-//! When an open batch leaves: when it is full, or when the flusher sends it.
-//! A chunk routed from a small read that drained its socket (the read
-//! returned less than the buffer had room for, and at most
-//! [`crate::config::FLUSH_SOON_READ_BYTES_MAX`]: nothing more is waiting
-//! and the producer trickles) asks for a flush *soon*: the flusher yields once, so every task that is ready now
-//! (the shard's other connections whose reads completed in the same poll)
-//! adds its events first, and then sends, with no timer. A chunk from a full
-//! read (more is waiting: the producer outruns one read) leaves its batch
-//! open for up to `--batch-flush-us`, so that at high rates batches fill
-//! instead of leaving one small frame per read. So an event at a moderate
-//! rate waits for no timer, and a core that has nothing else to do never
-//! wakes up again only to flush.
-
-use std::cell::{Cell, RefCell, RefMut};
-use std::rc::Rc;
-use std::time::{Duration, Instant};
+//! Nothing here does I/O or waits: it is unit-tested and benchmarked without
+//! executors. The shard's ingress service (`shard::ingress`) drives it.
 
 use crate::config::BATCH_SPARE_BUFFERS_MAX;
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::protocol::partition_of;
 use crate::protocol::record::{batch_record_size, encode_batch_record};
-use crate::shard::apply_queue::ApplyQueue;
-use crate::shard::frame::{CreditGrant, DataBatch, Frame};
-use crate::shard::metrics::ShardMetrics;
-use crate::shard::notify::{Notify, WaitList};
-use crate::shard::outbox::Outbox;
 use crate::stream::StreamRoute;
 
 /// Places one event of `stream` by its key (the stream's partition
@@ -328,251 +306,83 @@ impl Router {
     }
 }
 
-/// One shard's source side: its router, the flush timer, and the
-/// connections waiting for credits.
-pub struct Source {
-    id: u16,
-    router: RefCell<Router>,
-    /// Per owner: tasks waiting for that owner's credits or grants.
-    credit_waiters: Vec<WaitList>,
-    /// Connections waiting for a held partition's release.
-    hold_waiters: WaitList,
-    flush_notify: Notify,
-    flush_requested: Cell<bool>,
-    /// The pending flush should go as soon as the ready tasks have run.
-    flush_soon: Cell<bool>,
-    /// Cuts the flusher's timer short for a flush requested soon.
-    soon_notify: Notify,
-    batch_flush: Duration,
-    /// Whether a `#SYNC` must ask owners for durability (disk storage).
-    sync_requests: bool,
-    outbox: Rc<Outbox>,
-    apply_queue: Rc<ApplyQueue>,
-    metrics: Rc<ShardMetrics>,
+/// A batch of events from one source shard for one owner shard.
+#[derive(Debug)]
+pub struct DataBatch {
+    /// Per (source, owner) sequence number, from 1, without gaps.
+    pub sequence: u64,
+    /// Batch records ([`crate::protocol::record`]).
+    pub bytes: Vec<u8>,
+    pub event_count: u32,
+    /// Markers that follow this batch's events (usually none: no allocation).
+    pub markers: Vec<Marker>,
+    /// A `#SYNC` waits for this batch: its grant returns only once the
+    /// events before it are durable under the fsync policy.
+    pub sync: bool,
+    /// The source wants its credits back promptly: the owner sends this
+    /// batch's grant, and every grant it holds for the source, at once
+    /// (`shard::grants`). Otherwise grants may wait at the owner
+    /// to leave several in one frame.
+    pub grant_now: bool,
 }
 
-/// Routing one chunk of input: the placement table and the router stay
-/// borrowed for the whole chunk (one borrow per chunk, not per event). Hold
-/// it only between awaits; dropping it schedules the flush of open batches.
-pub struct Route<'a> {
-    source: &'a Source,
-    placement: std::cell::Ref<'a, PlacementTable>,
-    router: RefMut<'a, Router>,
-    /// The chunk came from a read that drained its socket: open batches go
-    /// soon, not after the flush timer.
-    pub drained: bool,
+/// Credits returned by an owner after applying `batch_count` batches, the
+/// last of them `sequence` (grants arrive in order).
+#[derive(Debug)]
+pub struct CreditGrant {
+    /// Sequence of the last applied batch covered.
+    pub sequence: u64,
+    /// Batches covered: `sequence - batch_count + 1 ..= sequence`.
+    pub batch_count: u32,
+    /// Credit bytes returned (the record bytes of those batches).
+    pub credit_bytes: usize,
+    /// The applied batches' buffers, returned for reuse so steady state
+    /// allocates no batch buffers (and frees none across threads): the
+    /// first here, the others in `more_recycled` (empty, so no allocation,
+    /// for a grant of one batch).
+    pub recycled: Vec<u8>,
+    pub more_recycled: Vec<Vec<u8>>,
+    /// A covered batch carried a `#SYNC` (see [`DataBatch::sync`]).
+    pub sync: bool,
+    /// A covered batch asked for its grant at once ([`DataBatch::grant_now`]).
+    pub grant_now: bool,
 }
 
-impl Route<'_> {
-    /// Routes one event of `stream`; see [`route`].
-    #[inline]
-    pub fn route_event(&mut self, stream: StreamRoute, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
-        let Route { source, placement, router, .. } = self;
-        route(placement, router, stream, key, payload, |owner, batch| source.deliver(owner, batch))
+impl CreditGrant {
+    /// Folds the grant of the next batch in sequence into this one.
+    pub fn merge(&mut self, next: CreditGrant) {
+        assert_eq!(next.sequence, self.sequence + u64::from(next.batch_count), "grants merge in sequence");
+        self.sequence = next.sequence;
+        self.batch_count += next.batch_count;
+        self.credit_bytes += next.credit_bytes;
+        self.more_recycled.push(next.recycled);
+        self.more_recycled.extend(next.more_recycled);
+        self.sync |= next.sync;
+        self.grant_now |= next.grant_now;
     }
 }
 
-impl Drop for Route<'_> {
-    fn drop(&mut self) {
-        if self.router.pending_owners().next().is_some() {
-            if self.drained {
-                self.source.request_flush_soon();
-            } else {
-                self.source.request_flush();
-            }
-        }
-    }
-}
+impl crate::partition::apply::Batch for DataBatch {
+    type Grant = CreditGrant;
 
-impl Source {
-    pub fn new(
-        id: u16,
-        config: &crate::config::Config,
-        outbox: Rc<Outbox>,
-        apply_queue: Rc<ApplyQueue>,
-        metrics: Rc<ShardMetrics>,
-    ) -> Source {
-        let shard_count = outbox.peer_count();
-        let router =
-            Router::new(shard_count, config.batch_bytes, config.credit_window_bytes(), config.credit_window_batches());
-        Source {
-            id,
-            router: RefCell::new(router),
-            credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
-            hold_waiters: WaitList::default(),
-            flush_notify: Notify::default(),
-            flush_requested: Cell::new(false),
-            flush_soon: Cell::new(false),
-            soon_notify: Notify::default(),
-            batch_flush: Duration::from_micros(config.batch_flush_us),
-            sync_requests: config.storage == crate::config::Storage::Disk,
-            outbox,
-            apply_queue,
-            metrics,
-        }
+    fn records(&self) -> &[u8] {
+        &self.bytes
     }
 
-    /// Starts routing a chunk of events.
-    pub fn begin<'a>(&'a self, placement: &'a RefCell<PlacementTable>) -> Route<'a> {
-        Route { source: self, placement: placement.borrow(), router: self.router.borrow_mut(), drained: false }
+    fn markers(&self) -> &[Marker] {
+        &self.markers
     }
 
-    pub fn router(&self) -> std::cell::Ref<'_, Router> {
-        self.router.borrow()
-    }
-
-    /// Sends a batch to its owner: this shard's apply queue, or the mesh.
-    pub fn deliver(&self, owner: u16, batch: DataBatch) {
-        ShardMetrics::add(&self.metrics.batches_sent, 1);
-        if owner == self.id {
-            self.apply_queue.push(self.id, batch);
-        } else {
-            self.outbox.send(owner, Frame::Data(batch), &self.metrics);
-        }
-    }
-
-    /// Sends the open batch for `owner`, if it has events and a batch slot.
-    pub fn flush(&self, owner: u16) {
-        let batch = self.router.borrow_mut().take_batch(owner);
-        if let Some(batch) = batch {
-            self.deliver(owner, batch);
-        }
-    }
-
-    /// Sends every open batch that can be sent.
-    pub fn flush_all(&self) {
-        let owners: Vec<u16> = self.router.borrow().pending_owners().collect();
-        for owner in owners {
-            self.flush(owner);
-        }
-    }
-
-    /// Queues a migration marker for `owner` behind everything batched for
-    /// it so far, and sends it (or lets the flusher, if no slot is free).
-    pub fn send_marker(&self, owner: u16, marker: Marker) {
-        self.router.borrow_mut().add_marker(owner, marker);
-        self.flush(owner);
-        self.request_flush();
-    }
-
-    /// Asks the flusher task to send open batches within `batch_flush_us`.
-    pub fn request_flush(&self) {
-        if !self.flush_requested.replace(true) {
-            self.flush_notify.notify();
-        }
-    }
-
-    /// Asks the flusher task to send open batches once the tasks that are
-    /// ready now have run (see the module doc).
-    pub fn request_flush_soon(&self) {
-        self.flush_soon.set(true);
-        if self.flush_requested.replace(true) {
-            self.soon_notify.notify();
-        } else {
-            self.flush_notify.notify();
-        }
-    }
-
-    /// The flusher: bounds how long an event waits in an open batch.
-    pub async fn run_flusher(&self) {
-        loop {
-            self.flush_notify.notified().await;
-            if !self.flush_soon.get() {
-                let timer = glommio::timer::sleep(self.batch_flush);
-                crate::shard::notify::first(timer, self.soon_notify.notified()).await;
-            }
-            // Tasks made ready by the same poll (other connections' reads)
-            // run first and add their events to the batches that leave.
-            futures_lite::future::yield_now().await;
-            self.flush_requested.set(false);
-            self.flush_soon.set(false);
-            self.flush_all();
-        }
-    }
-
-    /// Credits from `owner` came back.
-    pub fn on_grant(&self, owner: u16, grant: CreditGrant) {
-        self.router.borrow_mut().grant(owner, grant);
-        self.credit_waiters[usize::from(owner)].wake_all();
-        if self.router.borrow().has_pending(owner) {
-            self.request_flush();
-        }
-    }
-
-    /// Waits until `owner` has credits for a record of `size` bytes, flushing
-    /// its open batch first (spent credits only return once it is applied).
-    /// Returns the time spent stalled.
-    pub async fn wait_for_credits(&self, owner: u16, size: usize) -> Duration {
-        let started = Instant::now();
-        ShardMetrics::add(&self.metrics.credit_stalls, 1);
-        // Below half of the window, every batch sent asked for its grant at
-        // once, and the open one will. A record larger than half the window
-        // can stall above that: then ask explicitly.
-        if !self.router.borrow().below_half(owner) {
-            self.router.borrow_mut().request_grant(owner);
-        }
-        self.flush(owner);
-        self.credit_waiters[usize::from(owner)]
-            .wait_until(|| {
-                self.flush(owner);
-                self.router.borrow().has_credits(owner, size)
-            })
-            .await;
-        let stalled = started.elapsed();
-        ShardMetrics::add(&self.metrics.credit_stall_seconds, stalled.as_secs_f64());
-        stalled
-    }
-
-    /// Holds or releases `partition` for this shard's connections (its
-    /// owner decided, [`crate::shard::groups`]).
-    pub fn set_held(&self, partition: u32, held: bool) {
-        self.router.borrow_mut().set_held(partition, held);
-        if !held {
-            self.hold_waiters.wake_all();
-        }
-    }
-
-    pub fn is_held(&self, partition: u32) -> bool {
-        self.router.borrow().is_held(partition)
-    }
-
-    /// Waits until `partition` is no longer held; sends the open batches
-    /// first (events already routed must not wait behind the hold).
-    /// Returns the time spent stalled.
-    pub async fn wait_for_release(&self, partition: u32) -> Duration {
-        let started = Instant::now();
-        ShardMetrics::add(&self.metrics.group_hold_stalls, 1);
-        self.flush_all();
-        self.hold_waiters.wait_until(|| !self.router.borrow().is_held(partition)).await;
-        let stalled = started.elapsed();
-        ShardMetrics::add(&self.metrics.group_hold_stall_seconds, stalled.as_secs_f64());
-        stalled
-    }
-
-    /// Resolves once every event this shard accepted before the call for the
-    /// owners in `owners` is stored by its owner as the storage promises
-    /// (applied in memory mode; written or durable on disk, per the fsync
-    /// policy): a grant returns only then, and the last batch to each owner
-    /// carries a sync request. Used by `#SYNC`, for the owners a connection
-    /// sent to, and by drain, for all.
-    pub async fn sync_barrier(&self, owners: impl Iterator<Item = u16>) {
-        for owner in owners {
-            if self.sync_requests {
-                self.router.borrow_mut().request_sync(owner);
-            }
-            // The owner may hold grants to send several in one frame: the
-            // barrier's last batch asks for them.
-            self.router.borrow_mut().request_grant(owner);
-            let waiters = &self.credit_waiters[usize::from(owner)];
-            // The open batch may lack a slot: flush until it is gone.
-            waiters
-                .wait_until(|| {
-                    self.flush(owner);
-                    !self.router.borrow().has_pending(owner)
-                })
-                .await;
-            let (sent, _) = self.router.borrow().sequences(owner);
-            waiters.wait_until(|| self.router.borrow().sequences(owner).1 >= sent).await;
+    /// The grant returns the batch's credits and its buffer, for reuse.
+    fn into_grant(self) -> CreditGrant {
+        CreditGrant {
+            sequence: self.sequence,
+            batch_count: 1,
+            credit_bytes: self.bytes.len(),
+            recycled: self.bytes,
+            more_recycled: Vec::new(),
+            sync: self.sync,
+            grant_now: self.grant_now,
         }
     }
 }

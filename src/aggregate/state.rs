@@ -32,10 +32,10 @@ use hashbrown::HashMap;
 use hashbrown::hash_map::EntryRef;
 use serde::Serialize;
 
-use crate::process::declaration::{AggregateDeclaration, AggregateKind, TimeSource};
-use crate::process::extract::{self, Input};
-use crate::process::hll::{self, SketchPool};
-use crate::process::output::{ClosedWindow, KeyView, TopEntry, WindowView, top_order};
+use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, TimeSource};
+use crate::aggregate::extract::{self, Input};
+use crate::aggregate::hll::{self, SketchPool};
+use crate::aggregate::output::{ClosedWindow, KeyView, TopEntry, WindowView, top_order};
 
 /// A window's index in the sketch pool when it has no sketch.
 pub(crate) const NO_SKETCH: u32 = u32::MAX;

@@ -11,8 +11,8 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::process::TIME_MS_MAX;
-use crate::process::declaration::{TimeSource, ValueSource};
+use crate::aggregate::TIME_MS_MAX;
+use crate::aggregate::declaration::{TimeSource, ValueSource};
 use crate::protocol::ilp::{self, FieldValue};
 use crate::protocol::json::extract_value;
 

@@ -52,11 +52,11 @@
 
 use std::fmt;
 
-use crate::process::aggregate::{AggregateCounters, AggregateState, KeyState, NO_SKETCH, WindowState};
-use crate::process::declaration::{AggregateDeclaration, AggregateKind, DeclarationError};
-use crate::process::hll::{HLL_PRECISION, HLL_REGISTERS};
-use crate::process::processor::PartitionProcessor;
-use crate::process::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits};
+use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, DeclarationError};
+use crate::aggregate::hll::{HLL_PRECISION, HLL_REGISTERS};
+use crate::aggregate::processor::PartitionProcessor;
+use crate::aggregate::state::{AggregateCounters, AggregateState, KeyState, NO_SKETCH, WindowState};
+use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits};
 
 /// The first four bytes of a checkpoint: "SPAC" read as a little-endian u32.
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"SPAC");
@@ -392,7 +392,7 @@ fn decode_window(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Res
     let acc = f64::from_bits(reader.u64("window value")?);
     let aligned = match aggregate.window {
         None => start_ms == 0,
-        Some((_, step_ms)) => start_ms.is_multiple_of(step_ms) && start_ms <= crate::process::TIME_MS_MAX,
+        Some((_, step_ms)) => start_ms.is_multiple_of(step_ms) && start_ms <= crate::aggregate::TIME_MS_MAX,
     };
     if !aligned || first_offset > last_offset || acc.is_nan() {
         return Err(reader.error("window"));

@@ -14,10 +14,10 @@
 
 use std::fmt;
 
-use crate::process::aggregate::{AggregateState, Closing, Event};
-use crate::process::declaration::AggregateDeclaration;
-use crate::process::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
-use crate::process::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
+use crate::aggregate::declaration::AggregateDeclaration;
+use crate::aggregate::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
+use crate::aggregate::state::{AggregateState, Closing, Event};
+use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
 
 /// The state of every aggregate declared on one stream, for one partition.
 #[derive(Debug)]
@@ -256,7 +256,7 @@ impl PartitionProcessor {
     /// The `n` (at most [`TOP_N_MAX`]) keys with the largest value on this
     /// partition: running aggregates by their value, windowed ones by each
     /// key's last closed window. Ties go to the smaller key. Merge lists of
-    /// several partitions with [`crate::process::merge_top`].
+    /// several partitions with [`crate::aggregate::merge_top`].
     pub fn top(&self, aggregate: &str, n: usize) -> Vec<TopEntry> {
         match self.aggregate_index(aggregate) {
             Some(index) => self.aggregates[index].top(n.min(TOP_N_MAX)),

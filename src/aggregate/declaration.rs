@@ -64,7 +64,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::process::{
+use crate::aggregate::{
     AGGREGATE_NAME_SIZE_MAX, ALLOWED_LATENESS_MS_MAX, WINDOW_SIZE_MS_MAX, WINDOWS_PER_KEY_MAX, windows_per_key,
 };
 use crate::protocol::json::JsonKeySpec;
@@ -895,7 +895,7 @@ mod tests {
         );
         let declaration = parse(&widest).unwrap();
         assert_eq!(declaration.windows_per_key_max(), 2);
-        let last_end_ms = crate::process::TIME_MS_MAX + WINDOW_SIZE_MS_MAX + ALLOWED_LATENESS_MS_MAX;
+        let last_end_ms = crate::aggregate::TIME_MS_MAX + WINDOW_SIZE_MS_MAX + ALLOWED_LATENESS_MS_MAX;
         assert!(last_end_ms < u64::MAX / 2, "the latest window end and its lateness fit with room");
     }
 }

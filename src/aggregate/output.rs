@@ -7,9 +7,9 @@ use std::io::Write;
 
 use serde::{Serialize, Serializer};
 
-use crate::process::TOP_N_MAX;
-use crate::process::aggregate::AggregateCounters;
-use crate::process::declaration::AggregateKind;
+use crate::aggregate::TOP_N_MAX;
+use crate::aggregate::declaration::AggregateKind;
+use crate::aggregate::state::AggregateCounters;
 
 /// A window that has just closed, borrowed from the processor for the
 /// length of the callback. The engine appends it to `output` with key `key`
