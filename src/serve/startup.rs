@@ -76,6 +76,8 @@ pub async fn run_shard(context: ShardContext) {
         .detach();
         glommio::spawn_local(outbox.clone().drain(peer)).detach();
     }
+    let looping = shard.clone();
+    glommio::spawn_local(async move { looping.run_loopback().await }).detach();
     spawn_shard_tasks(&shard);
     if let Some(after_ms) = context.config.test_panic_after_ms
         && usize::from(id) + 1 == context.config.shard_count()

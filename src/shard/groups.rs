@@ -153,21 +153,17 @@ pub struct GroupInfo {
 }
 
 impl Shard {
-    /// Sends a group frame to shard `to`, or handles it here.
-    pub fn send_group(self: &Rc<Self>, to: u16, frame: GroupFrame) {
-        if to == self.id {
-            self.handle_group_frame(frame);
-        } else {
-            self.outbox.send(to, MeshFrame::Group(Box::new(frame)), &self.metrics);
-        }
+    /// Sends a group frame to shard `to` (this one included).
+    pub fn send_group(&self, to: u16, frame: GroupFrame) {
+        self.send(to, MeshFrame::Group(Box::new(frame)));
     }
 
     /// Sends a group frame to every shard, this one included.
-    fn broadcast_group(self: &Rc<Self>, frame: GroupFrame) {
+    fn broadcast_group(&self, frame: GroupFrame) {
         for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
-            self.outbox.send(peer, MeshFrame::Group(Box::new(frame.clone())), &self.metrics);
+            self.send(peer, MeshFrame::Group(Box::new(frame.clone())));
         }
-        self.handle_group_frame(frame);
+        self.send(self.id, MeshFrame::Group(Box::new(frame)));
     }
 
     /// The coordinator of a group.

@@ -101,7 +101,7 @@ impl Shard {
         let shard_count = outbox.peer_count() as u16;
         let metrics = Rc::new(ShardMetrics::default());
         let apply_queue = Rc::new(ApplyQueue::default());
-        let ingress = Ingress::new(id, &config, outbox.clone(), apply_queue.clone(), metrics.clone());
+        let ingress = Ingress::new(&config, outbox.clone(), metrics.clone());
         let enabled = config.rebalance == crate::config::Rebalance::On;
         let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
         let placement = PlacementTable::spread(config.partitions_max, shard_count);
@@ -266,10 +266,21 @@ impl Shard {
 
     /// Returns credits to `source` (this shard included) now.
     pub(crate) fn send_grant_now(&self, source: u16, grant: CreditGrant) {
-        if source == self.id {
-            self.ingress.on_grant(source, grant);
-        } else {
-            self.outbox.send(source, MeshFrame::Credit(grant), &self.metrics);
+        self.send(source, MeshFrame::Credit(grant));
+    }
+
+    /// Sends a frame to shard `to`, this one included: the one way a shard
+    /// talks to a peer ([`outbox::Outbox::send`]).
+    pub fn send(&self, to: u16, frame: MeshFrame) {
+        self.outbox.send(to, frame, &self.metrics);
+    }
+
+    /// Hands the frames this shard sends itself to [`Shard::handle_frame`],
+    /// as a mesh receiver does with a peer's.
+    pub async fn run_loopback(self: &Rc<Self>) {
+        loop {
+            let frame = self.outbox.next_loopback().await;
+            self.handle_frame(self.id, frame);
         }
     }
 
@@ -497,11 +508,7 @@ impl Shard {
     }
 
     pub(crate) fn send_reply(&self, origin: u16, reply: FetchReply) {
-        if origin == self.id {
-            self.subscriptions.deliver(reply);
-        } else {
-            self.outbox.send(origin, MeshFrame::FetchReply(Box::new(reply)), &self.metrics);
-        }
+        self.send(origin, MeshFrame::FetchReply(Box::new(reply)));
     }
 
     /// Re-serves parked fetches when they may have news.
@@ -514,41 +521,25 @@ impl Shard {
     }
 
     /// Sends a fetch to `owner` for a subscriber on this shard.
-    pub fn send_fetch(self: &Rc<Self>, owner: u16, request: FetchRequest) {
-        if owner == self.id {
-            self.handle_fetch(self.id, request);
-        } else {
-            self.outbox.send(owner, MeshFrame::Fetch(request), &self.metrics);
-        }
+    pub fn send_fetch(&self, owner: u16, request: FetchRequest) {
+        self.send(owner, MeshFrame::Fetch(request));
     }
 
     /// Gives window back to this subscriber's standing fetch at `owner`.
     pub fn send_fetch_credit(&self, owner: u16, credit: crate::partition::fetch::FetchCredit) {
-        if owner == self.id {
-            self.subscriptions.credit(self.id, credit);
-        } else {
-            self.outbox.send(owner, MeshFrame::FetchCredit(credit), &self.metrics);
-        }
+        self.send(owner, MeshFrame::FetchCredit(credit));
     }
 
     /// Asks `owner` to answer this subscriber's parked fetch now.
-    pub fn send_fetch_wake(self: &Rc<Self>, owner: u16, subscription_id: u64) {
-        if owner == self.id {
-            self.wake_fetch(self.id, subscription_id);
-        } else {
-            self.outbox.send(owner, MeshFrame::FetchWake { subscription_id }, &self.metrics);
-        }
+    pub fn send_fetch_wake(&self, owner: u16, subscription_id: u64) {
+        self.send(owner, MeshFrame::FetchWake { subscription_id });
     }
 
     /// Forgets a subscriber and cancels its parked fetches everywhere.
     pub fn unregister_subscription(&self, subscription_id: u64) {
         self.subscriptions.unregister(subscription_id);
         for owner in 0..self.shard_count {
-            if owner == self.id {
-                self.subscriptions.cancel(self.id, subscription_id);
-            } else {
-                self.outbox.send(owner, MeshFrame::FetchCancel { subscription_id }, &self.metrics);
-            }
+            self.send(owner, MeshFrame::FetchCancel { subscription_id });
         }
     }
 
