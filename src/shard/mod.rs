@@ -44,11 +44,11 @@ use std::time::Duration;
 use crate::balance::Refusal;
 use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::partition::MovedPartition;
-use crate::partition::apply::{ShardMigrations, apply_batch, install_handoff};
+use crate::partition::apply::{ShardMigrations, apply_batch, install_moved};
 use crate::partition::disk::DiskLog;
 use crate::partition::disk::OpenReport;
 use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
-use crate::partition::migration::{Effect, Migrations};
+use crate::partition::migration::{self, Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
 use crate::routing::{CreditGrant, DataBatch};
 use crate::storage::segment::SegmentError;
@@ -232,21 +232,8 @@ impl Shard {
     }
 
     /// Carries out what the migration logic decided, in order.
-    fn carry_out(self: &Rc<Self>, effects: Vec<Effect<CreditGrant>>) {
-        for effect in effects {
-            match effect {
-                Effect::SendPlacement { to, partition, owner, epoch } => {
-                    self.outbox.send(to, MeshFrame::Placement { partition, owner, epoch }, &self.metrics);
-                }
-                Effect::SendMarker { to, marker } => self.ingress.send_marker(to, marker),
-                Effect::SendHandoff { to, partition, epoch } => self.send_handoff(to, partition, epoch),
-                Effect::Grant { source, grant } => self.send_grant(source, grant),
-                Effect::Began(migration) => self.balancer.borrow_mut().migration_began(migration),
-                Effect::Ended { partition, direction, at_ms } => {
-                    self.balancer.borrow_mut().migration_ended(partition, direction, at_ms, at_ms);
-                }
-            }
-        }
+    fn carry_out(self: &Rc<Self>, mut effects: Vec<Effect<CreditGrant>>) {
+        migration::carry_out(&mut effects, &mut ShardCarrier { shard: self, moved_ms: None });
     }
 
     /// Returns credits to `source` once the batch is stored as the storage
@@ -305,7 +292,7 @@ impl Shard {
         self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
         let mut effects = Vec::new();
         let applied = apply_batch(
-            &mut self.partitions.borrow_mut(),
+            &mut *self.partitions.borrow_mut(),
             &mut self.migrations.borrow_mut(),
             source,
             batch,
@@ -434,20 +421,20 @@ impl Shard {
         let now_ms = now_ms();
         let moved_ms = partition.moved_ms.unwrap_or(now_ms);
         let mut effects = Vec::new();
-        let pending = self.migrations.borrow_mut().on_handoff(partition_id, epoch, now_ms, &mut effects);
         self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
-        let applied = install_handoff(&mut self.partitions.borrow_mut(), partition_id, partition, pending);
+        let applied = install_moved(
+            &mut *self.partitions.borrow_mut(),
+            &mut self.migrations.borrow_mut(),
+            partition_id,
+            epoch,
+            partition,
+            now_ms,
+            &mut effects,
+        );
         aggregates::reconcile_partition(self, partition_id);
         ShardMetrics::add(&self.metrics.events_stored, applied.stored);
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
-        for effect in effects {
-            match effect {
-                Effect::Ended { partition, direction, at_ms } => {
-                    self.balancer.borrow_mut().migration_ended(partition, direction, at_ms, moved_ms);
-                }
-                other => self.carry_out(vec![other]),
-            }
-        }
+        migration::carry_out(&mut effects, &mut ShardCarrier { shard: self, moved_ms: Some(moved_ms) });
         if let Some(committer) = &self.committer {
             committer.wake();
         }
@@ -569,7 +556,7 @@ impl Shard {
     /// A migration into or out of this shard is in flight (as the balancer
     /// recorded it, or as the protocol still tracks it).
     pub fn is_migrating(&self) -> bool {
-        self.balancer.borrow().state.is_migrating() || self.migrations.borrow().is_busy()
+        self.balancer.borrow().ledger.state.is_migrating() || self.migrations.borrow().is_busy()
     }
 
     /// A thief asks this shard for a partition.
@@ -597,6 +584,42 @@ impl Shard {
 
     fn on_steal_refused(&self, victim: u16, refusal: Refusal) {
         self.balancer.borrow_mut().on_refused(victim, &refusal, now_ms());
+    }
+}
+
+/// The engine's side of a migration step's effects: frames on the mesh, the
+/// handoff, credits, the balancer's ledger. `moved_ms`: when the partition
+/// whose handoff these effects follow was handed over (a thief's cooldown
+/// starts then).
+struct ShardCarrier<'a> {
+    shard: &'a Rc<Shard>,
+    moved_ms: Option<u64>,
+}
+
+impl migration::Carrier<CreditGrant> for ShardCarrier<'_> {
+    fn send_placement(&mut self, to: u16, partition: u32, owner: u16, epoch: u32) {
+        self.shard.send(to, MeshFrame::Placement { partition, owner, epoch });
+    }
+
+    fn send_marker(&mut self, to: u16, marker: migration::Marker) {
+        self.shard.ingress.send_marker(to, marker);
+    }
+
+    fn send_handoff(&mut self, to: u16, partition: u32, epoch: u32) {
+        self.shard.send_handoff(to, partition, epoch);
+    }
+
+    fn grant(&mut self, source: u16, grant: CreditGrant) {
+        self.shard.send_grant(source, grant);
+    }
+
+    fn began(&mut self, migration: crate::balance::Migration) {
+        self.shard.balancer.borrow_mut().migration_began(migration);
+    }
+
+    fn ended(&mut self, partition: u32, direction: crate::balance::Direction, at_ms: u64) {
+        let moved_ms = self.moved_ms.unwrap_or(at_ms);
+        self.shard.balancer.borrow_mut().migration_ended(partition, direction, at_ms, moved_ms);
     }
 }
 
