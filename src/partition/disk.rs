@@ -45,10 +45,7 @@ use crate::storage::index::SegmentIndex;
 use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment, scan_segment_read_only};
 use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file};
 
-/// Largest body of a frame the committer writes (a record larger than this
-/// gets a frame of its own): a reader fetches whole frames, so this bounds
-/// what one read fetches beyond its budget.
-pub const FRAME_BODY_BYTES_TARGET: usize = 256 * 1024;
+pub use crate::config::limits::FRAME_BODY_BYTES_TARGET;
 
 /// How a partition's files are laid out and kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,9 +16,18 @@ use crate::balance::{
     BalanceConfig, Cooldowns, Direction, LoadReport, Migration, PartitionLoad, Refusal, ShardState, StealRequest, View,
     hottest_partitions, pick_partition, want_to_steal,
 };
-use crate::config::{GOSSIP_IDLE_EVENTS_PER_S, GOSSIP_IDLE_INTERVAL_MS, STEAL_REQUEST_TIMEOUT_MS};
+use crate::config::STEAL_REQUEST_TIMEOUT_MS;
 use crate::partition::PartitionManager;
 use crate::runtime::notify::{Notify, first};
+
+/// The gossip interval while the whole process is idle (no shard reports
+/// traffic, nothing migrates), in ms: an idle server wakes once a second per
+/// shard for gossip instead of ten times. The first batch applied, or the
+/// first report of traffic from a peer, brings the normal interval back at once.
+const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+/// Below this rate (events/s, the balancer's average) a shard counts as
+/// idle for the gossip pace: no traffic at all, not merely little.
+pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
 /// so report ages compare across them). Only the engine reads it: the

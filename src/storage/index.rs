@@ -123,6 +123,9 @@ pub struct IndexEntry {
     pub position: u32,
 }
 
+// The memory formula counts an entry per index interval at this size.
+const _: () = assert!(std::mem::size_of::<IndexEntry>() <= crate::config::limits::INDEX_ENTRY_BYTES);
+
 /// The sparse index of one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentIndex {

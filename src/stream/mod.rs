@@ -54,13 +54,7 @@ pub const STREAMS_MAX: usize = 1024;
 pub const CATALOG_FILE_NAME: &str = "streams.json";
 /// Where deleted streams' directories wait to be removed.
 pub const TRASH_DIR_NAME: &str = "trash";
-/// The longest age retention a stream (or `--retention-ms`) may ask for: 100
-/// years (36 500 days). Longer means nothing a `0` ("keep regardless of
-/// age") does not say, and values near `u64::MAX` once wrapped the age check
-/// and deleted every sealed segment at once. A catalog written before this
-/// limit may hold a larger value: the age check saturates, so it keeps
-/// segments as this maximum would.
-pub const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
+pub use crate::config::limits::RETENTION_MS_MAX;
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
