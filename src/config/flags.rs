@@ -5,16 +5,17 @@
 //! Ranges, and defaults that other code shares, come from [`super::limits`];
 //! a default that only its flag uses is written on the flag. The memory a
 //! configuration may take is [`super::memory`]'s, and [`Config::validate`]
-//! (in `config/mod.rs`) runs both checks.
+//! (in `config/mod.rs`) runs both checks. Modules that turn the flags into
+//! their own configuration do it next to that configuration
+//! (`Config::disk_config` in `partition::disk`, `Config::catalog_limits` in
+//! `stream`, `Config::balance_config` in `shard::balancer`), so this file
+//! knows none of their types.
 
 use std::net::SocketAddr;
 
 use super::limits::*;
 use crate::protocol::record::{BATCH_HEADER_SIZE, KEY_SIZE_LIMIT, LOG_HEADER_SIZE, PAYLOAD_SIZE_LIMIT};
 use crate::storage::index::SEGMENT_SIZE_MAX;
-
-// The balancer's view holds every shard a server may run.
-const _: () = assert!(SHARD_COUNT_MAX <= crate::balance::SHARDS_MAX as usize);
 
 /// `spate serve` configuration. Sizes are bytes, durations carry their unit.
 #[derive(clap::Args, Debug, Clone)]
@@ -635,66 +636,9 @@ impl Config {
         (self.tail_cache_bytes / 4).max(LOG_HEADER_SIZE + 1)
     }
 
-    /// How the files of a partition of `spec` are written and kept (its
-    /// stream's retention).
-    pub fn disk_config_for(&self, spec: &crate::stream::StreamSpec) -> crate::partition::disk::DiskConfig {
-        crate::partition::disk::DiskConfig {
-            retention_bytes: spec.retention_bytes,
-            retention_ms: spec.retention_ms,
-            ..self.disk_config()
-        }
-    }
-
-    /// How one partition's files are written and kept.
-    pub fn disk_config(&self) -> crate::partition::disk::DiskConfig {
-        use crate::storage::segment::{BLOCK_SIZE, SegmentConfig};
-        // A write buffer holds the largest record in one frame, and a
-        // frame's target size, with a block to spare for the carried tail.
-        let largest_frame = self.line_record_size_max() + crate::storage::format::FRAME_HEADER_SIZE;
-        let buffer_bytes = largest_frame.max(FRAME_BODY_BYTES_TARGET * 2) + BLOCK_SIZE as usize;
-        let buffer_bytes = buffer_bytes.div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize;
-        crate::partition::disk::DiskConfig {
-            writer: SegmentConfig {
-                buffer_bytes,
-                unsynced_buffers_max: WRITER_UNSYNCED_BUFFERS_MAX,
-                segment_bytes_max: self.segment_bytes() as u64,
-                index_interval_bytes: INDEX_INTERVAL_BYTES,
-            },
-            retention_bytes: self.retention_bytes() as u64,
-            retention_ms: self.retention_ms,
-        }
-    }
-
-    /// What the stream catalog applies: the capacity and the defaults.
-    pub fn catalog_limits(&self) -> crate::stream::CatalogLimits {
-        let retention_bytes_max = match self.storage {
-            Storage::Memory => self.retention_bytes() as u64,
-            Storage::Disk => u64::MAX,
-        };
-        crate::stream::CatalogLimits {
-            partitions_max: self.partitions_max,
-            retention_bytes: self.retention_bytes() as u64,
-            retention_bytes_max,
-            retention_ms: self.retention_ms,
-            segment_bytes: self.segment_bytes() as u64,
-        }
-    }
-
     /// The largest batch record a line can produce (its credit cost).
     pub fn line_record_size_max(&self) -> usize {
         BATCH_HEADER_SIZE + self.line_size_max
-    }
-
-    /// The balancer's configuration: its defaults, with the flags applied.
-    pub fn balance_config(&self) -> crate::balance::BalanceConfig {
-        let defaults = crate::balance::BalanceConfig::default();
-        let report_interval_ms = self.rebalance_interval_ms.max(1);
-        crate::balance::BalanceConfig {
-            report_interval_ms,
-            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms.saturating_mul(5)),
-            cooldown_ms: self.rebalance_cooldown_ms,
-            ..defaults
-        }
     }
 
     /// The apply delay, in ns per event, for `shard` (the test knob).

@@ -43,6 +43,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Config, Storage};
+
 /// The stream producers write to when they name none.
 pub const DEFAULT_STREAM: &str = "default";
 /// The longest stream name (one path component in the data directory).
@@ -634,6 +636,25 @@ pub struct CatalogLimits {
     pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
+}
+
+/// What the catalog takes from the flags (here rather than in `config`,
+/// which knows no stream types).
+impl Config {
+    /// What the stream catalog applies: the capacity and the defaults.
+    pub fn catalog_limits(&self) -> CatalogLimits {
+        let retention_bytes_max = match self.storage {
+            Storage::Memory => self.retention_bytes() as u64,
+            Storage::Disk => u64::MAX,
+        };
+        CatalogLimits {
+            partitions_max: self.partitions_max,
+            retention_bytes: self.retention_bytes() as u64,
+            retention_bytes_max,
+            retention_ms: self.retention_ms,
+            segment_bytes: self.segment_bytes() as u64,
+        }
+    }
 }
 
 /// One shard's copy of the catalog. A stream is *installed* once the
