@@ -16,11 +16,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::admin::{AdminState, routes};
-use crate::config::{
-    ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN, ADMIN_CONNECTION_LIFETIME_MS, ADMIN_CONNECTIONS_MAX,
-    ADMIN_HEADER_BYTES_MAX, ADMIN_HEADER_READ_TIMEOUT_MS,
-};
+use crate::config::{ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN, ADMIN_CONNECTIONS_MAX, ADMIN_HEADER_BYTES_MAX};
 
+/// An admin client must send a whole request head within this, in ms.
+pub(super) const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5000;
+/// An admin connection is closed (gracefully, after its request in progress)
+/// this long after it was accepted, in ms, so a keep-alive client cannot
+/// hold one of the [`ADMIN_CONNECTIONS_MAX`] slots for ever.
+pub(super) const ADMIN_CONNECTION_LIFETIME_MS: u64 = 60_000;
 /// Most header fields in one request.
 const ADMIN_HEADER_COUNT_MAX: usize = 64;
 /// How long a connection past its lifetime gets to finish its request.

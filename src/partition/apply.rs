@@ -45,6 +45,13 @@ pub struct RecordOrder {
     order: Vec<u32>,
 }
 
+// The memory formula counts the order's bytes per record and per partition id.
+const _: () = assert!(
+    std::mem::size_of::<(u32, u32)>() + std::mem::size_of::<u32>()
+        <= crate::config::limits::APPLY_ORDER_BYTES_PER_RECORD
+        && std::mem::size_of::<u32>() <= crate::config::limits::APPLY_ORDER_BYTES_PER_PARTITION
+);
+
 impl RecordOrder {
     /// Orders the records of `batch` (batch records, as
     /// [`crate::protocol::record`] encodes them); returns their positions in

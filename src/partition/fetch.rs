@@ -22,7 +22,6 @@
 //! a wake-up from the subscriber) ends it with a final reply, and the
 //! subscriber asks again as before.
 
-use crate::config::FETCH_BUFFER_BYTES_INITIAL_MAX;
 use crate::partition::PartitionManager;
 use crate::protocol::subscribe::{event_line_size_max, write_event_line, write_truncated};
 
@@ -232,11 +231,14 @@ pub fn serve_fetch(
 }
 
 const _: () = assert!(
-    std::mem::size_of::<FetchReply>() * crate::config::STANDING_FETCH_REPLIES_MAX as usize
-        <= crate::config::STANDING_REPLIES_STATE_BYTES,
+    std::mem::size_of::<FetchReply>() * crate::config::limits::STANDING_FETCH_REPLIES_MAX as usize
+        <= crate::config::limits::STANDING_REPLIES_STATE_BYTES,
     "the memory formula's standing-reply bookkeeping"
 );
 
+/// A fetch reply's buffer is reserved this large (or at the fetch's budget)
+/// once it has data, so a full reply does not regrow it.
+const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * 1024;
 /// Unused reply capacity kept rather than given back.
 const REPLY_SLACK_BYTES: usize = 4096;
 

@@ -16,14 +16,20 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement, PoolThreadHandles};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
-use crate::config::{
-    CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS, STORAGE_RETRY_MS,
-};
+use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::net::Admission;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
 /// How long shards get to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Control requests queued per shard (admin and signal threads to a shard):
+/// the admin thread waits for each answer, so a handful is plenty.
+const CONTROL_CHANNEL_CAPACITY: usize = 64;
+/// Life-cycle events each shard sends `main` (started or failed, drained).
+const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
+/// After the shutdown deadline plus this, the process exits whatever is
+/// still running (status 1), in ms; a second SIGINT/SIGTERM exits at once.
+const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug)]
@@ -88,7 +94,7 @@ impl std::fmt::Display for ServeError {
                 f,
                 "{name} address {address} is already in use: listening sockets no live process holds did not \
                  go away within {} ms; pick another address with --{name}",
-                crate::config::ADDRESS_WAIT_MS_MAX
+                ports::ADDRESS_WAIT_MS_MAX
             ),
             ServeError::FdBudget { budget, limit } => write!(
                 f,

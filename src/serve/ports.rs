@@ -21,9 +21,11 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::config::ADDRESS_WAIT_MS_MAX;
 use crate::serve::ServeError;
 
+/// How long start-up waits for a listening socket that no live process owns
+/// (a killed server's, which the kernel releases asynchronously), in ms.
+pub(super) const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 /// TCP state `LISTEN` in `/proc/net/tcp`.
 const STATE_LISTEN: &str = "0A";
 /// How often a wait for released sockets looks again.

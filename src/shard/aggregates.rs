@@ -80,9 +80,7 @@ use crate::stream::StreamSpec;
 
 /// The checkpoint file in each partition's directory.
 pub const CHECKPOINT_FILE_NAME: &str = "aggregates.ckpt";
-/// Bytes of closed windows a shard's emit queue holds before its applier
-/// pauses (a window is its key, about 200 bytes of JSON and 8 of framing).
-pub const EMIT_QUEUE_BYTES_MAX: usize = 16 << 20;
+pub use crate::config::limits::EMIT_QUEUE_BYTES_MAX;
 /// The longest one pause of the applier for the emit queue, in ms.
 pub const EMIT_WAIT_MS_MAX: u64 = 50;
 /// How often arrival-time windows are checked for closing, in ms.

@@ -16,9 +16,34 @@ use crate::balance::{
     BalanceConfig, Direction, Ledger, LoadReport, Migration, PartitionLoad, Refusal, StealRequest, View,
     hottest_partitions, pick_partition, want_to_steal,
 };
-use crate::config::{GOSSIP_IDLE_EVENTS_PER_S, GOSSIP_IDLE_INTERVAL_MS, STEAL_REQUEST_TIMEOUT_MS};
+use crate::config::{Config, STEAL_REQUEST_TIMEOUT_MS};
 use crate::partition::PartitionManager;
 use crate::runtime::notify::{Notify, first};
+
+/// The gossip interval while the whole process is idle (no shard reports
+/// traffic, nothing migrates), in ms: an idle server wakes once a second per
+/// shard for gossip instead of ten times. The first batch applied, or the
+/// first report of traffic from a peer, brings the normal interval back at once.
+const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+/// Below this rate (events/s, the balancer's average) a shard counts as
+/// idle for the gossip pace: no traffic at all, not merely little.
+pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
+
+/// What the balancer takes from the flags (here rather than in `config`,
+/// which knows no balancer types).
+impl Config {
+    /// The balancer's configuration: its defaults, with the flags applied.
+    pub fn balance_config(&self) -> BalanceConfig {
+        let defaults = BalanceConfig::default();
+        let report_interval_ms = self.rebalance_interval_ms.max(1);
+        BalanceConfig {
+            report_interval_ms,
+            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms.saturating_mul(5)),
+            cooldown_ms: self.rebalance_cooldown_ms,
+            ..defaults
+        }
+    }
+}
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
 /// so report ages compare across them). Only the engine reads it: the

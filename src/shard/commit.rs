@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
+use crate::config::{Config, FsyncPolicy, STORAGE_RETRY_MS};
 use crate::partition::Partition;
 use crate::partition::disk::{Deferred, Encoded, encode_pending, now_unix_ms};
 use crate::routing::CreditGrant;
@@ -52,6 +52,9 @@ use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
+
+/// How often the committer applies retention (deletes expired segments), in ms.
+const RETENTION_CHECK_MS: u64 = 1000;
 
 /// One shard's committer state.
 pub struct Committer {

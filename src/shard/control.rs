@@ -17,11 +17,15 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
 use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
 use crate::stream::StreamSpec;
+
+/// After the shutdown deadline, how long a shard still waits for the events
+/// it has read to be applied (the connections themselves are cut at the
+/// deadline), in ms.
+const SHUTDOWN_DRAIN_MARGIN_MS: u64 = 500;
 
 /// Requests from the control plane to one shard.
 pub enum ControlRequest {

@@ -23,8 +23,7 @@ pub const LOCK_FILE_NAME: &str = "spate.lock";
 pub const SEGMENT_EXTENSION: &str = "log";
 /// Extension of a segment's index sidecar.
 pub const INDEX_EXTENSION: &str = "index";
-/// Longest stream name accepted in a path.
-pub const STREAM_NAME_SIZE_MAX: usize = 64;
+pub use crate::config::limits::STREAM_NAME_SIZE_MAX;
 /// Digits of a base offset in a file name.
 const BASE_OFFSET_DIGITS: usize = 20;
 

@@ -43,6 +43,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Config, Storage};
+
 /// The stream producers write to when they name none.
 pub const DEFAULT_STREAM: &str = "default";
 /// The longest stream name (one path component in the data directory).
@@ -54,13 +56,7 @@ pub const STREAMS_MAX: usize = 1024;
 pub const CATALOG_FILE_NAME: &str = "streams.json";
 /// Where deleted streams' directories wait to be removed.
 pub const TRASH_DIR_NAME: &str = "trash";
-/// The longest age retention a stream (or `--retention-ms`) may ask for: 100
-/// years (36 500 days). Longer means nothing a `0` ("keep regardless of
-/// age") does not say, and values near `u64::MAX` once wrapped the age check
-/// and deleted every sealed segment at once. A catalog written before this
-/// limit may hold a larger value: the age check saturates, so it keeps
-/// segments as this maximum would.
-pub const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
+pub use crate::config::limits::RETENTION_MS_MAX;
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -640,6 +636,25 @@ pub struct CatalogLimits {
     pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
+}
+
+/// What the catalog takes from the flags (here rather than in `config`,
+/// which knows no stream types).
+impl Config {
+    /// What the stream catalog applies: the capacity and the defaults.
+    pub fn catalog_limits(&self) -> CatalogLimits {
+        let retention_bytes_max = match self.storage {
+            Storage::Memory => self.retention_bytes() as u64,
+            Storage::Disk => u64::MAX,
+        };
+        CatalogLimits {
+            partitions_max: self.partitions_max,
+            retention_bytes: self.retention_bytes() as u64,
+            retention_bytes_max,
+            retention_ms: self.retention_ms,
+            segment_bytes: self.segment_bytes() as u64,
+        }
+    }
 }
 
 /// One shard's copy of the catalog. A stream is *installed* once the

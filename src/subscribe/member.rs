@@ -335,7 +335,7 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
                 write_replies(shared, writer).await.ok()?;
                 if in_flight_between_owners {
                     // As for SUB: ask again shortly, not at once.
-                    let delay = Duration::from_millis(crate::config::FETCH_RETRY_DELAY_MS);
+                    let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
                     let _ = first(glommio::timer::sleep(delay), shard.lifecycle.shutdown_requested()).await;
                 }
             }
