@@ -28,6 +28,7 @@ use serde_json::json;
 
 use crate::admin::{AdminState, ShardUnavailable, ask_all_within, collect_partitions};
 use crate::config::Storage;
+use crate::runtime::log;
 use crate::shard::control::{ControlRequest, StreamChange};
 use crate::stream::{Catalog, CatalogError, NewStream, StreamSpec};
 
@@ -170,7 +171,7 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     let started = std::time::Instant::now();
     let finished = finish_delete(state, &mut catalog, &spec).await;
     if started.elapsed() > SLOW_DELETE {
-        eprintln!("spate: deleting stream {name} took {:.1} s", started.elapsed().as_secs_f64());
+        log::warn!(stream = name, "deleting the stream took {:.1} s", started.elapsed().as_secs_f64());
     }
     if let Err(failure) = finished {
         let message = format!("{}(stream {name} is deleted; its files go at the next start)\n", failure.message);

@@ -11,6 +11,7 @@ use glommio::net::TcpListener;
 use crate::config::Config;
 use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
+use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::MeshFrame;
@@ -53,7 +54,7 @@ pub async fn run_shard(context: ShardContext) {
         let (stored, problems) = crate::group::store::load_all(&context.config.data_dir);
         if id == 0 {
             for problem in problems {
-                eprintln!("spate: skipping a consumer group's offsets file: {problem}");
+                log::warn!("skipping a consumer group's offsets file: {problem}");
             }
         }
         shard.load_groups(stored);
@@ -128,9 +129,9 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
         let deferred = if report.deferred.is_some() { "; the cut waits for disk space" } else { "" };
-        eprintln!(
-            "spate: shard {}: recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
-            shard.id,
+        log::info!(
+            shard = shard.id,
+            "recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
             path.display(),
             recovery.outcome.cursor.position,
             recovery.outcome.cursor.next_offset,
@@ -138,9 +139,9 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
             recovery.outcome.stop,
         );
     }
-    eprintln!(
-        "spate: shard {}: opened {} partitions on disk in {:.2}s ({} tails cut)",
-        shard.id,
+    log::info!(
+        shard = shard.id,
+        "opened {} partitions on disk in {:.2}s ({} tails cut)",
         reports.len(),
         started.elapsed().as_secs_f64(),
         cut_count

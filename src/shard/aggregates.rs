@@ -71,6 +71,7 @@ use crate::aggregate::{
 use crate::partition::PartitionManager;
 use crate::partition::disk::{DiskLog, Located, now_unix_ms};
 use crate::routing::Blocked;
+use crate::runtime::log::{self, Level, Scope};
 use crate::runtime::notify::{Notify, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
@@ -121,6 +122,9 @@ pub struct ShardAggregates {
     /// Partition -> the offset its last checkpoint covers.
     checkpointed: RefCell<HashMap<u32, u64>>,
     checkpoint_serial: Cell<u64>,
+    /// Checkpoint writes failing (a full disk fails every round): logged
+    /// when it starts and once a round writes them all again.
+    checkpoint_failures: log::Episode,
     /// A periodic checkpoint round is running: the clock starts no other
     /// (a round waits for durability, which can take longer than the period
     /// under load; rounds must not pile up).
@@ -142,6 +146,7 @@ impl ShardAggregates {
             clock_ms: Cell::new(0),
             checkpointed: RefCell::default(),
             checkpoint_serial: Cell::new(0),
+            checkpoint_failures: log::Episode::new("failed checkpoint writes"),
             round_running: Rc::default(),
             declared_notify: Notify::default(),
             limits: ProcessorLimits { keys_per_aggregate_max: config.aggregate_keys_max },
@@ -374,6 +379,7 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
         .await;
     let mut first_error = Ok(());
     let mut checkpointed = aggregates.checkpointed.borrow_mut();
+    let (scope, now) = (Scope::shard(shard_id), Instant::now());
     for (partition_id, offset, result) in results {
         match result {
             Ok(()) => {
@@ -382,12 +388,19 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
             }
             Err(error) => {
                 ShardMetrics::add(&shard.metrics.aggregate_checkpoint_errors, 1);
-                eprintln!("spate: shard {shard_id}: aggregate checkpoint of partition {partition_id}: {error}");
+                let failed = format_args!(
+                    "aggregate checkpoint of partition {partition_id}: {error}; the next round writes it again"
+                );
+                aggregates.checkpoint_failures.occur(now, Level::Warn, scope, failed);
                 if first_error.is_ok() {
                     first_error = Err(error);
                 }
             }
         }
+    }
+    if first_error.is_ok() {
+        let works = format_args!("aggregate checkpoints are written again");
+        aggregates.checkpoint_failures.end(now, Level::Info, scope, works);
     }
     first_error
 }
@@ -579,13 +592,13 @@ pub async fn recover(
         Ok(bytes) => match PartitionProcessor::decode_checkpoint(&bytes, limits) {
             Ok(processor) => Some(processor),
             Err(error) => {
-                eprintln!("spate: {}: {error}; replaying the whole retained log", path.display());
+                log::warn!(stream = &spec.name, "{}: {error}; replaying the whole retained log", path.display());
                 None
             }
         },
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
         Err(error) => {
-            eprintln!("spate: read {}: {error}; replaying the whole retained log", path.display());
+            log::warn!(stream = &spec.name, "read {}: {error}; replaying the whole retained log", path.display());
             None
         }
     };
@@ -597,8 +610,9 @@ pub async fn recover(
     let mut processor = match loaded {
         Some(processor) if fits(&processor) => Some(Box::new(processor)),
         Some(processor) => {
-            eprintln!(
-                "spate: {}: covers offsets below {}, the log holds {}..{}; replaying the whole retained log",
+            log::warn!(
+                stream = &spec.name,
+                "{}: covers offsets below {}, the log holds {}..{}; replaying the whole retained log",
                 path.display(),
                 processor.next_offset(),
                 disk.earliest_offset(),
@@ -625,7 +639,7 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
             Located::File { path, position, readable_end } => (path, position, readable_end),
             Located::Gone { earliest } => {
                 // Retention deleted events the state never counted.
-                eprintln!("spate: replay of {}: offsets {offset}..{earliest} are gone", disk.dir().display());
+                log::warn!("replay of {}: offsets {offset}..{earliest} are gone", disk.dir().display());
                 processor.skip_to(earliest);
                 continue;
             }
@@ -643,7 +657,7 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
             }
         }
         if processor.next_offset() == offset {
-            eprintln!("spate: replay of {}: no frame at offset {offset}; stopping", disk.dir().display());
+            log::warn!("replay of {}: no frame at offset {offset}; stopping", disk.dir().display());
             return Ok(());
         }
         glommio::yield_if_needed().await;

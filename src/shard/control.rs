@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
+use crate::runtime::log;
 use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
@@ -166,7 +167,7 @@ async fn drain(shard: &Shard, deadline: Instant) -> bool {
         Either::Right(()) => {
             let cut = lifecycle.tasks_open();
             ShardMetrics::add(&shard.metrics.connections_cut_at_deadline, cut);
-            eprintln!("spate: shard {}: shutdown deadline: cutting {cut} connections still open", shard.id);
+            log::warn!(shard = shard.id, "shutdown deadline: cutting {cut} connections still open");
             // The sweeper asks them to close within its interval.
             let margin = deadline + Duration::from_millis(SHUTDOWN_DRAIN_MARGIN_MS);
             matches!(first(lifecycle.connections_closed(), until(margin)).await, Either::Left(()));
@@ -177,7 +178,7 @@ async fn drain(shard: &Shard, deadline: Instant) -> bool {
     let applied =
         matches!(first(shard.ingress.sync_barrier(0..shard.shard_count), until(margin)).await, Either::Left(()));
     if !applied {
-        eprintln!("spate: shard {}: shutdown deadline: events read but not yet applied are dropped", shard.id);
+        log::warn!(shard = shard.id, "shutdown deadline: events read but not yet applied are dropped");
     }
     connections_done && applied
 }

@@ -19,6 +19,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::control::StreamChange;
 use crate::stream::StreamSpec;
@@ -106,7 +107,11 @@ async fn drop_stream(shard: &Rc<Shard>, id: u32) {
         let Some(mut partition) = partition else { continue };
         let Some(writer) = partition.log.parts_mut().1.and_then(|disk| disk.take_writer()) else { continue };
         if let Err(error) = writer.close().await {
-            eprintln!("spate: shard {}: closing partition {partition_id} of a deleted stream: {error}", shard.id);
+            log::warn!(
+                shard = shard.id,
+                stream = &spec.name,
+                "closing partition {partition_id} of the deleted stream: {error}"
+            );
         }
     }
     shard.streams.borrow_mut().remove(id);

@@ -43,6 +43,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::runtime::log;
+
 /// The stream producers write to when they name none.
 pub const DEFAULT_STREAM: &str = "default";
 /// The longest stream name (one path component in the data directory).
@@ -500,20 +502,17 @@ impl Catalog {
         if !catalog.deleting.is_empty() {
             for spec in &catalog.deleting {
                 trash::move_stream_to_trash(data_dir, spec)?;
-                eprintln!(
-                    "spate: stream {} (id {}): finished its delete, which a crash interrupted",
-                    spec.name, spec.id
-                );
+                log::info!(stream = &spec.name, "finished its delete (id {}), which a crash interrupted", spec.id);
             }
             catalog.deleting.clear();
             // Without the save (a full disk) the next start does it again.
             if let Err(error) = catalog.save(data_dir) {
-                eprintln!("spate: could not save the catalog after finishing deletes: {error}");
+                log::warn!("could not save the catalog after finishing deletes: {error}");
             }
         }
         let live: Vec<&str> = catalog.streams.iter().map(|spec| spec.name.as_str()).collect();
         for orphan in trash::move_orphans_to_trash(data_dir, &live)? {
-            eprintln!("spate: {} belongs to no stream of the catalog: moved to the trash", orphan.display());
+            log::info!("{} belongs to no stream of the catalog: moved to the trash", orphan.display());
         }
         Ok((catalog, unsaved))
     }
