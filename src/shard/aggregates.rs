@@ -34,14 +34,14 @@
 //!
 //! Every `--aggregate-checkpoint-ms` the shard encodes the processors of
 //! its partitions that changed and writes each to
-//! `<partition dir>/aggregates.ckpt`: a new file, fsynced, renamed over the
-//! old, directory fsynced. A checkpoint covers offsets below its
-//! `next_offset`, and it is renamed into place only once (1) every window it
-//! counts as closed has been routed and is durable at its output owner
-//! ([`crate::shard::ingress::Source::sync_barrier`]), and (2) every event it
-//! covers is durable in the log (a synced commit round): so after a crash
-//! the checkpoint never covers an event the log lost, nor a closed window
-//! the output stream lost. A declaration writes its first checkpoint before
+//! `<partition dir>/aggregates.ckpt`, replaced atomically and durably
+//! ([`crate::storage::durable::replace_durably`]). A checkpoint covers
+//! offsets below its `next_offset`, and it is renamed into place only once
+//! (1) every window it counts as closed has been routed and is durable at
+//! its output owner ([`crate::shard::ingress::Source::sync_barrier`]), and
+//! (2) every event it covers is durable in the log (a synced commit round):
+//! so after a crash the checkpoint never covers an event the log lost, nor
+//! a closed window the output stream lost. A declaration writes its first checkpoint before
 //! `POST` answers.
 //!
 //! # Recovery
@@ -75,6 +75,7 @@ use crate::runtime::log::{self, Level, Scope};
 use crate::runtime::notify::{Notify, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
+use crate::storage::durable::replace_durably;
 use crate::storage::format::decode_frame;
 use crate::storage::segment::{SegmentError, SegmentReader};
 use crate::stream::StreamSpec;
@@ -121,7 +122,6 @@ pub struct ShardAggregates {
     clock_ms: Cell<u64>,
     /// Partition -> the offset its last checkpoint covers.
     checkpointed: RefCell<HashMap<u32, u64>>,
-    checkpoint_serial: Cell<u64>,
     /// Checkpoint writes failing (a full disk fails every round): logged
     /// when it starts and once a round writes them all again.
     checkpoint_failures: log::Episode,
@@ -145,7 +145,6 @@ impl ShardAggregates {
             routed_notify: crate::runtime::notify::WaitList::default(),
             clock_ms: Cell::new(0),
             checkpointed: RefCell::default(),
-            checkpoint_serial: Cell::new(0),
             checkpoint_failures: log::Episode::new("failed checkpoint writes"),
             round_running: Rc::default(),
             declared_notify: Notify::default(),
@@ -364,16 +363,12 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
     shard.ingress.sync_barrier(0..shard.shard_count).await;
     // (2) Every event covered is durable in the log.
     committer.barrier().await;
-    let serial = aggregates.checkpoint_serial.get() + 1;
-    aggregates.checkpoint_serial.set(serial);
     let shard_id = shard.id;
     let jobs: Vec<(u32, u64, PathBuf, Vec<u8>)> = files;
     let results = glommio::executor()
         .spawn_blocking(move || {
             jobs.into_iter()
-                .map(|(partition_id, offset, dir, bytes)| {
-                    (partition_id, offset, write_checkpoint(&dir, &bytes, shard_id, serial))
-                })
+                .map(|(partition_id, offset, dir, bytes)| (partition_id, offset, write_checkpoint(&dir, &bytes)))
                 .collect::<Vec<_>>()
         })
         .await;
@@ -405,19 +400,11 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
     first_error
 }
 
-/// Writes `bytes` as `dir/aggregates.ckpt`: a new file, fsynced, renamed
-/// over the old, the directory fsynced. Runs on a blocking thread.
-fn write_checkpoint(dir: &Path, bytes: &[u8], shard_id: u16, serial: u64) -> Result<(), String> {
-    use std::io::Write;
-    let path = dir.join(CHECKPOINT_FILE_NAME);
-    let temporary = dir.join(format!("{CHECKPOINT_FILE_NAME}.{shard_id}.{serial}.tmp"));
-    let context = |op: &str, path: &Path, error: std::io::Error| format!("{op} {}: {error}", path.display());
-    let mut file = std::fs::File::create(&temporary).map_err(|error| context("create", &temporary, error))?;
-    file.write_all(bytes).map_err(|error| context("write", &temporary, error))?;
-    file.sync_all().map_err(|error| context("fsync", &temporary, error))?;
-    std::fs::rename(&temporary, &path).map_err(|error| context("rename", &path, error))?;
-    let directory = std::fs::File::open(dir).map_err(|error| context("open", dir, error))?;
-    directory.sync_all().map_err(|error| context("fsync", dir, error))
+/// Writes `bytes` as `dir/aggregates.ckpt`, atomically and durably (the
+/// temporary file's name is unique, so the old and the new owner of a
+/// partition that moves never write into one). Runs on a blocking thread.
+fn write_checkpoint(dir: &Path, bytes: &[u8]) -> Result<(), String> {
+    replace_durably(&dir.join(CHECKPOINT_FILE_NAME), bytes).map_err(|error| error.to_string())
 }
 
 /// Makes `processor` run exactly `declarations` (the stream's aggregates in
