@@ -16,6 +16,7 @@ use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::MeshFrame;
 use crate::shard::outbox::Outbox;
+use crate::storage::segment::io_error_of;
 
 /// Everything a shard thread needs; cloned into every executor.
 #[derive(Clone)]
@@ -117,7 +118,7 @@ pub async fn run_shard(context: ShardContext) {
 /// says what recovery cut.
 async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
     let started = std::time::Instant::now();
-    let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error: error.to_string() })?;
+    let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error })?;
     let mut cut_count = 0;
     for report in &reports {
         let Some((path, recovery)) = &report.recovery else { continue };
@@ -175,7 +176,7 @@ struct Listeners {
 
 fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
     let bind = |name: &'static str, address| {
-        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
+        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: io_error_of(error) })
     };
     let formats = [
         ("ingest", Some(config.ingest), Format::Lines),

@@ -75,7 +75,7 @@ use crate::runtime::log::{self, Level, Scope};
 use crate::runtime::notify::{Notify, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
-use crate::storage::durable::replace_durably;
+use crate::storage::durable::{ReplaceError, replace_durably};
 use crate::storage::format::decode_frame;
 use crate::storage::segment::{SegmentError, SegmentReader};
 use crate::stream::StreamSpec;
@@ -98,7 +98,7 @@ const REPLAY_READ_BYTES: usize = 4 << 20;
 pub enum AggregateRequest {
     /// A new aggregate (already in the admin catalog): add it to the
     /// processors of the owned partitions of its stream, checkpoint them.
-    Declare { declaration: AggregateDeclaration, reply: flume::Sender<Result<(), String>> },
+    Declare { declaration: AggregateDeclaration, reply: flume::Sender<Result<(), AggregateError>> },
     /// Drop an aggregate and its state.
     Remove { name: String, reply: flume::Sender<()> },
     /// One key's windows, from the shard owning the key's partition.
@@ -107,6 +107,55 @@ pub enum AggregateRequest {
     Top { name: String, n: usize, reply: flume::Sender<Vec<TopEntry>> },
     /// Per aggregate and owned partition.
     Stats { reply: flume::Sender<Vec<AggregateStats>> },
+}
+
+/// Why a shard could not declare an aggregate or checkpoint its state.
+#[derive(Debug)]
+pub enum AggregateError {
+    /// The aggregate's stream is not in this shard's catalog (the admin
+    /// side checks it first: a stream deleted in between).
+    UnknownStream { stream: String },
+    /// A partition's checkpoint file could not be written; the next round
+    /// (every `--aggregate-checkpoint-ms`) writes it again.
+    Checkpoint { partition_id: u32, error: ReplaceError },
+}
+
+impl AggregateError {
+    /// The HTTP status a declaration answers with: `404` for a stream that
+    /// is gone, `507` when the disk is full, `500` for another write error.
+    /// The declaration stays in the catalog either way, and runs.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            AggregateError::UnknownStream { .. } => 404,
+            AggregateError::Checkpoint { error, .. } if error.is_storage_full() => 507,
+            AggregateError::Checkpoint { .. } => 500,
+        }
+    }
+}
+
+impl std::fmt::Display for AggregateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AggregateError::UnknownStream { stream } => write!(f, "unknown_stream: {stream}"),
+            AggregateError::Checkpoint { partition_id, error } if error.is_storage_full() => write!(
+                f,
+                "storage_full: aggregate checkpoint of partition {partition_id}: {error} (written again once the \
+                 data directory's disk has space)"
+            ),
+            AggregateError::Checkpoint { partition_id, error } => {
+                write!(f, "storage_error: aggregate checkpoint of partition {partition_id}: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AggregateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AggregateError::UnknownStream { .. } => None,
+            AggregateError::Checkpoint { error, .. } => Some(error),
+        }
+    }
 }
 
 /// One shard's aggregate machinery: the emit queue, the clock, checkpoints.
@@ -333,7 +382,7 @@ async fn run_clock(shard: Rc<Shard>) {
 /// Writes the checkpoints of the owned partitions whose processors moved
 /// on (or, with `stream`, of every owned partition of that stream) once
 /// what they cover is durable; see the module doc. Returns the first error.
-pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), String> {
+pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), AggregateError> {
     let Some(committer) = shard.committer.as_ref() else { return Ok(()) };
     shard.aggregates.collect_all(&mut shard.partitions.borrow_mut());
     let pushed = shard.aggregates.pushed_total.get();
@@ -383,9 +432,8 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
             }
             Err(error) => {
                 ShardMetrics::add(&shard.metrics.aggregate_checkpoint_errors, 1);
-                let failed = format_args!(
-                    "aggregate checkpoint of partition {partition_id}: {error}; the next round writes it again"
-                );
+                let error = AggregateError::Checkpoint { partition_id, error };
+                let failed = format_args!("{error}; the next round writes it again");
                 aggregates.checkpoint_failures.occur(now, Level::Warn, scope, failed);
                 if first_error.is_ok() {
                     first_error = Err(error);
@@ -403,8 +451,8 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
 /// Writes `bytes` as `dir/aggregates.ckpt`, atomically and durably (the
 /// temporary file's name is unique, so the old and the new owner of a
 /// partition that moves never write into one). Runs on a blocking thread.
-fn write_checkpoint(dir: &Path, bytes: &[u8]) -> Result<(), String> {
-    replace_durably(&dir.join(CHECKPOINT_FILE_NAME), bytes).map_err(|error| error.to_string())
+fn write_checkpoint(dir: &Path, bytes: &[u8]) -> Result<(), ReplaceError> {
+    replace_durably(&dir.join(CHECKPOINT_FILE_NAME), bytes)
 }
 
 /// Makes `processor` run exactly `declarations` (the stream's aggregates in
@@ -491,9 +539,9 @@ pub fn handle(shard: &Rc<Shard>, request: AggregateRequest) {
     }
 }
 
-async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result<(), String> {
+async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result<(), AggregateError> {
     let spec = shard.streams.borrow().catalog().get(&declaration.stream).cloned();
-    let Some(spec) = spec else { return Err(format!("unknown stream {}", declaration.stream)) };
+    let Some(spec) = spec else { return Err(AggregateError::UnknownStream { stream: declaration.stream }) };
     shard.streams.borrow_mut().catalog_mut().add_aggregate(declaration);
     shard.aggregates.declared_notify.notify();
     reconcile_stream(shard, &spec);
@@ -650,4 +698,31 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
         glommio::yield_if_needed().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint_failure(errno: i32) -> AggregateError {
+        let path = PathBuf::from("/data/streams/s/3/aggregates.ckpt");
+        let error = ReplaceError { op: "write", path, source: std::io::Error::from_raw_os_error(errno) };
+        AggregateError::Checkpoint { partition_id: 3, error }
+    }
+
+    /// A declaration's errors map to HTTP statuses: a stream gone is 404, a
+    /// full disk 507 (saying it is written again), another write error 500;
+    /// each names the partition and the file.
+    #[test]
+    fn aggregate_errors_map_to_http_statuses() {
+        assert_eq!(AggregateError::UnknownStream { stream: "gone".into() }.http_status(), 404);
+        let full = checkpoint_failure(libc::ENOSPC);
+        assert_eq!(full.http_status(), 507);
+        let text = full.to_string();
+        assert!(text.starts_with("storage_full: aggregate checkpoint of partition 3: write /data/"), "{text}");
+        assert!(text.contains("written again"), "{text}");
+        let other = checkpoint_failure(libc::EIO);
+        assert_eq!(other.http_status(), 500);
+        assert!(other.to_string().starts_with("storage_error: aggregate checkpoint of partition 3"), "{other}");
+    }
 }

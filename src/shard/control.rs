@@ -47,9 +47,9 @@ pub enum ShardFailure {
     /// The channel mesh between shards could not be joined.
     MeshJoin,
     /// A listener could not be bound.
-    Bind { name: &'static str, address: std::net::SocketAddr, error: String },
+    Bind { name: &'static str, address: std::net::SocketAddr, error: std::io::Error },
     /// The partitions' files could not be opened or recovered.
-    Storage { error: String },
+    Storage { error: crate::storage::segment::SegmentError },
 }
 
 impl std::fmt::Display for ShardFailure {
@@ -88,7 +88,7 @@ pub enum ShardEvent {
 /// ([`crate::shard::streams`]).
 pub enum StreamChange {
     /// Open the partitions of a new stream that this shard owns.
-    Install { spec: StreamSpec, reply: flume::Sender<Result<(), String>> },
+    Install { spec: StreamSpec, reply: flume::Sender<Result<(), crate::shard::streams::InstallError>> },
     /// Let ingest route to it (every shard has installed it).
     Activate { id: u32, reply: flume::Sender<()> },
     /// Stop routing to it and end its subscriptions (`reply` then); `fenced`
