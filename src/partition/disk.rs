@@ -263,12 +263,7 @@ impl DiskLog {
                 ActiveStart::Deferred { path: segment_path(dir, 0), deferred: DeferredActive { index, exists: false } };
             return Ok((DiskLog::assemble(dir, log_id, config, VecDeque::new(), 0, active), report));
         }
-        let listed = list_segments(dir).map_err(|error| SegmentError::Io {
-            op: "list partition directory",
-            path: dir.to_path_buf(),
-            position: 0,
-            source: std::io::Error::other(error.to_string()),
-        })?;
+        let listed = list_segments(dir)?;
         let mut sealed = VecDeque::new();
         let interval = config.writer.index_interval_bytes;
         for files in listed.iter().take(listed.len().saturating_sub(1)) {

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
 
@@ -22,6 +22,7 @@ pub use crate::group::messages::{GroupFrame, GroupKey, MemberEvent};
 use crate::group::store::{StoredGroup, group_path};
 use crate::group::{Effect, GroupState, MemberId, coordinator_of};
 use crate::protocol::group::{GroupError, OffsetReset};
+use crate::runtime::log::{self, Level};
 use crate::runtime::notify::Notify;
 use crate::shard::Shard;
 use crate::shard::frame::MeshFrame;
@@ -431,6 +432,9 @@ impl Shard {
     /// (disk storage), then acknowledges the commits it holds and sends
     /// hold groups' new floors.
     pub async fn run_offset_writer(self: &Rc<Self>) {
+        // A full disk fails every retry: logged when it starts and ends.
+        let write_failures = log::Episode::new("failed writes");
+        let scope = log::Scope::shard(self.id);
         loop {
             self.groups.persist_notify.notified().await;
             if self.committer.as_ref().is_some_and(|committer| committer.is_read_only()) {
@@ -468,12 +472,18 @@ impl Shard {
                     glommio::executor().spawn_blocking(move || crate::group::store::write_files(&files)).await;
                 if let Err(error) = written {
                     ShardMetrics::add(&self.metrics.group_offset_write_errors, 1);
-                    eprintln!("spate: shard {}: writing committed offsets: {error}; retrying", self.id);
+                    let failed = format_args!(
+                        "writing committed offsets: {error}; retrying every {OFFSET_WRITE_RETRY_MS} ms \
+                         (commits are acknowledged once written)"
+                    );
+                    write_failures.occur(Instant::now(), Level::Warn, scope, failed);
                     self.requeue(acks);
                     glommio::timer::sleep(Duration::from_millis(OFFSET_WRITE_RETRY_MS)).await;
                     self.groups.persist_notify.notify();
                     continue;
                 }
+                let works = format_args!("committed offsets are written again");
+                write_failures.end(Instant::now(), Level::Info, scope, works);
             }
             ShardMetrics::add(&self.metrics.group_commits, acks.len() as u64);
             for (member, partition, next_offset) in acks {

@@ -51,6 +51,7 @@ use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
 use crate::partition::migration::{self, Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
 use crate::routing::{CreditGrant, DataBatch};
+use crate::runtime::log;
 use crate::storage::segment::SegmentError;
 use crate::stream::{Catalog, ShardStreams, StreamSpec};
 use apply_queue::ApplyQueue;
@@ -339,7 +340,7 @@ impl Shard {
             if let Err(error) = writer.close().await {
                 // Its data is durable already (the round synced it): the
                 // thief opens the file again either way.
-                eprintln!("spate: shard {}: closing partition {partition_id} for a move: {error}", shard.id);
+                log::warn!(shard = shard.id, "closing partition {partition_id} for a move: {error}");
             }
             shard.finish_handoff(thief, partition_id, epoch, partition.into_moved(Some(index)));
         })
@@ -398,10 +399,10 @@ impl Shard {
                     Err(error) => {
                         ShardMetrics::add(&shard.metrics.storage_errors, 1);
                         if !std::mem::replace(&mut logged, true) {
-                            eprintln!(
-                                "spate: shard {}: cannot open moved partition {partition_id} yet: {error}; \
-                                 retrying every {STORAGE_RETRY_MS} ms",
-                                shard.id
+                            log::warn!(
+                                shard = shard.id,
+                                "cannot open moved partition {partition_id} yet: {error}; \
+                                 retrying every {STORAGE_RETRY_MS} ms"
                             );
                         }
                         glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
@@ -409,7 +410,7 @@ impl Shard {
                 }
             };
             if logged {
-                eprintln!("spate: shard {}: opened moved partition {partition_id}", shard.id);
+                log::info!(shard = shard.id, "opened moved partition {partition_id}");
             }
             shard.install_moved(partition_id, epoch, Partition::from_moved(*partition, Some(disk)));
         })

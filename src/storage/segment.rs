@@ -45,6 +45,7 @@ use std::rc::Rc;
 use glommio::GlommioError;
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 
+use super::dir::DirError;
 use super::format::{
     FRAME_HEADER_SIZE, FrameEncoder, FrameError, FrameHeader, SealedFrame, decode_frame, parse_header,
 };
@@ -153,13 +154,21 @@ pub enum SegmentError {
         offset: u64,
         readable_end: u64,
     },
+    /// A partition's directory: its name, or listing it.
+    Dir(DirError),
+}
+
+impl From<DirError> for SegmentError {
+    fn from(error: DirError) -> SegmentError {
+        SegmentError::Dir(error)
+    }
 }
 
 impl SegmentError {
     /// The OS error number behind an I/O failure, if any.
     pub fn os_error(&self) -> Option<i32> {
         match self {
-            SegmentError::Io { source, .. } => source.raw_os_error(),
+            SegmentError::Io { source, .. } | SegmentError::Dir(DirError::Io { source, .. }) => source.raw_os_error(),
             _ => None,
         }
     }
@@ -202,6 +211,7 @@ impl fmt::Display for SegmentError {
                     path.display()
                 )
             }
+            SegmentError::Dir(error) => write!(f, "{error}"),
         }
     }
 }
@@ -212,6 +222,7 @@ impl std::error::Error for SegmentError {
             SegmentError::Io { source, .. } => Some(source),
             SegmentError::Frame { error, .. } => Some(error),
             SegmentError::Index { error, .. } => Some(error),
+            SegmentError::Dir(error) => Some(error),
             _ => None,
         }
     }

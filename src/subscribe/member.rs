@@ -31,6 +31,7 @@ use crate::protocol::group::{
     GROUP_REQUEST_SIZE_MAX, GroupError, GroupRequest, JoinRequest, OffsetReset, RequestError, parse_group_request,
     write_assigned, write_commit_ok, write_group_error, write_revoked,
 };
+use crate::runtime::log;
 use crate::runtime::notify::{Either, Notify, first};
 use crate::shard::Shard;
 use crate::shard::groups::{COMMITS_IN_FLIGHT_MAX, GroupFrame, GroupKey, MemberEvent, MemberInbox};
@@ -420,11 +421,11 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
         let shard = shared.session.borrow().shard.clone();
         ShardMetrics::add(&shard.metrics.group_offsets_past_end, 1);
         let (stream_id, group) = &shared.membership.key;
-        eprintln!(
-            "spate: shard {}: group {group} of stream id {stream_id}: committed offset {committed} of partition {} \
-             is past its end {end}: the log lost events the group had read; reading resumes at {resumed}, \
-             where this run opened the partition",
-            shard.id,
+        log::warn!(
+            shard = shard.id,
+            "group {group} of stream id {stream_id}: committed offset {committed} of partition {} is past its end \
+             {end}: the log lost events the group had read; reading resumes at {resumed}, where this run opened \
+             the partition",
             partition - base
         );
     }
