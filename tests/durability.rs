@@ -107,10 +107,36 @@ fn check_stream(server: &Server, stream: &str) -> StreamContents {
 /// streams, each followed by an immediate restart and a full check.
 #[test]
 fn acknowledged_events_survive_kill_9_loops() {
+    kill_9_loop(&["--shards", "2", "--partitions", "3"]);
+}
+
+/// The kill -9 loop with a small write-ahead log (4 MiB files, so the
+/// rounds switch files often) checkpointed every 20 ms, and rebalancing
+/// every 50 ms: kills land during checkpoints, file switches and
+/// migrations, and no acknowledged event is lost or duplicated.
+#[test]
+fn kill_9_during_checkpoints_file_switches_and_migrations() {
+    kill_9_loop(&[
+        "--shards",
+        "2",
+        "--partitions",
+        "3",
+        "--wal-bytes-max",
+        "16777216",
+        "--wal-checkpoint-ms",
+        "20",
+        "--rebalance-interval-ms",
+        "50",
+        "--rebalance-cooldown-ms",
+        "200",
+    ]);
+}
+
+fn kill_9_loop(args: &[&str]) {
     const KILLS: u64 = 10;
     const CONNECTIONS: u64 = 6;
     let mut rng = common::crash_rng();
-    let mut server = Server::start(&["--shards", "2", "--partitions", "3"]);
+    let mut server = Server::start(args);
     server.create_stream(json!({ "name": "alpha", "partitions": 4 }));
     server.create_stream(json!({ "name": "beta", "partitions": 2 }));
     let streams = ["default", "alpha", "beta"];
@@ -181,13 +207,18 @@ fn last_segment(data_dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Damages the last frame of the log with `damage`, restarts, and checks
-/// that every frame before it is kept, the cut is reported, and new events
-/// continue densely after the kept ones.
-fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str) {
-    let data_dir = std::env::temp_dir().join(format!("spate-torn-{name}-{}", std::process::id()));
+/// that the cut is reported and every frame before it is kept; with a
+/// write-ahead log (`fsync` `interval`) the damaged frame comes back from
+/// it, without one (`never`) it is lost. New events continue densely after
+/// the kept ones.
+fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str, fsync: &str) {
+    let data_dir = std::env::temp_dir().join(format!("spate-torn-{name}-{fsync}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data_dir);
     let data = data_dir.display().to_string();
-    let mut server = Server::start(&["--shards", "1", "--partitions", "1", "--data-dir", &data]);
+    // No checkpoint during the test: the log holds every frame.
+    let args =
+        ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--fsync", fsync, "--wal-checkpoint-ms", "600000"];
+    let mut server = Server::start(&args);
     let mut producer = server.producer();
     for round in 0..20 {
         for index in 0..200 {
@@ -203,7 +234,8 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
     let frames = frames_of(&std::fs::read(&segment).unwrap());
     assert!(frames.len() >= 2, "several frames: {frames:?}");
     assert_eq!(frames.last().unwrap().2, written);
-    let kept = frames[frames.len() - 2].2;
+    let with_wal = fsync != "never";
+    let kept = if with_wal { written } else { frames[frames.len() - 2].2 };
     damage(&segment, &frames);
 
     server.spawn();
@@ -212,6 +244,7 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
     assert!(server.metric("spate_recovery_discarded_bytes_total") > 0.0);
     let log = server.log();
     assert!(log.contains(&format!("recovered {}", segment.display())) && log.contains("dropped"), "{log}");
+    assert_eq!(log.contains("replayed 1 frames from the write-ahead logs"), with_wal, "{log}");
     let mut producer = server.producer();
     producer.send(b"k after-recovery\n");
     producer.sync();
@@ -226,27 +259,39 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
 
 #[test]
 fn a_torn_tail_is_cut_to_the_last_whole_frame() {
-    recovery_after(
-        |segment, frames| {
-            let &(position, size, _) = frames.last().unwrap();
-            let file = std::fs::OpenOptions::new().write(true).open(segment).unwrap();
-            file.set_len((position + size / 2) as u64).unwrap();
-        },
-        "truncated",
-    );
+    recovery_after(tear_last_frame, "truncated", "never");
+}
+
+/// A segment torn in its last frame after kill -9 (as a power cut may
+/// leave an unsynced segment) gets the frame back from the write-ahead log.
+#[test]
+fn a_torn_segment_tail_is_restored_from_the_write_ahead_log() {
+    recovery_after(tear_last_frame, "truncated", "interval");
+}
+
+/// A segment whose last frame is corrupt gets it back from the
+/// write-ahead log.
+#[test]
+fn a_corrupt_segment_frame_is_restored_from_the_write_ahead_log() {
+    recovery_after(flip_in_last_frame, "flipped", "always");
+}
+
+fn tear_last_frame(segment: &std::path::Path, frames: &[(usize, usize, u64)]) {
+    let &(position, size, _) = frames.last().unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(segment).unwrap();
+    file.set_len((position + size / 2) as u64).unwrap();
+}
+
+fn flip_in_last_frame(segment: &std::path::Path, frames: &[(usize, usize, u64)]) {
+    let &(position, size, _) = frames.last().unwrap();
+    let mut bytes = std::fs::read(segment).unwrap();
+    bytes[position + 44 + (size - 44) / 2] ^= 0x5a;
+    std::fs::write(segment, bytes).unwrap();
 }
 
 #[test]
 fn a_corrupt_last_frame_is_cut() {
-    recovery_after(
-        |segment, frames| {
-            let &(position, size, _) = frames.last().unwrap();
-            let mut bytes = std::fs::read(segment).unwrap();
-            bytes[position + 44 + (size - 44) / 2] ^= 0x5a;
-            std::fs::write(segment, bytes).unwrap();
-        },
-        "flipped",
-    );
+    recovery_after(flip_in_last_frame, "flipped", "never");
 }
 
 /// A data directory on a small tmpfs that fills up: producers are pushed
@@ -332,4 +377,231 @@ fn a_full_disk_pushes_back_and_recovers() {
     drop(server);
     let _ = std::process::Command::new("umount").arg(&mount).status();
     let _ = std::fs::remove_dir_all(&mount);
+}
+
+/// The write-ahead log's records in `wal_file` from its start (a first
+/// lap): (position, body size, the offset after the record's last frame).
+fn wal_records(wal_file: &std::path::Path) -> Vec<(usize, usize, u64)> {
+    use spate::storage::wal::RECORD_HEADER_SIZE;
+    let bytes = std::fs::read(wal_file).unwrap();
+    let mut records = Vec::new();
+    let mut position = 0;
+    while position + RECORD_HEADER_SIZE <= bytes.len() && &bytes[position..position + 4] == b"SPTW" {
+        assert_eq!(bytes[position + 4], 1, "a record of frames");
+        let body_size = u32::from_le_bytes(bytes[position + 8..position + 12].try_into().unwrap()) as usize;
+        let body = &bytes[position + RECORD_HEADER_SIZE..position + RECORD_HEADER_SIZE + body_size];
+        let last_next = frames_of(body).last().expect("frames in a record").2;
+        records.push((position, body_size, last_next));
+        position += RECORD_HEADER_SIZE + body_size;
+    }
+    records
+}
+
+/// Empties every segment file of `stream`: what a power cut may leave of
+/// segment files written since the last checkpoint (the tests run with no
+/// checkpoint after the start).
+fn empty_segments(data_dir: &std::path::Path, stream: &str) -> usize {
+    let mut emptied = 0;
+    for partition in std::fs::read_dir(data_dir.join("streams").join(stream)).unwrap() {
+        for file in std::fs::read_dir(partition.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            if path.extension().is_some_and(|extension| extension == "log") {
+                std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+                emptied += 1;
+            }
+        }
+    }
+    emptied
+}
+
+/// Writes 4000 acknowledged events to one partition, kills the server,
+/// empties its segment (as a power cut before any checkpoint may), damages
+/// the write-ahead log's last record with `damage`, restarts, and checks
+/// that every event of the records before it is back, exactly once and
+/// densely, and the cut is logged.
+fn wal_damage(damage: impl Fn(&std::path::Path, usize, usize), name: &str, logged: &str) {
+    let data_dir = std::env::temp_dir().join(format!("spate-wal-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let data = data_dir.display().to_string();
+    let args = ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"];
+    let mut server = Server::start(&args);
+    let mut producer = server.producer();
+    for round in 0..20 {
+        for index in 0..200 {
+            producer.send(format!("k r{round}-{index}-{}\n", "x".repeat(100)).as_bytes());
+        }
+        producer.sync();
+    }
+    drop(producer);
+    assert_eq!(server.stream_end("default"), 4000);
+    server.crash();
+    let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");
+    let records = wal_records(&wal_file);
+    assert!(records.len() >= 2, "several records: {records:?}");
+    assert_eq!(records.last().unwrap().2, 4000, "the log holds every event");
+    let kept = records[records.len() - 2].2;
+    assert_eq!(empty_segments(&data_dir, "default"), 1);
+    let &(position, body_size, _) = records.last().unwrap();
+    damage(&wal_file, position, body_size);
+
+    server.spawn();
+    assert_eq!(server.stream_end("default"), kept, "every record before the damage is replayed");
+    let log = server.log();
+    assert!(log.contains(logged), "{log}");
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB 0 earliest");
+    let events = subscriber.take(kept as usize);
+    assert!(events.iter().enumerate().all(|(index, event)| event.offset == index as u64), "dense offsets");
+    let expected: Vec<String> =
+        (0..kept).map(|offset| format!("r{}-{}-{}", offset / 200, offset % 200, "x".repeat(100))).collect();
+    let payloads: Vec<String> = events.iter().map(|event| String::from_utf8(event.payload.clone()).unwrap()).collect();
+    assert_eq!(payloads, expected, "each event once, in order");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+/// A write-ahead log torn inside its last record: the records before it
+/// are replayed into the emptied segment, the tail is cut and logged.
+#[test]
+fn a_torn_write_ahead_log_tail_keeps_the_records_before_it() {
+    wal_damage(
+        |wal_file, position, body_size| {
+            let file = std::fs::OpenOptions::new().write(true).open(wal_file).unwrap();
+            file.set_len((position + 32 + body_size / 2) as u64).unwrap();
+        },
+        "torn",
+        "cut short by the end of its file",
+    );
+}
+
+/// A flipped byte in the write-ahead log's last record: the records before
+/// it are replayed, the record is cut and logged.
+#[test]
+fn a_flipped_byte_in_the_last_write_ahead_record_keeps_the_records_before_it() {
+    wal_damage(
+        |wal_file, position, body_size| {
+            let mut bytes = std::fs::read(wal_file).unwrap();
+            bytes[position + 32 + body_size / 2] ^= 0x5a;
+            std::fs::write(wal_file, bytes).unwrap();
+        },
+        "flipped",
+        "whose CRC does not match",
+    );
+}
+
+/// 1024 partitions, each with acknowledged events whose segment files are
+/// not synced (no checkpoint after the start): after kill -9 and every
+/// segment emptied, as a power cut may leave them, the write-ahead logs
+/// bring back every acknowledged event exactly once.
+#[test]
+fn a_crash_with_1024_partitions_dirty_recovers_every_event_once() {
+    const EVENTS: u64 = 24_000;
+    let mut server = Server::start(&[
+        "--shards",
+        "2",
+        "--partitions",
+        "1024",
+        "--wal-checkpoint-ms",
+        "600000",
+        "--rebalance",
+        "off",
+    ]);
+    let mut producer = server.producer();
+    for seq in 0..EVENTS {
+        producer.send(format!("key{seq} c0-{seq}\n").as_bytes());
+        if seq % 2000 == 1999 {
+            producer.sync();
+        }
+    }
+    drop(producer);
+    assert_eq!(server.stream_end("default"), EVENTS);
+    let stats: serde_json::Value = serde_json::from_str(&server.get("/partitions")).unwrap();
+    let written =
+        stats["partitions"].as_array().unwrap().iter().filter(|p| p["next_offset"].as_u64() > Some(0)).count();
+    assert_eq!(written, 1024, "every partition holds events");
+    server.crash();
+    assert_eq!(empty_segments(&server.data_dir, "default"), 1024);
+    server.spawn();
+    assert_eq!(server.stream_end("default"), EVENTS, "every acknowledged event is back");
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
+    let mut seen = HashSet::new();
+    let mut next_offset: HashMap<u32, u64> = HashMap::new();
+    for _ in 0..EVENTS {
+        let event = subscriber.next_event().expect("an event");
+        let expected = next_offset.entry(event.partition).or_insert(0);
+        assert_eq!(event.offset, *expected, "dense offsets in partition {}", event.partition);
+        *expected += 1;
+        let payload = String::from_utf8(event.payload.clone()).unwrap();
+        assert!(seen.insert(payload.clone()), "{payload} is there twice");
+    }
+    assert_eq!(seen.len() as u64, EVENTS);
+    assert!(server.log().contains("replayed"), "{}", server.log());
+}
+
+/// A data directory written by the server before the write-ahead log
+/// (no `wal/` directory) opens with every event intact, then keeps new
+/// ones across a kill -9. Needs the old binary: `SPATE_OLD_BINARY`, or
+/// /work/wt-old/target/release/spate; skipped with a message otherwise.
+#[test]
+fn a_data_dir_from_before_the_write_ahead_log_opens_intact() {
+    let old_binary = std::env::var("SPATE_OLD_BINARY").unwrap_or_else(|_| "/work/wt-old/target/release/spate".into());
+    if !std::path::Path::new(&old_binary).exists() {
+        eprintln!("skipped: no old binary at {old_binary} (set SPATE_OLD_BINARY)");
+        return;
+    }
+    let data_dir = std::env::temp_dir().join(format!("spate-old-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let data = data_dir.display().to_string();
+    let addresses = common::Addresses::free();
+    let mut command = std::process::Command::new(&old_binary);
+    let args: Vec<_> = Server::command(addresses, &["--shards", "2", "--partitions", "8", "--data-dir", &data])
+        .get_args()
+        .map(|arg| arg.to_owned())
+        .collect();
+    let log_path = data_dir.with_extension("log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = command.args(&args).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let producer = loop {
+        if let Ok(socket) = TcpStream::connect(addresses.ingest) {
+            break socket;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old server did not start: {}",
+            std::fs::read_to_string(&log_path).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut reader = BufReader::new(producer.try_clone().unwrap());
+    let mut writer = std::io::BufWriter::new(producer);
+    for seq in 0..5000u64 {
+        writeln!(writer, "key{} old-{seq}", seq % 64).unwrap();
+    }
+    writeln!(writer, "#SYNC done").unwrap();
+    writer.flush().unwrap();
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("OK ") && line.trim_end().ends_with("SYNC done"), "{line}");
+    drop((reader, writer));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!data_dir.join("wal").exists(), "the old server writes no log");
+
+    let mut server = Server::start_on(addresses, &["--shards", "2", "--partitions", "8", "--data-dir", &data]);
+    assert_eq!(server.stream_end("default"), 5000, "every event of the old server");
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
+    let payloads: HashSet<Vec<u8>> = (0..5000).map(|_| subscriber.next_event().unwrap().payload).collect();
+    assert_eq!(payloads.len(), 5000);
+    drop(subscriber);
+    let mut producer = server.producer();
+    producer.send(b"key1 new-0\n");
+    producer.sync();
+    drop(producer);
+    server.crash();
+    server.spawn();
+    assert_eq!(server.stream_end("default"), 5001);
+    assert!(data_dir.join("wal").join("shard-0").join("checkpoint").exists());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let _ = std::fs::remove_file(&log_path);
 }

@@ -186,6 +186,19 @@ pub struct Config {
     #[arg(long, default_value_t = 32 * MIB)]
     pub fsync_pending_bytes_max: usize,
 
+    /// With `--storage disk` and `--fsync always` or `interval`: bytes of
+    /// each shard's write-ahead log, a ring of 4 recycled files that every
+    /// commit round appends to (one write, one fdatasync for all its
+    /// partitions). When it fills, segment files are synced directly.
+    #[arg(long, default_value_t = WAL_BYTES_MAX_DEFAULT)]
+    pub wal_bytes_max: usize,
+
+    /// With a write-ahead log: how often the segment files written since
+    /// the last checkpoint are fdatasynced in bulk, freeing the log behind
+    /// them, in ms (sooner when half the log is used).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=DURATION_FLAG_MS_MAX))]
+    pub wal_checkpoint_ms: u64,
+
     /// With `--storage disk`: recent events each partition keeps in memory,
     /// in bytes, so live subscribers read without I/O.
     #[arg(long, default_value_t = 256 * KIB)]
@@ -563,6 +576,14 @@ impl Config {
                 why: "the cache holds at least one in-memory segment of one record",
             });
         }
+        if self.storage == Storage::Disk && self.wal_bytes_max < self.wal_bytes_min() {
+            return Err(ConfigError::TooSmall {
+                name: "--wal-bytes-max",
+                value: self.wal_bytes_max,
+                min: self.wal_bytes_min(),
+                why: "each of the write-ahead log's 4 files holds two of its largest records",
+            });
+        }
         if self.read_buffer_initial_bytes == 0 || self.read_buffer_initial_bytes > self.read_buffer_bytes {
             return Err(ConfigError::ReadBuffer {
                 read_buffer_initial_bytes: self.read_buffer_initial_bytes,
@@ -639,6 +660,27 @@ impl Config {
     /// The largest batch record a line can produce (its credit cost).
     pub fn line_record_size_max(&self) -> usize {
         BATCH_HEADER_SIZE + self.line_size_max
+    }
+
+    /// Bytes of a partition's segment write buffer: the largest record in
+    /// one frame, and a frame's target size, with a block to spare for the
+    /// carried tail.
+    pub fn segment_buffer_bytes(&self) -> usize {
+        let largest_frame = self.line_record_size_max() + crate::storage::format::FRAME_HEADER_SIZE;
+        let bytes = largest_frame.max(FRAME_BODY_BYTES_TARGET * 2) + WRITE_BLOCK_BYTES;
+        bytes.div_ceil(WRITE_BLOCK_BYTES) * WRITE_BLOCK_BYTES
+    }
+
+    /// Bytes of a shard's write-ahead log buffer: a record holds whatever
+    /// one segment write buffer holds, after a header and a carried block.
+    pub fn wal_buffer_bytes(&self) -> usize {
+        self.segment_buffer_bytes() + 2 * WRITE_BLOCK_BYTES
+    }
+
+    /// The smallest `--wal-bytes-max`: each of the ring's files holds two
+    /// records of the largest size.
+    pub fn wal_bytes_min(&self) -> usize {
+        crate::storage::wal::WAL_FILE_COUNT as usize * 2 * self.wal_buffer_bytes()
     }
 
     /// The apply delay, in ns per event, for `shard` (the test knob).

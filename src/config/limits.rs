@@ -90,6 +90,11 @@ pub const WRITER_UNSYNCED_BUFFERS_MAX: usize = 8;
 /// this bounds what one read fetches beyond its budget, and a write buffer
 /// holds two of them.
 pub const FRAME_BODY_BYTES_TARGET: usize = 256 * KIB;
+/// The block every DMA write is aligned to and sized in
+/// ([`crate::storage::segment::BLOCK_SIZE`]).
+pub const WRITE_BLOCK_BYTES: usize = 4096;
+/// Default bytes of each shard's write-ahead log (`--wal-bytes-max`).
+pub const WAL_BYTES_MAX_DEFAULT: usize = 256 * MIB;
 /// How often a failing storage write or fdatasync is retried, in ms.
 pub const STORAGE_RETRY_MS: u64 = 100;
 

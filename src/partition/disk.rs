@@ -45,9 +45,7 @@ use crate::storage::dir::{SegmentFiles, index_path, list_segments, segment_path}
 use crate::storage::format::{FRAME_HEADER_SIZE, FrameError};
 use crate::storage::index::SegmentIndex;
 use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment, scan_segment_read_only};
-use crate::storage::segment::{
-    BLOCK_SIZE, SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file,
-};
+use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file};
 use crate::stream::StreamSpec;
 
 pub use crate::config::limits::FRAME_BODY_BYTES_TARGET;
@@ -74,11 +72,7 @@ impl Config {
 
     /// How one partition's files are written and kept.
     pub fn disk_config(&self) -> DiskConfig {
-        // A write buffer holds the largest record in one frame, and a
-        // frame's target size, with a block to spare for the carried tail.
-        let largest_frame = self.line_record_size_max() + FRAME_HEADER_SIZE;
-        let buffer_bytes = largest_frame.max(FRAME_BODY_BYTES_TARGET * 2) + BLOCK_SIZE as usize;
-        let buffer_bytes = buffer_bytes.div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize;
+        let buffer_bytes = self.segment_buffer_bytes();
         DiskConfig {
             writer: SegmentConfig {
                 buffer_bytes,
@@ -470,6 +464,11 @@ impl DiskLog {
     /// full when the writer refuses the next frame; see [`Self::on_rolled`].
     pub fn next_segment_path(&self, base_offset: u64) -> PathBuf {
         segment_path(&self.dir, base_offset)
+    }
+
+    /// The active segment's file (a checkpoint fdatasyncs it by path).
+    pub fn active_path(&self) -> &Path {
+        &self.active_path
     }
 
     pub fn active_index_path(&self) -> PathBuf {

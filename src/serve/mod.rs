@@ -141,6 +141,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let (catalog, catalog_unsaved) = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
+    let wal_replay = read_write_ahead_logs(&config)?;
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
     let (controls, control_receivers): (Vec<_>, Vec<_>) =
         (0..shard_count).map(|_| flume::bounded(CONTROL_CHANNEL_CAPACITY)).unzip();
@@ -151,6 +152,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
         catalog: Arc::new(catalog.running()),
+        wal_replay: Arc::new(wal_replay),
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;
@@ -388,6 +390,21 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
         bound.total >> 20,
         bound.total_worst_case >> 20
     );
+}
+
+/// What every shard's write-ahead log holds past its checkpoint (disk
+/// storage), read before any shard opens its partitions.
+fn read_write_ahead_logs(config: &Config) -> Result<crate::storage::wal::WalReplay, ServeError> {
+    let shard_count = config.shard_count();
+    if config.storage != crate::config::Storage::Disk {
+        return Ok(crate::storage::wal::WalReplay::empty(shard_count));
+    }
+    let replay = crate::storage::wal::read_all(&config.data_dir, shard_count).map_err(|source| {
+        let path = config.data_dir.join(crate::storage::wal::WAL_DIR_NAME);
+        ServeError::DataDir(crate::storage::dir::DirError::Io { op: "read write-ahead logs", path, source })
+    })?;
+    crate::storage::wal::log_reports(&replay);
+    Ok(replay)
 }
 
 /// The stream catalog: from the data directory (created with `default` on

@@ -30,6 +30,8 @@ pub struct ShardContext {
     pub admission: Arc<Admission>,
     /// The stream catalog at start.
     pub catalog: Arc<crate::stream::Catalog>,
+    /// What the write-ahead logs held at start, for the shards to replay.
+    pub wal_replay: Arc<crate::storage::wal::WalReplay>,
 }
 
 /// The body of one shard's executor.
@@ -60,9 +62,17 @@ pub async fn run_shard(context: ShardContext) {
         }
         shard.load_groups(stored);
     }
-    if shard.committer.is_some() {
-        if let Err(failure) = open_storage(&shard).await {
+    if let Some(committer) = &shard.committer {
+        committer.set_replay(context.wal_replay.clone());
+        let opened = open_storage(&shard).await;
+        let replayed = crate::shard::commit::finish_replay(&shard, opened.is_err()).await;
+        if let Err(failure) = opened {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
+            return;
+        }
+        if replayed.is_err() {
+            // Another shard failed: the server does not start, and no log
+            // starts a new run over frames not replayed.
             return;
         }
         glommio::spawn_local(crate::shard::commit::run_committer(shard.clone())).detach();

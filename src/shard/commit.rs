@@ -46,16 +46,50 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, FsyncPolicy, STORAGE_RETRY_MS};
 use crate::partition::Partition;
-use crate::partition::disk::{Deferred, Encoded, encode_pending, now_unix_ms};
+use crate::partition::disk::{Deferred, DiskLog, Encoded, encode_pending, now_unix_ms};
 use crate::routing::CreditGrant;
 use crate::runtime::log;
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
+use crate::storage::format::parse_header;
 use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
+use crate::storage::wal::{CheckpointFile, LogFrames, ReplayProgress, Wal, WalError, WalGeometry, WalReplay, wal_dir};
 
 /// How often the committer applies retention (deletes expired segments), in ms.
 const RETENTION_CHECK_MS: u64 = 1000;
+/// Segment files a checkpoint fdatasyncs at once (each holds a file
+/// descriptor meanwhile: `FDS_PER_SHARD_FIXED` has room for them).
+const CHECKPOINT_SYNCS_IN_FLIGHT_MAX: usize = 8;
+/// How often a shard waiting for the others to replay the write-ahead
+/// logs at start-up looks again, in ms.
+const REPLAY_WAIT_POLL_MS: u64 = 2;
+
+/// The shard's write-ahead log and its checkpoint ([`crate::storage::wal`]).
+#[derive(Default)]
+struct WalState {
+    /// Whether the shard has a log (`--fsync always` or `interval`, once it
+    /// opened): then every round appends its frames to it.
+    enabled: Cell<bool>,
+    /// The writer; out of the cell while a round writes it.
+    wal: RefCell<Option<Wal>>,
+    /// The checkpoint; out of the cell while one is written.
+    checkpoint: RefCell<Option<CheckpointFile>>,
+    /// The log position before which every frame is durable in segments.
+    checkpoint_lsn: Cell<u64>,
+    /// The log position before which every frame is written to its
+    /// segment file (what the next checkpoint may claim once it synced).
+    segments_written_lsn: Cell<u64>,
+    /// Partitions whose segment files were written since the last
+    /// checkpoint took its list.
+    dirty: RefCell<Vec<u32>>,
+    running: Cell<bool>,
+    ended: WaitList,
+    notify: Notify,
+    interval: Duration,
+    /// The start-up replay, until this shard has done its part.
+    replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
+}
 
 /// One shard's committer state.
 pub struct Committer {
@@ -102,6 +136,7 @@ pub struct Committer {
     /// Where a probe file could not be written: writing one there again is
     /// the check that space is back.
     space_check_dir: RefCell<Option<PathBuf>>,
+    wal: WalState,
 }
 
 impl Committer {
@@ -129,7 +164,19 @@ impl Committer {
             detached: RefCell::default(),
             read_only: RefCell::new(None),
             space_check_dir: RefCell::new(None),
+            wal: WalState { interval: Duration::from_millis(config.wal_checkpoint_ms), ..WalState::default() },
         }
+    }
+
+    /// Hands the shard the frames the write-ahead logs held at start-up,
+    /// for [`Committer::take_replay_frames`] while its partitions open.
+    pub fn set_replay(&self, replay: std::sync::Arc<WalReplay>) {
+        self.wal.replay.replace(Some(replay));
+    }
+
+    /// The frames of log `log_id` to replay, if any.
+    pub fn take_replay_frames(&self, log_id: u64) -> Option<LogFrames> {
+        self.wal.replay.borrow().as_ref()?.take(log_id)
     }
 
     /// Takes partitions out of the shard (a stream deletion, a handoff) at
@@ -243,6 +290,9 @@ impl Committer {
 /// The committer loop of one shard.
 pub async fn run_committer(shard: Rc<Shard>) {
     let committer = shard.committer.as_ref().expect("a committer on disk storage");
+    if committer.wal.enabled.get() {
+        glommio::spawn_local(run_checkpoints(shard.clone())).detach();
+    }
     loop {
         detach_requested(&shard);
         if !has_work(&shard) {
@@ -322,7 +372,11 @@ fn has_work(shard: &Shard) -> bool {
     let committer = shard.committer.as_ref().expect("disk storage");
     let releasable =
         committer.grants.borrow().front().is_some_and(|(_, grant)| !grant.sync || !committer.waits_for_sync());
-    releasable || committer.sync_requested.get() || committer.is_read_only() || shard.partitions.borrow().has_dirty()
+    releasable
+        || committer.sync_requested.get()
+        || committer.is_read_only()
+        || !committer.retry.borrow().is_empty()
+        || shard.partitions.borrow().has_dirty()
 }
 
 /// Writes every dirty partition (concurrently), then syncs if due. Returns
@@ -354,6 +408,9 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     if committer.policy != FsyncPolicy::Never {
         committer.unsynced.borrow_mut().extend_from_slice(&dirty);
     }
+    if committer.wal.enabled.get() {
+        committer.wal.dirty.borrow_mut().extend_from_slice(&dirty);
+    }
     committer.unsynced_bytes.set(committer.unsynced_bytes.get() + written_bytes);
     ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes as u64);
     if let Some(error) = first_error {
@@ -363,11 +420,307 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
         forget_written(shard);
         return Ok(false);
     }
+    if committer.wal.enabled.get() {
+        return commit_to_wal(shard, sync_requested).await;
+    }
     if !committer.sync_due(sync_requested) {
         return Ok(false);
     }
     sync_all(shard).await?;
     Ok(true)
+}
+
+/// The rest of a round with a write-ahead log: one write of the round's
+/// records and, when due, one fdatasync for all its partitions. A log too
+/// full to take them (a checkpoint could not keep up) syncs the segment
+/// files directly instead, which makes the round durable all the same.
+async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+    let written = wal.write(state.checkpoint_lsn.get()).await;
+    let outcome = match written {
+        Ok(_) if committer.sync_due(sync_requested) => wal.sync().await.map(|_| true),
+        Ok(_) => Ok(false),
+        Err(WalError::Io(error)) => Err(error),
+        Err(WalError::Full) => sync_segments_directly(shard, &mut wal).await.map(|()| true),
+    };
+    let written_lsn = wal.written_lsn();
+    let used_bytes = wal.end_lsn() - state.checkpoint_lsn.get();
+    let capacity_bytes = wal.geometry().file_bytes * wal.geometry().file_count;
+    state.wal.replace(Some(wal));
+    let synced = outcome?;
+    if committer.retry.borrow().is_empty() {
+        state.segments_written_lsn.set(state.segments_written_lsn.get().max(written_lsn));
+    }
+    if used_bytes > capacity_bytes / 2 {
+        state.notify.notify();
+    }
+    if synced {
+        committer.unsynced.borrow_mut().clear();
+        committer.unsynced_bytes.set(0);
+        committer.last_sync.set(Instant::now());
+        ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+    }
+    Ok(synced)
+}
+
+/// The log is full: waits for a running checkpoint, then fdatasyncs every
+/// segment file written since the last one (this round's included) and
+/// starts the log again at its next file.
+async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    state.ended.wait_until(|| !state.running.get()).await;
+    state.running.set(true);
+    let synced = async {
+        sync_dirty_segments(shard).await?;
+        let restart_lsn = wal.restart_after_direct_sync();
+        write_checkpoint(shard, restart_lsn).await?;
+        state.segments_written_lsn.set(restart_lsn);
+        Ok(())
+    }
+    .await;
+    state.running.set(false);
+    state.ended.wake_all();
+    synced
+}
+
+/// Writes the checkpoint at `lsn` and frees the log behind it.
+async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let mut checkpoint = state.checkpoint.borrow_mut().take().expect("one checkpoint writer at a time");
+    let written = checkpoint.write(lsn).await;
+    state.checkpoint.replace(Some(checkpoint));
+    written?;
+    state.checkpoint_lsn.set(lsn);
+    Ok(())
+}
+
+/// fdatasyncs the active segment file of every partition written since the
+/// last checkpoint took the list, by path (a round may have the writer
+/// out), a few at a time. A sealed segment was synced when it was sealed;
+/// a file gone (its stream deleted) needs nothing. On an error the
+/// partitions go back on the list.
+async fn sync_dirty_segments(shard: &Rc<Shard>) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
+    dirty.sort_unstable();
+    dirty.dedup();
+    let paths: Vec<PathBuf> = {
+        let partitions = shard.partitions.borrow();
+        let disk_of = |id: u32| partitions.get(id).and_then(|partition| partition.log.disk());
+        dirty.iter().filter_map(|&id| disk_of(id).map(|disk| disk.active_path().to_path_buf())).collect()
+    };
+    for chunk in paths.chunks(CHECKPOINT_SYNCS_IN_FLIGHT_MAX) {
+        let syncs: Vec<_> = chunk.iter().cloned().map(|path| glommio::spawn_local(sync_file(path))).collect();
+        let mut first_error = None;
+        for sync in syncs {
+            if let Err(error) = sync.await {
+                first_error = first_error.or(Some(error));
+            }
+        }
+        if let Some(error) = first_error {
+            state.dirty.borrow_mut().extend_from_slice(&dirty);
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+async fn sync_file(path: PathBuf) -> Result<(), SegmentError> {
+    let file = match glommio::io::DmaFile::open(&path).await {
+        Ok(file) => file,
+        Err(error) => {
+            let error = crate::storage::segment::io_error_of(error);
+            if error.kind() == std::io::ErrorKind::NotFound {
+                return Ok(());
+            }
+            return Err(SegmentError::Io { op: "open segment to sync", path, position: 0, source: error });
+        }
+    };
+    let synced = file.fdatasync().await;
+    let _ = file.close().await;
+    crate::storage::segment::io_context(synced, "fdatasync segment", &path, 0)
+}
+
+/// The checkpointer of a shard with a write-ahead log: every
+/// `--wal-checkpoint-ms`, or as soon as a round finds half the log used,
+/// it fdatasyncs the segment files written since the last checkpoint
+/// (while rounds go on) and records the log position they cover, which
+/// frees the log's files before it.
+async fn run_checkpoints(shard: Rc<Shard>) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    let mut failing = false;
+    loop {
+        let timer = glommio::timer::sleep(state.interval);
+        let _ = crate::runtime::notify::first(state.notify.notified(), timer).await;
+        if state.running.get() || state.segments_written_lsn.get() <= state.checkpoint_lsn.get() {
+            continue;
+        }
+        state.running.set(true);
+        let target_lsn = state.segments_written_lsn.get();
+        let checkpointed = async {
+            sync_dirty_segments(&shard).await?;
+            write_checkpoint(&shard, target_lsn).await
+        }
+        .await;
+        state.running.set(false);
+        state.ended.wake_all();
+        match checkpointed {
+            Ok(()) => {
+                if std::mem::replace(&mut failing, false) {
+                    log::info!(shard = shard.id, "write-ahead log checkpoints succeed again");
+                }
+            }
+            Err(error) => {
+                ShardMetrics::add(&shard.metrics.storage_errors, 1);
+                if !std::mem::replace(&mut failing, true) {
+                    log::warn!(
+                        shard = shard.id,
+                        "write-ahead log checkpoint: {error}; the log keeps what it holds, retrying"
+                    );
+                }
+                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+            }
+        }
+    }
+}
+
+/// The end of this shard's part of the start-up replay: once every
+/// shard has replayed its partitions' frames from all the logs (and synced
+/// them), opens this shard's log for a new run. Shard 0 removes the logs
+/// of shards that no longer exist. A log that cannot be opened (a full
+/// disk) leaves the shard committing as without one: a synced round then
+/// fdatasyncs each partition's files.
+pub async fn finish_replay(shard: &Shard, failed: bool) -> Result<(), ()> {
+    let Some(committer) = &shard.committer else { return Ok(()) };
+    let Some(replay) = committer.wal.replay.take() else { return Ok(()) };
+    replay.shard_done(failed);
+    loop {
+        match replay.progress() {
+            ReplayProgress::Done => break,
+            ReplayProgress::Waiting => glommio::timer::sleep(Duration::from_millis(REPLAY_WAIT_POLL_MS)).await,
+            ReplayProgress::Failed => return Err(()),
+        }
+    }
+    if shard.id == 0 {
+        if replay.unclaimed() > 0 {
+            log::info!("write-ahead logs: skipped the frames of {} deleted partitions", replay.unclaimed());
+        }
+        remove_logs_of_gone_shards(&shard.config.data_dir, shard.shard_count);
+    }
+    if committer.policy == FsyncPolicy::Never {
+        return Ok(());
+    }
+    let geometry = WalGeometry::for_bytes_max(shard.config.wal_bytes_max as u64);
+    let dir = wal_dir(&shard.config.data_dir, shard.id);
+    match Wal::open(&dir, geometry, shard.config.wal_buffer_bytes()).await {
+        Ok((wal, checkpoint)) => {
+            let state = &committer.wal;
+            state.checkpoint_lsn.set(checkpoint.lsn());
+            state.segments_written_lsn.set(checkpoint.lsn());
+            state.wal.replace(Some(wal));
+            state.checkpoint.replace(Some(checkpoint));
+            state.enabled.set(true);
+        }
+        Err(error) => log::warn!(
+            shard = shard.id,
+            "no write-ahead log this run ({error}): each synced round fdatasyncs its partitions' files"
+        ),
+    }
+    Ok(())
+}
+
+fn remove_logs_of_gone_shards(data_dir: &std::path::Path, shard_count: u16) {
+    let root = data_dir.join(crate::storage::wal::WAL_DIR_NAME);
+    let Ok(entries) = std::fs::read_dir(&root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name.to_str().and_then(|name| name.strip_prefix("shard-")?.parse::<u32>().ok()) else {
+            continue;
+        };
+        if id >= u32::from(shard_count) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            log::info!("removed the write-ahead log of shard {id}, which this run does not have (replayed)");
+        }
+    }
+}
+
+/// Appends to a partition's recovered segments the frames the write-ahead
+/// logs hold past their end, and syncs them: frames at or below the end
+/// are skipped (the segment has them), and a frame past a gap cannot be
+/// appended (logged; what follows it is lost, which only a segment damaged
+/// before the checkpoint can cause). Returns the frames appended.
+pub async fn replay_frames(disk: &mut DiskLog, frames: LogFrames) -> Result<usize, SegmentError> {
+    let mut writer: Option<SegmentWriter> = None;
+    let mut next_offset = disk.next_offset();
+    let mut appended = 0;
+    for (base_offset, frame) in frames.sorted() {
+        let frame_next = parse_header(&frame).map(|header| header.next_offset()).unwrap_or(0);
+        if frame_next <= next_offset {
+            continue;
+        }
+        if base_offset != next_offset {
+            log::warn!(
+                "write-ahead log: {} ends at offset {next_offset} but the log's next frame starts at                  {base_offset}: offsets from there are lost",
+                disk.dir().display()
+            );
+            break;
+        }
+        let mut current = match writer.take().or_else(|| disk.take_writer()) {
+            Some(writer) => writer,
+            None => return Err(replay_blocked(disk)),
+        };
+        current = append_replayed(disk, current, &frame).await?;
+        writer = Some(current);
+        next_offset = frame_next;
+        appended += 1;
+    }
+    if let Some(mut writer) = writer {
+        let synced = writer.sync().await;
+        disk.put_writer(writer);
+        synced?;
+        let written = disk.written_offset();
+        disk.set_visible(written);
+    }
+    Ok(appended)
+}
+
+fn replay_blocked(disk: &DiskLog) -> SegmentError {
+    let source = std::io::Error::new(
+        std::io::ErrorKind::StorageFull,
+        "the write-ahead log holds events for it, and its active segment cannot be opened for writing",
+    );
+    SegmentError::Io { op: "replay write-ahead log into", path: disk.dir().to_path_buf(), position: 0, source }
+}
+
+/// Appends one replayed frame, syncing a full buffer and rolling a full
+/// segment as a round would.
+async fn append_replayed(
+    disk: &mut DiskLog,
+    mut writer: SegmentWriter,
+    frame: &[u8],
+) -> Result<SegmentWriter, SegmentError> {
+    loop {
+        match writer.append_frame(frame) {
+            Ok(()) => return Ok(writer),
+            Err(SegmentError::BufferFull { .. }) | Err(SegmentError::TooManyUnsynced { .. }) => {
+                writer.sync().await?;
+            }
+            Err(SegmentError::SegmentFull { .. }) => {
+                let (log_id, next_offset, config) = (writer.log_id(), writer.next_offset(), writer.config());
+                let next_path = disk.next_segment_path(next_offset);
+                writer.write_seal(&disk.active_index_path()).await?;
+                crate::partition::disk::remove_if_empty(&next_path);
+                let next = SegmentWriter::create(&next_path, log_id, next_offset, config).await?;
+                let (index, _) = writer.close_sealed().await;
+                disk.on_rolled(index, next);
+                writer = disk.take_writer().expect("the writer of the new segment");
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Does the writes that opening the partitions deferred for lack of space,
@@ -415,6 +768,11 @@ async fn write_partition(shard: Rc<Shard>, partition_id: u32) -> Result<usize, S
         // round's fdatasync would come too late for it).
         let flushed = if writer.needs_sync() { writer.sync().await } else { writer.flush().await };
         written += writer.written().0.saturating_sub(before) as usize;
+        if flushed.is_ok() && shard.committer.as_ref().is_some_and(|committer| committer.wal.enabled.get()) {
+            // The log holds these frames: the segment file is synced in
+            // bulk by a checkpoint, and needs no copy kept for a retry.
+            writer.forget_written();
+        }
         if let Err(error) = flushed {
             put_back(&shard, partition_id, writer);
             return Err(error);
@@ -438,13 +796,35 @@ fn encode(shard: &Shard, partition_id: u32) -> Result<Option<(SegmentWriter, Enc
     let (cache, disk) = partition.log.parts_mut();
     let Some(disk) = disk else { return Ok(None) };
     let Some(mut writer) = disk.take_writer() else { return Ok(None) };
-    match encode_pending(cache, &mut writer, now_unix_ms()) {
+    let before = writer.end();
+    let encoded = encode_pending(cache, &mut writer, now_unix_ms());
+    let logged = match &encoded {
+        Ok(_) => append_to_wal(shard, &writer, before),
+        Err(_) => Ok(()),
+    };
+    match encoded.and_then(|encoded| logged.map(|()| encoded)) {
         Ok(encoded) => Ok(Some((writer, encoded))),
         Err(error) => {
             disk.put_writer(writer);
             Err(error)
         }
     }
+}
+
+/// Copies the frames just encoded into `writer` (from its end `before`)
+/// into the shard's write-ahead log, when it has one.
+fn append_to_wal(shard: &Shard, writer: &SegmentWriter, before: u64) -> Result<(), SegmentError> {
+    let Some(committer) = &shard.committer else { return Ok(()) };
+    if !committer.wal.enabled.get() {
+        return Ok(());
+    }
+    let mut wal = committer.wal.wal.borrow_mut();
+    let wal = wal.as_mut().expect("the log stays in place while partitions are written");
+    wal.append_frames(writer.appended_since(before)).map_err(|error| SegmentError::Frame {
+        path: writer.path().to_path_buf(),
+        position: before,
+        error,
+    })
 }
 
 /// Returns a writer to its partition and lets the cache drop what is now on

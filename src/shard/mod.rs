@@ -161,8 +161,18 @@ impl Shard {
         let opens: Vec<_> = owned
             .into_iter()
             .map(|partition_id| {
-                let open =
-                    open_partition(self.config.clone(), spec.clone(), partition_id, declarations.clone(), limits);
+                let frames = self
+                    .committer
+                    .as_ref()
+                    .and_then(|committer| committer.take_replay_frames(spec.log_id(partition_id - spec.base)));
+                let open = open_partition(
+                    self.config.clone(),
+                    spec.clone(),
+                    partition_id,
+                    declarations.clone(),
+                    limits,
+                    frames,
+                );
                 glommio::spawn_local(open)
             })
             .collect();
@@ -337,6 +347,14 @@ impl Shard {
             let writer = partition.log.parts_mut().1.and_then(|disk| disk.take_writer());
             let writer = writer.expect("a detached partition has its writer (it leaves only between rounds)");
             let index = writer.index().clone();
+            // With a write-ahead log the round made the events durable in
+            // this shard's log: the thief must not need it.
+            if let Err(error) = writer.fdatasync().await {
+                log::warn!(
+                    shard = shard.id,
+                    "syncing partition {partition_id} for a move: {error} (this shard's write-ahead log keeps it)"
+                );
+            }
             if let Err(error) = writer.close().await {
                 // Its data is durable already (the round synced it): the
                 // thief opens the file again either way.
@@ -632,13 +650,20 @@ async fn open_partition(
     partition_id: u32,
     declarations: Vec<crate::aggregate::AggregateDeclaration>,
     limits: crate::aggregate::ProcessorLimits,
+    frames: Option<crate::storage::wal::LogFrames>,
 ) -> Result<(u32, Partition, OpenReport), SegmentError> {
     let local = partition_id - spec.base;
     let dir = crate::storage::dir::partition_dir(&config.data_dir, &spec.name, local).map_err(|error| {
         let source = std::io::Error::other(error.to_string());
         SegmentError::Io { op: "partition directory", path: config.data_dir.clone(), position: 0, source }
     })?;
-    let (disk, report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
+    let (mut disk, report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
+    if let Some(frames) = frames {
+        let appended = commit::replay_frames(&mut disk, frames).await?;
+        if appended > 0 {
+            log::info!("replayed {appended} frames from the write-ahead logs into {}", dir.display());
+        }
+    }
     let processor = aggregates::recover(&disk, &spec, local, &declarations, limits).await?;
     let cache = MemoryLog::starting_at(disk.next_offset(), config.tail_cache_bytes, config.tail_cache_segment_bytes());
     let mut partition = Partition::new(PartitionLog::on_disk(cache, disk), config.balance_config().ewma_half_life_ms);

@@ -145,3 +145,4 @@ pub mod format;
 pub mod index;
 pub mod recovery;
 pub mod segment;
+pub mod wal;

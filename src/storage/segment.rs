@@ -55,7 +55,7 @@ use super::index::{IndexError, SEGMENT_SIZE_MAX, SegmentIndex};
 /// `alignment()` on this box (512, the logical block size) on purpose: the
 /// device's physical block is 4 KiB, and a sub-block write would make it
 /// read-modify-write.
-pub const BLOCK_SIZE: u64 = 4096;
+pub const BLOCK_SIZE: u64 = crate::config::limits::WRITE_BLOCK_BYTES as u64;
 
 /// Limits of one segment writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,6 +377,23 @@ impl SegmentWriter {
             self.durable_end = pending.end;
             self.durable_next_offset = pending.next_offset;
         }
+    }
+
+    /// The frames appended since the writer's end was `position`, still in
+    /// its buffer (call before the next flush): what a commit round copies
+    /// into the shard's write-ahead log.
+    pub fn appended_since(&self, position: u64) -> &[u8] {
+        assert!(position >= self.active_position && position <= self.end(), "position {position}");
+        let start = (position - self.active_position) as usize;
+        &self.active.as_bytes()[start..self.active_used]
+    }
+
+    /// fdatasyncs the file whatever the writer counts as durable: with a
+    /// write-ahead log the writer forgets its written buffers at once
+    /// ([`SegmentWriter::forget_written`]) and the file is synced in bulk,
+    /// by a checkpoint or before a handoff.
+    pub async fn fdatasync(&self) -> Result<(), SegmentError> {
+        io_context(self.file.fdatasync().await, "fdatasync segment", &self.path, self.written_end)
     }
 
     /// Bytes in flushed buffers waiting for an fdatasync.
