@@ -277,8 +277,10 @@ pub const APPLY_ORDER_BYTES_PER_RECORD: usize = 12;
 /// Bytes the same order keeps per partition id (a count).
 pub const APPLY_ORDER_BYTES_PER_PARTITION: usize = 4;
 /// File descriptors a shard holds besides connections: its io_uring rings
-/// and eventfds (4 measured with glommio 0.9) and its two listeners, with room.
-pub const FDS_PER_SHARD_FIXED: usize = 16;
+/// and eventfds (4 measured with glommio 0.9) and its two listeners, with
+/// room; and with disk storage its write-ahead log (4 files and the
+/// checkpoint) and the segment files a checkpoint syncs at once (8).
+pub const FDS_PER_SHARD_FIXED: usize = 32;
 /// File descriptors the process holds besides shards and connections: stdio,
 /// the signal pipe, the admin runtime and listener, /proc reads at start.
 pub const FDS_PROCESS_FIXED: usize = 64;

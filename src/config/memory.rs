@@ -215,6 +215,23 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::Retention,
         storage: Some(Storage::Disk),
+        expression: || {
+            format!(
+                "S * (max(line_size_max + {}, {}) + {})",
+                size(WAL_FRAME_SLACK_BYTES),
+                size(2 * FRAME_BODY_BYTES_TARGET),
+                size(WAL_BUFFER_SLACK_BYTES)
+            )
+        },
+        what: "the write-ahead log's record being filled",
+        bytes: |config| {
+            let largest = (config.line_size_max + WAL_FRAME_SLACK_BYTES).max(2 * FRAME_BODY_BYTES_TARGET);
+            product(&[config.shard_count(), sum(&[largest, WAL_BUFFER_SLACK_BYTES])])
+        },
+    },
+    FormulaLine {
+        term: Term::Retention,
+        storage: Some(Storage::Disk),
         expression: || "S * S * credit_window_bytes".to_string(),
         what: "write buffers of the events credits let in flight",
         bytes: |config| product(&[config.shard_count(), config.shard_count(), config.credit_window_bytes()]),
@@ -347,6 +364,14 @@ fn subscribers(config: &Config) -> usize {
 
 /// A size as the formula prints it: in KiB or MiB when it is a whole number
 /// of them, in bytes otherwise.
+/// Bounds what a frame adds to a line in the write-ahead log's buffer
+/// (batch and frame headers), rounded to a block: [`Config::wal_buffer_bytes`]
+/// is at most the formula's term.
+const WAL_FRAME_SLACK_BYTES: usize = 4 * KIB;
+/// The blocks [`Config::wal_buffer_bytes`] adds: the carried tail, a
+/// record header, rounding.
+const WAL_BUFFER_SLACK_BYTES: usize = 16 * KIB;
+
 fn size(bytes: usize) -> String {
     match bytes {
         0 => "0".to_string(),

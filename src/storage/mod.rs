@@ -1,15 +1,22 @@
 //! The building blocks of spate's durable log: frame format and CRC32C,
 //! segment writer and reader over glommio DMA files, sparse indexes,
-//! recovery, the data directory, and the small files replaced whole (the
-//! catalog, group offsets, aggregate checkpoints: [`durable`]). The engine
-//! keeps one set of segment files per partition ([`crate::partition::disk`],
-//! driven by [`crate::shard::commit`]), against the recommendation below: a partition
-//! then moves between shards by reopening its files, retention deletes one
-//! partition's oldest file and a stream is deleted with its directory. The
-//! price is one fdatasync per dirty partition per synced commit, measured in
-//! the README ("Layout", and the durable benchmark); frames carry their log
-//! id so a per-shard write-ahead file can come later without a format
-//! change.
+//! recovery, the data directory, each shard's write-ahead log ([`wal`]),
+//! and the small files replaced whole (the catalog, group offsets,
+//! aggregate checkpoints: [`durable`]).
+//!
+//! The engine keeps one set of segment files per partition
+//! ([`crate::partition::disk`], driven by [`crate::shard::commit`]): a
+//! partition moves between shards by reopening its files, retention
+//! deletes one partition's oldest file and a stream is deleted with its
+//! directory. Durability follows the recommendation below: every commit
+//! round's frames, for all of a shard's partitions, go to the shard's
+//! write-ahead log in one write with one fdatasync when the policy asks,
+//! and the segment files are written without an fdatasync of their own
+//! and synced in bulk by a checkpoint every few seconds, after which that
+//! part of the log is reused. So a round costs one flush however many
+//! partitions it touches (measured in the README, "Layout", and the
+//! durable benchmark), and the segment layout keeps what it made simple.
+//! Frames carry their log id, so the log needed no format change.
 //!
 //! # Recommendation (from `benches/disk_layout.rs`, numbers below)
 //!
@@ -44,7 +51,9 @@
 //!   840 – 1600 growing the file and 500 – 640 into fallocated space
 //!   (unwritten extents still need a journal commit to convert); a single
 //!   4 KiB append + fdatasync, p50 95 µs zero-filled vs 230 – 280 µs growing
-//!   in the two quieter runs. Not done yet: the writer grows its file.
+//!   in the two quieter runs. [`wal`] recycles its files (after a first
+//!   lap that grows them, so a new or small data directory pays nothing
+//!   up front); segment files still grow, but nothing waits for their sync.
 //!
 //! # Measured
 //!
@@ -120,6 +129,9 @@
 //! * [`recovery`] has [`recovery::recover_segment`], which cuts the active
 //!   segment after its last valid frame, and [`recovery::open_sealed`], which opens a
 //!   sealed one through its sidecar, rebuilding it when needed.
+//! * [`wal`] has [`wal::Wal`], a shard's write-ahead log (a ring of recycled
+//!   files, records of whole frames), its checkpoint, and [`wal::read_all`],
+//!   the start-up read of every shard's log for replay.
 //!
 //! ```
 //! use spate::storage::format::{FrameEncoder, ScanCursor, ScanStop, decode_frame, scan};
