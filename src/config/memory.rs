@@ -671,8 +671,17 @@ mod tests {
         // Bounded by --partitions-max (1024): streams can be created up to it.
         assert_eq!(
             bound.retention,
-            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB) + 2 * 32 * MIB + 4 * 16 * MIB
+            1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB)
+                + 2 * 32 * MIB
+                + 2 * (MIB + 4 * KIB + 16 * KIB)
+                + 4 * 16 * MIB
         );
+        // The write-ahead log's buffer is inside its term, whatever the line size.
+        for line_size_max in ["1", "1000", "524288", "1048576", "16777216"] {
+            let config = parse(&["--shards", "2", "--line-size-max", line_size_max, "--segment-bytes", "67108864"]);
+            let term = (config.line_size_max + WAL_FRAME_SLACK_BYTES).max(2 * FRAME_BODY_BYTES_TARGET);
+            assert!(config.wal_buffer_bytes() <= term + WAL_BUFFER_SLACK_BYTES, "--line-size-max {line_size_max}");
+        }
         let memory = parse(&["--shards", "2", "--storage", "memory"]);
         assert_eq!(memory.memory_bound().retention, 1024 * 9 * MIB);
         // On disk each owner has 32 MiB in flight, 16 MiB from each of 2

@@ -393,6 +393,7 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     dirty.dedup();
     let writes: Vec<_> =
         dirty.iter().map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition))).collect();
+    let early_wal_writes = start_wal_writes(shard).await;
     let mut first_error = None;
     let mut written_bytes = 0;
     for (write, partition) in writes.into_iter().zip(&dirty) {
@@ -414,11 +415,22 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     committer.unsynced_bytes.set(committer.unsynced_bytes.get() + written_bytes);
     ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes as u64);
     if let Some(error) = first_error {
+        if let Some(early) = early_wal_writes {
+            let (done, _) = early.await.unwrap_or_default();
+            finish_wal_writes(shard, &done);
+        }
         return Err(error);
     }
     if committer.policy == FsyncPolicy::Never {
         forget_written(shard);
         return Ok(false);
+    }
+    if let Some(early) = early_wal_writes {
+        let (done, failed) = early.await.unwrap_or_default();
+        finish_wal_writes(shard, &done);
+        if let Some(error) = failed {
+            return Err(error);
+        }
     }
     if committer.wal.enabled.get() {
         return commit_to_wal(shard, sync_requested).await;
@@ -428,6 +440,35 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     }
     sync_all(shard).await?;
     Ok(true)
+}
+
+/// Starts writing the log's records while the round's segment writes go
+/// on: once the partition tasks have encoded (they copy their frames into
+/// the log before their first await), their records go out in one task.
+/// Frames encoded later in the round (a full write buffer, a roll) go with
+/// the round's second write. `None` without a log, or when it is full (the
+/// round then syncs the segments directly).
+async fn start_wal_writes(shard: &Rc<Shard>) -> Option<glommio::task::JoinHandle<(Vec<u64>, Option<SegmentError>)>> {
+    let state = &shard.committer.as_ref()?.wal;
+    if !state.enabled.get() {
+        return None;
+    }
+    futures_lite::future::yield_now().await;
+    let io = state.wal.borrow_mut().as_mut()?.start_writes(state.checkpoint_lsn.get());
+    match io {
+        Ok(io) => Some(glommio::spawn_local(io.run()).detach()),
+        Err(_) => {
+            finish_wal_writes(shard, &[]);
+            None
+        }
+    }
+}
+
+fn finish_wal_writes(shard: &Shard, done: &[u64]) {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    if let Some(wal) = state.wal.borrow_mut().as_mut() {
+        wal.finish_writes(done);
+    }
 }
 
 /// The rest of a round with a write-ahead log: one write of the round's

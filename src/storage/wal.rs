@@ -247,6 +247,41 @@ struct WalWrite {
     buffer: Rc<DmaBuffer>,
     end_lsn: u64,
     written: bool,
+    /// Handed to a [`WalIo`] not finished yet.
+    in_flight: bool,
+}
+
+/// The writes of sealed records, in log order, to do off the writer
+/// ([`Wal::start_writes`]) while the round's segment writes go on. They
+/// overlap by the rewritten partial block, so they run one after another.
+pub struct WalIo {
+    writes: Vec<RecordWrite>,
+}
+
+/// One write of a [`WalIo`]: the sealed buffer at `lsn`, its file, path
+/// and position in it.
+type RecordWrite = (u64, Rc<DmaBuffer>, Rc<DmaFile>, PathBuf, u64);
+
+impl WalIo {
+    /// Does the writes in order; returns the `lsn`s written, up to the
+    /// first failure, and that failure.
+    pub async fn run(self) -> (Vec<u64>, Option<SegmentError>) {
+        let mut done = Vec::with_capacity(self.writes.len());
+        for (lsn, buffer, file, path, position) in self.writes {
+            let expected = buffer.len();
+            let written =
+                io_context(file.write_rc_at(buffer, position).await, "write write-ahead log", &path, position);
+            match written {
+                Ok(written) if written == expected => done.push(lsn),
+                Ok(written) => {
+                    let error = SegmentError::ShortWrite { path, position, written, expected };
+                    return (done, Some(error));
+                }
+                Err(error) => return (done, Some(error)),
+            }
+        }
+        (done, None)
+    }
 }
 
 /// The writer of one shard's log. Owned by the committer, taken out of it
@@ -255,7 +290,7 @@ pub struct Wal {
     dir: PathBuf,
     geometry: WalGeometry,
     epoch: u32,
-    files: Vec<Option<DmaFile>>,
+    files: Vec<Rc<DmaFile>>,
     /// Records not sealed yet, from `active_lsn` (a block boundary).
     active: DmaBuffer,
     active_lsn: u64,
@@ -327,11 +362,22 @@ impl Wal {
         }
         let mut checkpoint_file = CheckpointFile { file, path, checkpoint };
         checkpoint_file.write_checkpoint(checkpoint).await?;
-        let mut wal = Wal {
+        let mut files = Vec::new();
+        let mut created = false;
+        for index in 0..geometry.file_count {
+            let path = file_path(dir, index);
+            created |= !path.exists();
+            let opened = OpenOptions::new().read(true).write(true).create(true).dma_open(&path).await;
+            files.push(Rc::new(io_context(opened, "open write-ahead log", &path, 0)?));
+        }
+        if created {
+            sync_parent_dir(&file_path(dir, 0)).await?;
+        }
+        let wal = Wal {
             dir: dir.to_path_buf(),
             geometry,
             epoch,
-            files: (0..geometry.file_count).map(|_| None).collect(),
+            files,
             active: checkpoint_file.file.alloc_dma_buffer(buffer_bytes),
             active_lsn: lsn,
             used: 0,
@@ -342,8 +388,6 @@ impl Wal {
             synced_lsn: lsn,
             dirty_files: Vec::new(),
         };
-        // Open now: buffers are allocated through it.
-        wal.file(geometry.file_index(lsn)).await?;
         Ok((wal, checkpoint_file))
     }
 
@@ -458,12 +502,12 @@ impl Wal {
         let write_size = align_up(used as u64, BLOCK_SIZE) as usize;
         let keep_from = align_down(used as u64, BLOCK_SIZE) as usize;
         self.active.as_bytes_mut()[used..write_size].fill(0);
-        let any_file = self.files.iter().flatten().next().expect("the start file stays open");
-        let mut sealed = any_file.alloc_dma_buffer(write_size);
+        let mut sealed = self.files[0].alloc_dma_buffer(write_size);
         sealed.as_bytes_mut().copy_from_slice(&self.active.as_bytes()[..write_size]);
         self.active.as_bytes_mut().copy_within(keep_from..used, 0);
         let end_lsn = self.end_lsn();
-        self.pending.push_back(WalWrite { lsn: self.active_lsn, buffer: Rc::new(sealed), end_lsn, written: false });
+        let (lsn, buffer) = (self.active_lsn, Rc::new(sealed));
+        self.pending.push_back(WalWrite { lsn, buffer, end_lsn, written: false, in_flight: false });
         self.active_lsn += keep_from as u64;
         self.used -= keep_from;
         self.carried = self.used;
@@ -474,57 +518,67 @@ impl Wal {
     /// would reach a file not freed by the checkpoint at `checkpoint_lsn`;
     /// on any error the records stay, for a retry.
     pub async fn write(&mut self, checkpoint_lsn: u64) -> Result<u64, WalError> {
+        let io = self.start_writes(checkpoint_lsn);
+        let (done, failed) = match io {
+            Ok(io) => io.run().await,
+            Err(full) => {
+                self.finish_writes(&[]);
+                return Err(full);
+            }
+        };
+        self.finish_writes(&done);
+        match failed {
+            Some(error) => Err(WalError::Io(error)),
+            None => Ok(self.written_lsn),
+        }
+    }
+
+    /// Closes the open record and hands out the writes of every sealed
+    /// record not written yet, for [`WalIo::run`]; report what it did with
+    /// [`Wal::finish_writes`] before the next call. Records appended
+    /// meanwhile go to the next call.
+    pub fn start_writes(&mut self, checkpoint_lsn: u64) -> Result<WalIo, WalError> {
         self.close_record();
         self.seal_active();
-        for index in 0..self.pending.len() {
-            if self.pending[index].written {
-                continue;
-            }
-            let (lsn, buffer, end_lsn) = {
-                let write = &self.pending[index];
-                (write.lsn, write.buffer.clone(), write.end_lsn)
-            };
-            if end_lsn <= checkpoint_lsn {
+        let mut writes = Vec::new();
+        for write in self.pending.iter_mut().filter(|write| !write.written && !write.in_flight) {
+            if write.end_lsn <= checkpoint_lsn {
                 // Rewritten after a failed fdatasync, but the segments
                 // hold these frames by now: the file may be reused.
-                self.pending[index].written = true;
+                write.written = true;
                 continue;
             }
-            if self.geometry.overruns(lsn, checkpoint_lsn) {
+            if self.geometry.overruns(write.lsn, checkpoint_lsn) {
                 return Err(WalError::Full);
             }
-            let file_index = self.geometry.file_index(lsn);
-            let position = lsn % self.geometry.file_bytes;
-            let path = file_path(&self.dir, file_index);
-            let file = self.file(file_index).await?;
-            let expected = buffer.len();
-            let written =
-                io_context(file.write_rc_at(buffer, position).await, "write write-ahead log", &path, position)?;
-            if written != expected {
-                return Err(WalError::Io(SegmentError::ShortWrite { path, position, written, expected }));
+            let file_index = self.geometry.file_index(write.lsn);
+            let position = write.lsn % self.geometry.file_bytes;
+            let file = self.files[file_index as usize].clone();
+            write.in_flight = true;
+            writes.push((write.lsn, write.buffer.clone(), file, file_path(&self.dir, file_index), position));
+        }
+        Ok(WalIo { writes })
+    }
+
+    /// Records which writes of the last [`Wal::start_writes`] are done (by
+    /// `lsn`); the others are written again by the next call.
+    pub fn finish_writes(&mut self, done: &[u64]) {
+        for write in self.pending.iter_mut() {
+            if write.in_flight {
+                write.in_flight = false;
+                write.written = done.contains(&write.lsn);
             }
-            self.pending[index].written = true;
-            self.written_lsn = end_lsn;
+        }
+        for write in self.pending.iter() {
+            if !write.written {
+                break;
+            }
+            self.written_lsn = self.written_lsn.max(write.end_lsn);
+            let file_index = self.geometry.file_index(write.lsn);
             if !self.dirty_files.contains(&file_index) {
                 self.dirty_files.push(file_index);
             }
         }
-        Ok(self.written_lsn)
-    }
-
-    async fn file(&mut self, index: u64) -> Result<&DmaFile, SegmentError> {
-        let slot = usize::try_from(index).expect("a few files");
-        if self.files[slot].is_none() {
-            let path = file_path(&self.dir, index);
-            let existed = path.exists();
-            let opened = OpenOptions::new().read(true).write(true).create(true).dma_open(&path).await;
-            let file = io_context(opened, "open write-ahead log", &path, 0)?;
-            if !existed {
-                sync_parent_dir(&path).await?;
-            }
-            self.files[slot] = Some(file);
-        }
-        Ok(self.files[slot].as_ref().expect("opened above"))
     }
 
     /// fdatasyncs every file written since the last sync: every record
@@ -535,8 +589,7 @@ impl Wal {
         let dirty = std::mem::take(&mut self.dirty_files);
         for (done, &file_index) in dirty.iter().enumerate() {
             let path = file_path(&self.dir, file_index);
-            let file = self.files[file_index as usize].as_ref().expect("a written file is open");
-            if let Err(error) = file.fdatasync().await {
+            if let Err(error) = self.files[file_index as usize].fdatasync().await {
                 self.dirty_files = dirty[done..].to_vec();
                 for write in &mut self.pending {
                     write.written = false;
@@ -569,8 +622,11 @@ impl Wal {
 
     /// Closes the files (nothing is synced).
     pub async fn close(self) {
-        for file in self.files.into_iter().flatten() {
-            let _ = file.close().await;
+        drop(self.pending);
+        for file in self.files {
+            if let Ok(file) = Rc::try_unwrap(file) {
+                let _ = file.close().await;
+            }
         }
     }
 }
