@@ -17,6 +17,12 @@
 //! partitions it touches (measured in the README, "Layout", and the
 //! durable benchmark), and the segment layout keeps what it made simple.
 //! Frames carry their log id, so the log needed no format change.
+//! Measured in the engine (README, "Benchmarks", 2026-12-04, before and
+//! after in one session): a `#SYNC` every 10 ms at 100 k events/s now
+//! answers in p50 8 ms instead of 1.4 – 2.2 s; closed-loop disk ingest is
+//! 0.6 – 0.85x of before (every byte is written twice, and the log's first
+//! lap grows its files: zero-filling ahead of the writer is the next
+//! step); recovery time is unchanged.
 //!
 //! # Recommendation (from `benches/disk_layout.rs`, numbers below)
 //!
