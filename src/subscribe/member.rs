@@ -276,31 +276,16 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
     writer: &mut W,
     inbox: &local_channel::LocalReceiver<FetchReply>,
 ) -> Option<Vec<u8>> {
-    let shard = shared.membership.shard;
     // Revocations not yet finished, in the order they came.
     let mut revocations: Vec<(u64, Vec<u32>)> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     loop {
         glommio::yield_if_needed().await;
-        if let Some((generation, partitions)) = revocations.first()
+        if let Some((_, partitions)) = revocations.first()
             && revocation_ready(shared, partitions)
         {
-            write_replies(shared, writer).await.ok()?;
-            write_revoked(&mut out, *generation, partitions);
-            {
-                let mut session = shared.session.borrow_mut();
-                for &local in partitions {
-                    let cursor = &mut session.cursors[local as usize];
-                    cursor.active = false;
-                    cursor.revoking = false;
-                }
-            }
-            writer.write_all(&out).await.ok()?;
-            out.clear();
             let (generation, partitions) = revocations.remove(0);
-            let _ = generation;
-            let key = shared.membership.key.clone();
-            shared.membership.send(GroupFrame::RevokeDone { member: shared.membership.member, key, partitions });
+            finish_revocation(shared, writer, &mut out, generation, partitions).await.ok()?;
             continue;
         }
         shared.session.borrow_mut().send_fetches();
@@ -312,33 +297,14 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
             let _ = writer.flush().await;
             return None;
         }
-        let wake = {
-            let member = shared.membership.inbox.wait();
-            let shutdown = shard.lifecycle().shutdown_requested();
-            let control = shared.control_notify.notified();
-            match first(inbox.recv(), first(member, first(shutdown, control))).await {
-                Either::Left(reply) => Wake::Reply(reply),
-                Either::Right(Either::Left(())) => Wake::Member,
-                Either::Right(Either::Right(Either::Left(()))) => Wake::Shutdown,
-                Either::Right(Either::Right(Either::Right(()))) => Wake::Control,
-            }
-        };
-        match wake {
+        match wait_for_wake(shared, inbox).await {
             Wake::Reply(None) => return None,
             Wake::Reply(Some(reply)) => {
                 if !reply.deleted.is_empty() {
                     let _ = writer.write_all(b"ERR stream_deleted: the stream of this group was deleted\n").await;
                     return None;
                 }
-                let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
-                report_starts(shared, &reply);
-                shared.session.borrow_mut().apply_reply(reply);
-                write_replies(shared, writer).await.ok()?;
-                if in_flight_between_owners {
-                    // As for SUB: ask again shortly, not at once.
-                    let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
-                    let _ = first(glommio::timer::sleep(delay), shard.lifecycle().shutdown_requested()).await;
-                }
+                on_reply(shared, writer, reply).await.ok()?;
             }
             Wake::Member => {
                 while let Some(event) = shared.membership.inbox.pop() {
@@ -361,6 +327,65 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
             Wake::Control => {}
         }
     }
+}
+
+/// Waits for what the writer acts on next.
+async fn wait_for_wake(shared: &Shared<'_>, inbox: &local_channel::LocalReceiver<FetchReply>) -> Wake {
+    let member = shared.membership.inbox.wait();
+    let shutdown = shared.membership.shard.lifecycle().shutdown_requested();
+    let control = shared.control_notify.notified();
+    match first(inbox.recv(), first(member, first(shutdown, control))).await {
+        Either::Left(reply) => Wake::Reply(reply),
+        Either::Right(Either::Left(())) => Wake::Member,
+        Either::Right(Either::Right(Either::Left(()))) => Wake::Shutdown,
+        Either::Right(Either::Right(Either::Right(()))) => Wake::Control,
+    }
+}
+
+/// Takes in a fetch reply and writes what it brought.
+async fn on_reply<W: futures_lite::AsyncWrite + Unpin>(
+    shared: &Shared<'_>,
+    writer: &mut W,
+    reply: FetchReply,
+) -> std::io::Result<()> {
+    let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
+    report_starts(shared, &reply);
+    shared.session.borrow_mut().apply_reply(reply);
+    write_replies(shared, writer).await?;
+    if in_flight_between_owners {
+        // As for SUB: ask again shortly, not at once.
+        let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
+        let shutdown = shared.membership.shard.lifecycle().shutdown_requested();
+        let _ = first(glommio::timer::sleep(delay), shutdown).await;
+    }
+    Ok(())
+}
+
+/// Ends a revocation whose partitions have nothing in flight: writes what
+/// was fetched for them, then `REVOKED`, stops their cursors and tells the
+/// coordinator.
+async fn finish_revocation<W: futures_lite::AsyncWrite + Unpin>(
+    shared: &Shared<'_>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+    generation: u64,
+    partitions: Vec<u32>,
+) -> std::io::Result<()> {
+    write_replies(shared, writer).await?;
+    write_revoked(out, generation, &partitions);
+    {
+        let mut session = shared.session.borrow_mut();
+        for &local in &partitions {
+            let cursor = &mut session.cursors[local as usize];
+            cursor.active = false;
+            cursor.revoking = false;
+        }
+    }
+    writer.write_all(out).await?;
+    out.clear();
+    let key = shared.membership.key.clone();
+    shared.membership.send(GroupFrame::RevokeDone { member: shared.membership.member, key, partitions });
+    Ok(())
 }
 
 /// Ends the session when the member has sent no line for the session
@@ -457,6 +482,48 @@ fn first_offset_of(data: &[u8], local: u32) -> Option<u64> {
     None
 }
 
+/// Starts the cursors of newly assigned partitions where the group said
+/// (a committed offset, or the reset policy).
+fn start_cursors(shared: &Shared<'_>, partitions: &[u32], starts: Vec<crate::group::Start>) {
+    let mut session = shared.session.borrow_mut();
+    let mut report_start = shared.report_start.borrow_mut();
+    for (&local, start) in partitions.iter().zip(starts) {
+        let cursor = &mut session.cursors[local as usize];
+        if cursor.active {
+            continue;
+        }
+        cursor.active = true;
+        cursor.revoking = false;
+        cursor.resolved = false;
+        cursor.position = match start {
+            crate::group::Start::Committed(offset) => Position::Resume(offset),
+            crate::group::Start::Reset(OffsetReset::Earliest) => Position::Earliest,
+            crate::group::Start::Reset(OffsetReset::Latest) => Position::Latest,
+        };
+        report_start[local as usize] = matches!(start, crate::group::Start::Reset(_));
+    }
+}
+
+/// Marks revoked partitions' cursors and has every fetch parked at an owner
+/// that may carry them answered, so the revocation can finish.
+fn begin_revocation(shared: &Shared<'_>, partitions: &[u32]) {
+    let mut session = shared.session.borrow_mut();
+    for &local in partitions {
+        session.cursors[local as usize].revoking = true;
+    }
+    let owners: Vec<u16> = partitions
+        .iter()
+        .filter(|&&local| session.cursors[local as usize].in_flight())
+        .map(|&local| session.shard.owner_of(session.base + local))
+        .collect();
+    for owner in owners {
+        if session.outstanding[usize::from(owner)] == Outstanding::Out {
+            session.outstanding[usize::from(owner)] = Outstanding::Woken;
+            session.shard.send_fetch_wake(owner, session.subscription_id);
+        }
+    }
+}
+
 /// Applies one event from the coordinator; returns the last lines to write
 /// when it ends the session.
 fn on_member_event(
@@ -468,41 +535,10 @@ fn on_member_event(
     match event {
         MemberEvent::Assigned { generation, partitions, starts } => {
             write_assigned(out, generation, &partitions);
-            let mut session = shared.session.borrow_mut();
-            let mut report_start = shared.report_start.borrow_mut();
-            for (&local, start) in partitions.iter().zip(starts) {
-                let cursor = &mut session.cursors[local as usize];
-                if cursor.active {
-                    continue;
-                }
-                cursor.active = true;
-                cursor.revoking = false;
-                cursor.resolved = false;
-                cursor.position = match start {
-                    crate::group::Start::Committed(offset) => Position::Resume(offset),
-                    crate::group::Start::Reset(OffsetReset::Earliest) => Position::Earliest,
-                    crate::group::Start::Reset(OffsetReset::Latest) => Position::Latest,
-                };
-                report_start[local as usize] = matches!(start, crate::group::Start::Reset(_));
-            }
+            start_cursors(shared, &partitions, starts);
         }
         MemberEvent::Revoke { generation, partitions } => {
-            let mut session = shared.session.borrow_mut();
-            for &local in &partitions {
-                session.cursors[local as usize].revoking = true;
-            }
-            // A fetch parked at an owner may carry them: have it answered.
-            let owners: Vec<u16> = partitions
-                .iter()
-                .filter(|&&local| session.cursors[local as usize].in_flight())
-                .map(|&local| session.shard.owner_of(session.base + local))
-                .collect();
-            for owner in owners {
-                if session.outstanding[usize::from(owner)] == Outstanding::Out {
-                    session.outstanding[usize::from(owner)] = Outstanding::Woken;
-                    session.shard.send_fetch_wake(owner, session.subscription_id);
-                }
-            }
+            begin_revocation(shared, &partitions);
             revocations.push((generation, partitions));
         }
         MemberEvent::CommitOk { partition, next_offset } => {
