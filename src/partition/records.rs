@@ -251,6 +251,13 @@ pub struct RunRecords<'a> {
     offset: u64,
 }
 
+impl RunRecords<'_> {
+    /// Whether every record has been read.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
 impl<'a> Iterator for RunRecords<'a> {
     type Item = (u64, RecordRef<'a>);
 

@@ -18,15 +18,16 @@ use futures_lite::{AsyncWrite, AsyncWriteExt};
 
 use crate::partition::fetch::FetchReply;
 use crate::partition::records::{Entries, Entry, FetchedRecords, RunRecords};
-use crate::protocol::subscribe::{write_event_line, write_truncated};
+use crate::protocol::subscribe::{EventLinePrefix, write_prefixed_event_line, write_truncated};
 use crate::shard::metrics::ShardMetrics;
 
 /// Renders one reply's records as subscriber lines, a chunk at a time.
 pub struct LineRenderer<'a> {
     entries: Entries<'a>,
-    /// The run being rendered: its partition as the subscriber numbers it,
-    /// and the records left.
-    run: Option<(u32, RunRecords<'a>)>,
+    /// The run being rendered: the start of its next line (its partition as
+    /// the subscriber numbers it and the next offset, counted up line by
+    /// line: offsets in a run are dense) and the records left.
+    run: Option<(EventLinePrefix, RunRecords<'a>)>,
     /// The global id of the stream's partition 0: lines carry
     /// `global - base`.
     base: u32,
@@ -42,18 +43,30 @@ impl<'a> LineRenderer<'a> {
     /// records end (returns true).
     pub fn render(&mut self, out: &mut Vec<u8>, bytes_max: usize) -> bool {
         loop {
-            if let Some((partition, records)) = self.run.as_mut() {
-                for (offset, record) in records.by_ref() {
-                    write_event_line(out, *partition, offset, record.key, record.payload);
+            if let Some((prefix, records)) = self.run.as_mut() {
+                while let Some((_, record)) = records.next() {
+                    write_prefixed_event_line(out, prefix, record.key, record.payload);
+                    // The prefix counts past a run's last offset only if
+                    // the run goes on (its last offset may be u64::MAX).
+                    if records.is_empty() {
+                        break;
+                    }
+                    prefix.advance();
                     if out.len() >= bytes_max {
                         return false;
                     }
                 }
                 self.run = None;
+                if out.len() >= bytes_max {
+                    return false;
+                }
             }
             match self.entries.next() {
                 None => return true,
-                Some(Entry::Run(run)) => self.run = Some((self.local(run.partition), run.records())),
+                Some(Entry::Run(run)) => {
+                    let prefix = EventLinePrefix::new(self.local(run.partition), run.base_offset);
+                    self.run = Some((prefix, run.records()));
+                }
                 Some(Entry::Truncated { partition, requested, earliest }) => {
                     write_truncated(out, self.local(partition), requested, earliest);
                     if out.len() >= bytes_max {
@@ -130,15 +143,15 @@ mod tests {
     }
 
     /// Records render as the subscriber lines the protocol defines (the
-    /// partition numbered in its stream, keys escaped), and a chunked
-    /// render gives the same bytes as a whole one, never stopping before a
-    /// chunk is full.
+    /// partition numbered in its stream, offsets counted up across a carry,
+    /// keys escaped), and a chunked render gives the same bytes as a whole
+    /// one, never stopping before a chunk is full.
     #[test]
     fn renders_lines_in_chunks() {
-        let records = records_of(12, 40, &[(b"k", b"a"), (b"two words", b"b c"), (b"k", b"")]);
+        let records = records_of(12, 99, &[(b"k", b"a"), (b"two words", b"b c"), (b"k", b"")]);
         let mut whole = Vec::new();
         assert!(LineRenderer::new(&records, 10).render(&mut whole, usize::MAX));
-        assert_eq!(whole, b"TRUNCATED 2 0 40\n2 40 k a\n2 41 two\\swords b c\n2 42 k \n");
+        assert_eq!(whole, b"TRUNCATED 2 0 99\n2 99 k a\n2 100 two\\swords b c\n2 101 k \n");
         for chunk_bytes in [1, 5, 17, 30, 1000] {
             let (mut renderer, mut out, mut chunked) = (LineRenderer::new(&records, 10), Vec::new(), Vec::new());
             while !renderer.render(&mut out, chunk_bytes) {
