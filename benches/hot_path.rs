@@ -41,6 +41,10 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use spate::config::{
+    CREDIT_WINDOW_BATCHES_MIN, CREDIT_WINDOW_BYTES_MEMORY, KIB, MIB, RETENTION_BYTES_MEMORY_DEFAULT,
+    SEGMENT_BYTES_MEMORY_DEFAULT,
+};
 use spate::partition::apply::RecordOrder;
 use spate::partition::fetch::copy_records;
 use spate::partition::records::FetchedRecords;
@@ -49,9 +53,6 @@ use spate::protocol::{BatchIter, Line, LineBuffer, Next, RecordRef, encode_batch
 use spate::routing::{CreditGrant, DataBatch, Router, route};
 use spate::stream::StreamRoute;
 use spate::subscribe::render::LineRenderer;
-
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
 
 /// Size of the line buffer every bench's events come from.
 const INPUT_BYTES: usize = MIB;
@@ -62,17 +63,18 @@ const PAYLOAD_BYTES: usize = 64;
 /// Seed of the event generator, so every run benches the same bytes.
 const SEED: u64 = 0x5EED_F00D_5BA7;
 
-/// The server defaults (src/config.rs) the benches run with.
+/// The server defaults (`spate serve`'s flags with `--storage memory`,
+/// src/config/) the benches run with.
 const PARTITION_COUNT: u32 = 256;
 const SHARD_COUNT: u16 = 2;
 const LINE_SIZE_MAX: usize = MIB;
 const READ_BUFFER_INITIAL_BYTES: usize = 4 * KIB;
 const READ_BUFFER_BYTES: usize = 256 * KIB;
 const BATCH_BYTES: usize = 64 * KIB;
-const CREDIT_WINDOW_BYTES: usize = 4 * MIB;
-const CREDIT_WINDOW_BATCHES: usize = 64;
-const RETENTION_BYTES: usize = 8 * MIB;
-const SEGMENT_BYTES: usize = MIB;
+const CREDIT_WINDOW_BYTES: usize = CREDIT_WINDOW_BYTES_MEMORY;
+const CREDIT_WINDOW_BATCHES: usize = CREDIT_WINDOW_BATCHES_MIN;
+const RETENTION_BYTES: usize = RETENTION_BYTES_MEMORY_DEFAULT;
+const SEGMENT_BYTES: usize = SEGMENT_BYTES_MEMORY_DEFAULT;
 const FETCH_BYTES_MAX: usize = 256 * KIB;
 
 /// Half-life of a partition's rate averages (the balancer default). Rates are

@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a server: ingest on 9400, subscribe on 9401, admin HTTP on 127.0.0.1:9402.
-    #[command(after_help = spate::config::MEMORY_FORMULA_HELP)]
+    #[command(after_help = spate::config::memory_formula_text())]
     Serve(spate::Config),
     /// Subscribe and print `<partition> <offset> <key> <payload>` lines.
     Sub(spate::cli::sub::SubArgs),

@@ -131,9 +131,9 @@ async fn declare_on_shards(state: &AdminState, declaration: &AggregateDeclaratio
         DECLARE_TIMEOUT,
     )
     .await?;
-    if let Some(Err(error)) = declared.into_iter().find(Result::is_err) {
-        let message = format!("declaring aggregate {}: {error}\n", declaration.name);
-        return Err(Failure { status: 500, message });
+    if let Some(error) = declared.into_iter().find_map(Result::err) {
+        let message = format!("{error} (declaring aggregate {})\n", declaration.name);
+        return Err(Failure { status: error.http_status(), message });
     }
     Ok(())
 }

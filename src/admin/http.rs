@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::future::or;
 use hyper::server::conn::http1;
@@ -16,11 +16,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::admin::{AdminState, routes};
-use crate::config::{
-    ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN, ADMIN_CONNECTION_LIFETIME_MS, ADMIN_CONNECTIONS_MAX,
-    ADMIN_HEADER_BYTES_MAX, ADMIN_HEADER_READ_TIMEOUT_MS,
-};
+use crate::config::{ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN, ADMIN_CONNECTIONS_MAX, ADMIN_HEADER_BYTES_MAX};
+use crate::runtime::log::{self, Level};
 
+/// An admin client must send a whole request head within this, in ms.
+pub(super) const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5000;
+/// An admin connection is closed (gracefully, after its request in progress)
+/// this long after it was accepted, in ms, so a keep-alive client cannot
+/// hold one of the [`ADMIN_CONNECTIONS_MAX`] slots for ever.
+pub(super) const ADMIN_CONNECTION_LIFETIME_MS: u64 = 60_000;
 /// Most header fields in one request.
 const ADMIN_HEADER_COUNT_MAX: usize = 64;
 /// How long a connection past its lifetime gets to finish its request.
@@ -31,13 +35,14 @@ pub async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>, mut 
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(error) => {
-            eprintln!("spate: admin: cannot serve: {error}");
+            log::error!("admin: cannot serve: {error}");
             return;
         }
     };
     let permits = Arc::new(Semaphore::new(ADMIN_CONNECTIONS_MAX));
     let mut backoff_ms = ACCEPT_BACKOFF_MS_MIN;
-    let mut failing = false;
+    let accept_failures = log::Episode::new("failed accepts");
+    let scope = log::Scope::process();
     loop {
         // A connection slot first: past the limit, clients wait in the backlog.
         let permit = or(async { permits.clone().acquire_owned().await.ok() }, async {
@@ -52,19 +57,15 @@ pub async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>, mut 
         match accepted.await {
             None => return,
             Some(Ok((stream, _))) => {
-                if failing {
-                    eprintln!("spate: admin accept works again");
-                    failing = false;
-                }
+                accept_failures.end(Instant::now(), Level::Info, scope, format_args!("admin accept works again"));
                 backoff_ms = ACCEPT_BACKOFF_MS_MIN;
                 tokio::spawn(serve_connection(stream, state.clone(), permit));
             }
             Some(Err(error)) => {
                 state.counters.accept_errors.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    eprintln!("spate: admin accept failed: {error}; backing off (logged once until it works again)");
-                    failing = true;
-                }
+                let failed =
+                    format_args!("admin accept failed: {error}; backing off (logged once until it works again)");
+                accept_failures.occur(Instant::now(), Level::Warn, scope, failed);
                 tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
                 backoff_ms = (backoff_ms * 2).min(ACCEPT_BACKOFF_MS_MAX);
             }

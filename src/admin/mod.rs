@@ -19,9 +19,9 @@
 //!
 //! [`ADMIN_CONNECTIONS_MAX`]: crate::config::ADMIN_CONNECTIONS_MAX
 //! [`ADMIN_HEADER_BYTES_MAX`]: crate::config::ADMIN_HEADER_BYTES_MAX
-//! [`ADMIN_HEADER_READ_TIMEOUT_MS`]: crate::config::ADMIN_HEADER_READ_TIMEOUT_MS
-//! [`ADMIN_BODY_BYTES_MAX`]: crate::config::ADMIN_BODY_BYTES_MAX
-//! [`ADMIN_CONNECTION_LIFETIME_MS`]: crate::config::ADMIN_CONNECTION_LIFETIME_MS
+//! [`ADMIN_HEADER_READ_TIMEOUT_MS`]: http::ADMIN_HEADER_READ_TIMEOUT_MS
+//! [`ADMIN_BODY_BYTES_MAX`]: routes::ADMIN_BODY_BYTES_MAX
+//! [`ADMIN_CONNECTION_LIFETIME_MS`]: http::ADMIN_CONNECTION_LIFETIME_MS
 
 mod aggregates;
 mod http;
@@ -35,6 +35,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, MemoryBound};
+use crate::runtime::log;
 use crate::shard::control::{ControlRequest, PartitionInfo};
 use crate::shard::metrics::ShardStats;
 
@@ -155,21 +156,26 @@ impl AdminServer {
 ///
 /// [`STORAGE_RETRY_MS`]: crate::config::STORAGE_RETRY_MS
 async fn save_deferred_catalog(state: Arc<AdminState>) {
-    let mut reported = false;
+    // A full disk is expected here and not logged; other failures are, once
+    // until the save succeeds.
+    let failures = log::Episode::new("failed saves");
+    let scope = log::Scope::process();
     while state.catalog_unsaved.reason().is_some() {
         tokio::time::sleep(Duration::from_millis(crate::config::STORAGE_RETRY_MS)).await;
         let catalog = state.catalog.lock().await;
         match catalog.save(&state.config.data_dir) {
             Ok(()) => {
                 state.catalog_unsaved.clear();
-                eprintln!("spate: the stream catalog deferred at start-up is saved");
+                let saved = "the stream catalog deferred at start-up is saved";
+                if !failures.end(Instant::now(), log::Level::Info, scope, format_args!("{saved}")) {
+                    log::info!("{saved}");
+                }
             }
             Err(error) if error.is_storage_full() => {}
-            Err(error) if !reported => {
-                reported = true;
-                eprintln!("spate: saving the stream catalog deferred at start-up: {error}; retrying");
+            Err(error) => {
+                let failed = format_args!("saving the stream catalog deferred at start-up: {error}; retrying");
+                failures.occur(Instant::now(), log::Level::Warn, scope, failed);
             }
-            Err(_) => {}
         }
     }
 }

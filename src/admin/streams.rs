@@ -28,7 +28,9 @@ use serde_json::json;
 
 use crate::admin::{AdminState, ShardUnavailable, ask_all_within, collect_partitions};
 use crate::config::Storage;
+use crate::runtime::log;
 use crate::shard::control::{ControlRequest, StreamChange};
+use crate::shard::streams::InstallError;
 use crate::stream::{Catalog, CatalogError, NewStream, StreamSpec};
 
 /// How long a shard may take to install or drop a stream (opening or
@@ -48,6 +50,12 @@ pub struct Failure {
 
 impl From<CatalogError> for Failure {
     fn from(error: CatalogError) -> Failure {
+        Failure { status: error.http_status(), message: format!("{error}\n") }
+    }
+}
+
+impl From<InstallError> for Failure {
+    fn from(error: InstallError) -> Failure {
         Failure { status: error.http_status(), message: format!("{error}\n") }
     }
 }
@@ -147,8 +155,8 @@ async fn install(state: &AdminState, spec: &StreamSpec) -> Result<(), Failure> {
         STREAM_CHANGE_TIMEOUT,
     )
     .await?;
-    if let Some(Err(error)) = installed.into_iter().find(Result::is_err) {
-        return Err(Failure { status: 500, message: format!("installing stream {}: {error}\n", spec.name) });
+    if let Some(error) = installed.into_iter().find_map(Result::err) {
+        return Err(error.into());
     }
     let id = spec.id;
     ask_all_within(state, |reply| ControlRequest::Stream(StreamChange::Activate { id, reply }), STREAM_CHANGE_TIMEOUT)
@@ -170,7 +178,7 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     let started = std::time::Instant::now();
     let finished = finish_delete(state, &mut catalog, &spec).await;
     if started.elapsed() > SLOW_DELETE {
-        eprintln!("spate: deleting stream {name} took {:.1} s", started.elapsed().as_secs_f64());
+        log::warn!(stream = name, "deleting the stream took {:.1} s", started.elapsed().as_secs_f64());
     }
     if let Err(failure) = finished {
         let message = format!("{}(stream {name} is deleted; its files go at the next start)\n", failure.message);

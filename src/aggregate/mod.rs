@@ -126,17 +126,10 @@ pub use output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry,
 pub use processor::{PartitionProcessor, ProcessError};
 pub use state::AggregateCounters;
 
-/// Aggregates declared on one stream, each costing its keys on every
-/// partition of the stream.
-pub const AGGREGATES_PER_STREAM_MAX: usize = 16;
+pub use crate::config::limits::{AGGREGATES_PER_STREAM_MAX, KEYS_PER_AGGREGATE_MAX, TOP_N_MAX};
+
 /// Longest aggregate name, in bytes (`[a-z0-9._-]`).
 pub const AGGREGATE_NAME_SIZE_MAX: usize = 64;
-/// Keys one aggregate tracks on one partition, by default. Memory: this
-/// times [`key_cost_bytes`] per aggregate per partition, e.g. 16384 keys of
-/// 32 bytes in tumbling windows without lateness (one open window per key)
-/// cost at most 16384 × 322 bytes, 5.0 MiB (keys of up to 22 bytes are
-/// stored in the slot: their bytes cost nothing more).
-pub const KEYS_PER_AGGREGATE_MAX: u32 = 16_384;
 /// Open windows one key may hold in one aggregate: a declaration implying
 /// more (`ceil((size + lateness) / step)`) is refused. Each open window is
 /// [`WINDOW_ENTRY_BYTES`] (plus a [`HLL_REGISTERS`]-byte sketch for
@@ -149,8 +142,6 @@ pub const ALLOWED_LATENESS_MS_MAX: u64 = 7 * 86_400_000;
 /// Latest event time accepted (9999-12-31T23:59:59.999Z): later ones are
 /// malformed. Keeps every window end far from `u64::MAX`.
 pub const TIME_MS_MAX: u64 = 253_402_300_799_999;
-/// Largest `n` of a top-N query.
-pub const TOP_N_MAX: usize = 1000;
 /// Bytes of one window's accumulator.
 pub const WINDOW_ENTRY_BYTES: usize = std::mem::size_of::<state::WindowState>();
 /// Bytes of one key besides its key bytes and windows: its hash-map slot at

@@ -108,6 +108,6 @@ pub mod sim;
 
 pub use report::{Ewma, HOTTEST_PARTITIONS_MAX, LoadReport, PartitionLoad, SHARDS_MAX, View, hottest_partitions};
 pub use rule::{
-    BalanceConfig, BalanceConfigError, Census, Cooldowns, Direction, Migration, Refusal, ShardState, StealRequest,
-    pick_partition, want_to_steal, water_level_events_per_s,
+    BalanceConfig, BalanceConfigError, Census, Cooldowns, Direction, Ledger, Migration, Refusal, ShardState,
+    StealRequest, pick_partition, want_to_steal, water_level_events_per_s,
 };

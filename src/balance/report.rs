@@ -17,6 +17,8 @@ pub const HOTTEST_PARTITIONS_MAX: usize = 8;
 /// The most shards a view can index: shard ids are `u16` on the wire, and 4096 is far past the
 /// core count of any box this engine targets, so a larger count is a bug, not a big machine.
 pub const SHARDS_MAX: u16 = 4096;
+// A view holds every shard a server may run.
+const _: () = assert!(crate::config::limits::SHARD_COUNT_MAX <= SHARDS_MAX as usize);
 
 /// The measured load of one partition, as the owner sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]

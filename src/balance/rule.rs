@@ -241,6 +241,70 @@ impl ShardState {
     }
 }
 
+/// One shard's balancer bookkeeping between steps: the migration it takes
+/// part in (as the rule records it), the cooldowns of partitions it
+/// received, and the steal request waiting for its answer. The engine's
+/// balancer (`shard::balancer`) and the simulator's shards both keep one and
+/// change it only through these methods, so the simulator runs the engine's
+/// bookkeeping, not a copy of it.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    pub state: ShardState,
+    pub cooldowns: Cooldowns,
+    /// `(victim, sent_ms)` of the steal request waiting for its answer.
+    pub pending_request: Option<(u16, u64)>,
+}
+
+impl Ledger {
+    /// A steal request went to `victim` at `now_ms`.
+    pub fn request_sent(&mut self, victim: u16, now_ms: u64) {
+        self.pending_request = Some((victim, now_ms));
+    }
+
+    /// Whether a steal request still waits for its answer at `now_ms` (after
+    /// `timeout_ms` the shard may ask again).
+    pub fn awaiting_answer(&self, now_ms: u64, timeout_ms: u64) -> bool {
+        self.pending_request.is_some_and(|(_, sent_ms)| now_ms < sent_ms.saturating_add(timeout_ms))
+    }
+
+    /// Whether a steal request from another shard must be refused: a
+    /// migration is in flight, or this shard waits for the answer to its own
+    /// request (it may become a thief any moment: giving a partition away
+    /// meanwhile could make it a thief and an owner at once, whose held
+    /// grants could wait on each other across shards).
+    pub fn refuses_steal(&self, migrations_busy: bool) -> bool {
+        migrations_busy || self.pending_request.is_some()
+    }
+
+    /// This shard learnt that a partition is migrating to it: the answer to
+    /// its steal request (or a migration it did not ask for).
+    pub fn migration_began(&mut self, migration: Migration) {
+        self.pending_request = None;
+        if !self.state.is_migrating() {
+            self.state.begin(migration);
+        }
+    }
+
+    /// This shard's part in moving `partition` ended. A thief records the
+    /// cooldown from `moved_ms`, when the old owner handed it over.
+    pub fn migration_ended(&mut self, partition: u32, direction: Direction, at_ms: u64, moved_ms: u64) {
+        if direction == Direction::In {
+            self.cooldowns.record(partition, moved_ms);
+        }
+        // A shard can be in the protocol for a partition the balancer did not
+        // record (e.g. a thief already busy as an owner).
+        if self.state.migration().is_some_and(|migration| migration.partition == partition) {
+            self.state.finish(partition, at_ms.max(moved_ms));
+        }
+    }
+
+    /// `victim` refused this shard's steal request.
+    pub fn refused(&mut self, victim: u16, refusal: &Refusal, now_ms: u64, cfg: &BalanceConfig) {
+        self.state.note_refusal(victim, refusal, now_ms, cfg);
+        self.pending_request = None;
+    }
+}
+
 /// When each recently moved partition arrived at its current owner.
 ///
 /// In the engine the time travels with the partition's `Handoff`, so the new owner knows it;

@@ -55,9 +55,7 @@ use std::time::Instant;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::config::{
-    FLUSH_SOON_READ_BYTES_MAX, REPLY_BUFFER_BYTES_MAX, REPLY_BUFFER_RETAINED_BYTES, REPLY_LINE_SIZE_MAX,
-};
+use crate::config::{FLUSH_SOON_READ_BYTES_MAX, REPLY_BUFFER_BYTES_MAX, REPLY_LINE_SIZE_MAX};
 use crate::net::accept::Acceptor;
 use crate::net::socket::{send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
@@ -70,6 +68,11 @@ use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::stream::{DEFAULT_STREAM, STREAM_NAME_SIZE_MAX, StreamRoute};
+
+/// Reply buffer a connection allocates on its first reply and keeps between
+/// writes, in bytes; a buffer that grew past it in a burst is given back
+/// once written.
+const REPLY_BUFFER_RETAINED_BYTES: usize = 4 * 1024;
 
 /// The format a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

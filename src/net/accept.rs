@@ -20,6 +20,7 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::config::{ACCEPT_BACKOFF_MS_MAX, ACCEPT_BACKOFF_MS_MIN};
 use crate::net::registry::Connections;
+use crate::runtime::log::{self, Level, Scope};
 use crate::runtime::notify::{Either, first};
 use crate::shard::lifecycle::Lifecycle;
 use crate::shard::metrics::ShardMetrics;
@@ -27,14 +28,6 @@ use crate::shard::metrics::ShardMetrics;
 /// A run of accept failures for lack of resources, and the quiet time after
 /// it that ends it.
 const EPISODE_QUIET: Duration = Duration::from_secs(1);
-
-struct Episode {
-    started: Instant,
-    last_failure: Instant,
-    failures: u64,
-    shed: u64,
-    backoff_ms: u64,
-}
 
 /// One face's accept loop state on one shard.
 pub struct Acceptor<'a> {
@@ -44,7 +37,12 @@ pub struct Acceptor<'a> {
     pub lifecycle: &'a Lifecycle,
     pub connections: &'a Connections,
     pub metrics: &'a ShardMetrics,
-    episode: Option<Episode>,
+    /// Accepts failed for lack of resources, logged once per episode.
+    failures: log::Episode,
+    /// Connections shed in the running episode.
+    shed: u64,
+    /// The next back-off after a failure.
+    backoff_ms: u64,
 }
 
 impl<'a> Acceptor<'a> {
@@ -56,7 +54,18 @@ impl<'a> Acceptor<'a> {
         connections: &'a Connections,
         metrics: &'a ShardMetrics,
     ) -> Acceptor<'a> {
-        Acceptor { listener, name, shard_id, lifecycle, connections, metrics, episode: None }
+        let failures = log::Episode::new("failed accepts");
+        Acceptor {
+            listener,
+            name,
+            shard_id,
+            lifecycle,
+            connections,
+            metrics,
+            failures,
+            shed: 0,
+            backoff_ms: ACCEPT_BACKOFF_MS_MIN,
+        }
     }
 
     /// The next connection, or `None` once shutdown is requested.
@@ -88,47 +97,36 @@ impl<'a> Acceptor<'a> {
         }
         ShardMetrics::add(&self.metrics.accept_errors_fd_exhausted, 1);
         self.end_episode_if_quiet(now);
-        let (shard_id, name) = (self.shard_id, self.name);
-        let episode = self.episode.get_or_insert_with(|| {
-            eprintln!(
-                "spate: shard {shard_id}: {name} accept failed: {error}; out of file descriptors: backing off and \
-                 shedding idle connections (logged once per episode)"
-            );
-            Episode { started: now, last_failure: now, failures: 0, shed: 0, backoff_ms: ACCEPT_BACKOFF_MS_MIN }
-        });
-        episode.failures += 1;
-        episode.last_failure = now;
+        let failed = format_args!(
+            "{} accept failed: {error}; out of file descriptors: backing off and shedding idle connections \
+             (logged once per episode)",
+            self.name
+        );
+        if self.failures.occur(now, Level::Warn, Scope::shard(self.shard_id), failed) {
+            self.shed = 0;
+            self.backoff_ms = ACCEPT_BACKOFF_MS_MIN;
+        }
         // The first back-off lets sockets that are closing anyway go; after
         // that, make room.
-        if episode.failures > 1 && self.connections.shed_oldest().is_some() {
-            episode.shed += 1;
+        if self.failures.occurrences() > 1 && self.connections.shed_oldest().is_some() {
+            self.shed += 1;
             ShardMetrics::add(&self.metrics.connections_shed, 1);
         }
-        let pause = Duration::from_millis(episode.backoff_ms);
-        episode.backoff_ms = (episode.backoff_ms * 2).min(ACCEPT_BACKOFF_MS_MAX);
+        let pause = Duration::from_millis(self.backoff_ms);
+        self.backoff_ms = (self.backoff_ms * 2).min(ACCEPT_BACKOFF_MS_MAX);
         pause
     }
 
     fn on_success(&mut self, now: Instant) {
-        if let Some(episode) = &mut self.episode {
-            episode.backoff_ms = ACCEPT_BACKOFF_MS_MIN;
-        }
+        self.backoff_ms = ACCEPT_BACKOFF_MS_MIN;
         self.end_episode_if_quiet(now);
     }
 
     /// Ends (and reports) the episode if its last failure is a second old.
     fn end_episode_if_quiet(&mut self, now: Instant) {
-        let quiet =
-            self.episode.as_ref().is_some_and(|episode| now.duration_since(episode.last_failure) >= EPISODE_QUIET);
-        if quiet && let Some(episode) = self.episode.take() {
-            eprintln!(
-                "spate: shard {}: {} accept works again: {} accepts failed over {:.1}s, {} connections shed",
-                self.shard_id,
-                self.name,
-                episode.failures,
-                episode.last_failure.duration_since(episode.started).as_secs_f64(),
-                episode.shed
-            );
+        if self.failures.quiet_for(now).is_some_and(|quiet| quiet >= EPISODE_QUIET) {
+            let works = format_args!("{} accept works again, {} connections shed", self.name, self.shed);
+            self.failures.end(now, Level::Info, Scope::shard(self.shard_id), works);
         }
     }
 }

@@ -19,10 +19,15 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::{CONNECTION_SWEEP_INTERVAL_MS, Config, IDLE_TRIM_MS};
+use crate::config::{Config, IDLE_TRIM_MS};
 use crate::net::admission::SubscriberSlot;
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::lifecycle::Lifecycle;
+
+/// How often each shard's connection sweeper checks the idle and line
+/// timeouts, idle buffers and the shutdown deadline, in ms: they fire up to
+/// this late.
+pub const CONNECTION_SWEEP_INTERVAL_MS: u64 = 100;
 
 /// Which port a connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,10 +9,21 @@ use std::time::Duration;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
-use crate::config::{
-    GOODBYE_WRITE_TIMEOUT_MS, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, REFUSALS_IN_FLIGHT_MAX,
-};
+use crate::config::REFUSALS_IN_FLIGHT_MAX;
 use crate::runtime::notify::{Either, first};
+
+/// How long a last line to a connection being closed (a refusal, a timeout,
+/// shedding) may wait for the peer's window before the socket is closed, in ms.
+pub const GOODBYE_WRITE_TIMEOUT_MS: u64 = 200;
+/// TCP keepalive on accepted sockets, so a peer that vanished (power loss, a
+/// cable, a NAT that forgot the flow) is noticed after about
+/// `idle + interval * probes` = 2 minutes instead of never: the idle time
+/// before the first probe, in seconds.
+const KEEPALIVE_IDLE_S: u32 = 60;
+/// Seconds between keepalive probes.
+const KEEPALIVE_INTERVAL_S: u32 = 10;
+/// Unanswered keepalive probes before the connection is dropped.
+const KEEPALIVE_PROBES: u32 = 6;
 
 /// Sets the options of an accepted socket: TCP keepalive
 /// ([`KEEPALIVE_IDLE_S`], [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]) and

@@ -4,6 +4,11 @@
 //! What must happen next comes back as data ([`Applied`] and the migration
 //! [`Effect`]s); the shard carries it out.
 //!
+//! The owned partitions are anything that implements [`OwnedPartitions`]:
+//! the engine's [`PartitionManager`], and the simulator's tracer partitions
+//! (`spate simulate` applies its batches, in the engine's record format,
+//! with these very functions: [`apply_batch`] and [`install_moved`]).
+//!
 //! A large batch is applied partition by partition ([`RecordOrder`]): its
 //! records grouped by partition, each group in batch order. Offsets and
 //! ordering are per partition, so nothing a reader can see changes; what
@@ -39,6 +44,13 @@ pub struct RecordOrder {
     /// Record positions in application order.
     order: Vec<u32>,
 }
+
+// The memory formula counts the order's bytes per record and per partition id.
+const _: () = assert!(
+    std::mem::size_of::<(u32, u32)>() + std::mem::size_of::<u32>()
+        <= crate::config::limits::APPLY_ORDER_BYTES_PER_RECORD
+        && std::mem::size_of::<u32>() <= crate::config::limits::APPLY_ORDER_BYTES_PER_PARTITION
+);
 
 impl RecordOrder {
     /// Orders the records of `batch` (batch records, as
@@ -103,8 +115,60 @@ impl PendingRecords {
     }
 }
 
-/// The migration state machine as the engine uses it.
+/// The migration state machine as the engine (and the simulator) uses it.
 pub type ShardMigrations<G> = Migrations<G, PendingRecords>;
+
+/// The partitions one shard owns, as applying sees them.
+pub trait OwnedPartitions {
+    /// One owned partition, as it travels in a handoff.
+    type Partition;
+    /// Appends a record to an owned partition; the log bytes it added, or
+    /// `None` when the partition is not owned here.
+    fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64>;
+    /// Appends a record to a partition that is not installed yet (a
+    /// handoff's, before its early records follow it).
+    fn append_to(&mut self, partition: &mut Self::Partition, record: &RecordRef<'_>) -> u64;
+    /// Whether the partition belongs to a deleted stream: records still in
+    /// flight for it are dropped.
+    fn is_retired(&self, partition_id: u32) -> bool;
+    /// Installs a partition that arrived in a handoff.
+    fn install_moved(&mut self, partition_id: u32, partition: Box<Self::Partition>);
+    /// The scratch space a large batch is grouped in (kept to be reused;
+    /// [`OwnedPartitions::put_record_order`] gives it back).
+    fn take_record_order(&mut self) -> RecordOrder;
+    fn put_record_order(&mut self, order: RecordOrder);
+}
+
+impl OwnedPartitions for PartitionManager {
+    type Partition = Partition;
+
+    #[inline]
+    fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64> {
+        PartitionManager::append(self, partition_id, record)
+    }
+
+    fn append_to(&mut self, partition: &mut Partition, record: &RecordRef<'_>) -> u64 {
+        partition.append(record, self.arrival_ms)
+    }
+
+    fn is_retired(&self, partition_id: u32) -> bool {
+        PartitionManager::is_retired(self, partition_id)
+    }
+
+    fn install_moved(&mut self, partition_id: u32, partition: Box<Partition>) {
+        self.install(partition_id, partition);
+        // What it brought and what waited for it go to its files.
+        self.mark_dirty(partition_id);
+    }
+
+    fn take_record_order(&mut self) -> RecordOrder {
+        std::mem::take(&mut self.record_order)
+    }
+
+    fn put_record_order(&mut self, order: RecordOrder) {
+        self.record_order = order;
+    }
+}
 
 /// What applying a batch stored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,8 +193,8 @@ pub trait Batch {
 
 /// Applies one batch from `source`: its records, then its markers, then its
 /// grant (returned or held). Effects for the shard are appended to `effects`.
-pub fn apply_batch<B: Batch>(
-    partitions: &mut PartitionManager,
+pub fn apply_batch<B: Batch, O: OwnedPartitions>(
+    partitions: &mut O,
     migrations: &mut ShardMigrations<B::Grant>,
     source: u16,
     batch: B,
@@ -143,13 +207,13 @@ pub fn apply_batch<B: Batch>(
     let mut held_for: Vec<u32> = Vec::new();
     let records = batch.records();
     if records.len() >= GROUPED_APPLY_BYTES_MIN {
-        let mut order = std::mem::take(&mut partitions.record_order);
+        let mut order = partitions.take_record_order();
         for &position in order.group(records) {
             let (partition_id, record) =
                 BatchIter::new(&records[position as usize..]).next().expect("grouping found a record here");
             apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
         }
-        partitions.record_order = order;
+        partitions.put_record_order(order);
     } else {
         for (partition_id, record) in BatchIter::new(records) {
             apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
@@ -165,8 +229,8 @@ pub fn apply_batch<B: Batch>(
 /// Applies one record of a batch from `source`: appends it to its
 /// partition, or buffers it for a partition migrating here (noting it in
 /// `held_for`), or discards it for a deleted stream.
-fn apply_record<G>(
-    partitions: &mut PartitionManager,
+fn apply_record<G, O: OwnedPartitions>(
+    partitions: &mut O,
     migrations: &mut ShardMigrations<G>,
     source: u16,
     partition_id: u32,
@@ -193,23 +257,39 @@ fn apply_record<G>(
     }
 }
 
+/// Step 5 of a migration on the thief: the handoff of `partition_id` at
+/// `epoch` arrived. Installs the partition, appends the records that
+/// arrived for it before, in arrival order, and releases the grants held
+/// for them (in `effects`).
+pub fn install_moved<O: OwnedPartitions, G>(
+    partitions: &mut O,
+    migrations: &mut ShardMigrations<G>,
+    partition_id: u32,
+    epoch: u32,
+    partition: Box<O::Partition>,
+    now_ms: u64,
+    effects: &mut Vec<Effect<G>>,
+) -> Applied {
+    let pending = migrations.on_handoff(partition_id, epoch, now_ms, effects);
+    install_handoff(partitions, partition_id, partition, pending)
+}
+
 /// Installs a partition that was handed over, then appends the records
 /// that arrived for it before the handoff, in arrival order.
-pub fn install_handoff(
-    partitions: &mut PartitionManager,
+pub fn install_handoff<O: OwnedPartitions>(
+    partitions: &mut O,
     partition_id: u32,
-    mut partition: Box<Partition>,
+    mut partition: Box<O::Partition>,
     pending: PendingRecords,
 ) -> Applied {
     let mut applied = Applied { stored: pending.count, stored_bytes: 0, discarded: 0 };
     let mut position = 0;
     while position < pending.bytes.len() {
         let record = decode_log_record(&pending.bytes[position..]).expect("pending holds whole records");
-        applied.stored_bytes += partition.append(&record, partitions.arrival_ms);
+        applied.stored_bytes += partitions.append_to(&mut partition, &record);
         position += record.log_record.len();
     }
-    partitions.install(partition_id, partition);
-    partitions.mark_dirty(partition_id);
+    partitions.install_moved(partition_id, partition);
     applied
 }
 

@@ -38,17 +38,19 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
+use crate::config::Config;
+use crate::config::limits::{INDEX_INTERVAL_BYTES, WRITER_UNSYNCED_BUFFERS_MAX};
 use crate::partition::log::MemoryLog;
 use crate::storage::dir::{SegmentFiles, index_path, list_segments, segment_path};
 use crate::storage::format::{FRAME_HEADER_SIZE, FrameError};
 use crate::storage::index::SegmentIndex;
 use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment, scan_segment_read_only};
-use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file};
+use crate::storage::segment::{
+    BLOCK_SIZE, SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file,
+};
+use crate::stream::StreamSpec;
 
-/// Largest body of a frame the committer writes (a record larger than this
-/// gets a frame of its own): a reader fetches whole frames, so this bounds
-/// what one read fetches beyond its budget.
-pub const FRAME_BODY_BYTES_TARGET: usize = 256 * 1024;
+pub use crate::config::limits::FRAME_BODY_BYTES_TARGET;
 
 /// How a partition's files are laid out and kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +61,35 @@ pub struct DiskConfig {
     /// Age after which a sealed segment is deleted (by its file's last
     /// write); 0 keeps segments regardless of age.
     pub retention_ms: u64,
+}
+
+/// How a partition's files follow the flags (here rather than in `config`,
+/// which knows no partition types).
+impl Config {
+    /// How the files of a partition of `spec` are written and kept (its
+    /// stream's retention).
+    pub fn disk_config_for(&self, spec: &StreamSpec) -> DiskConfig {
+        DiskConfig { retention_bytes: spec.retention_bytes, retention_ms: spec.retention_ms, ..self.disk_config() }
+    }
+
+    /// How one partition's files are written and kept.
+    pub fn disk_config(&self) -> DiskConfig {
+        // A write buffer holds the largest record in one frame, and a
+        // frame's target size, with a block to spare for the carried tail.
+        let largest_frame = self.line_record_size_max() + FRAME_HEADER_SIZE;
+        let buffer_bytes = largest_frame.max(FRAME_BODY_BYTES_TARGET * 2) + BLOCK_SIZE as usize;
+        let buffer_bytes = buffer_bytes.div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize;
+        DiskConfig {
+            writer: SegmentConfig {
+                buffer_bytes,
+                unsynced_buffers_max: WRITER_UNSYNCED_BUFFERS_MAX,
+                segment_bytes_max: self.segment_bytes() as u64,
+                index_interval_bytes: INDEX_INTERVAL_BYTES,
+            },
+            retention_bytes: self.retention_bytes() as u64,
+            retention_ms: self.retention_ms,
+        }
+    }
 }
 
 /// A sealed segment: immutable, readable by any shard.
@@ -232,12 +263,7 @@ impl DiskLog {
                 ActiveStart::Deferred { path: segment_path(dir, 0), deferred: DeferredActive { index, exists: false } };
             return Ok((DiskLog::assemble(dir, log_id, config, VecDeque::new(), 0, active), report));
         }
-        let listed = list_segments(dir).map_err(|error| SegmentError::Io {
-            op: "list partition directory",
-            path: dir.to_path_buf(),
-            position: 0,
-            source: std::io::Error::other(error.to_string()),
-        })?;
+        let listed = list_segments(dir)?;
         let mut sealed = VecDeque::new();
         let interval = config.writer.index_interval_bytes;
         for files in listed.iter().take(listed.len().saturating_sub(1)) {

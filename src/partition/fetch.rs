@@ -36,7 +36,6 @@
 //! most one window of records per owner and one chunk being written, the
 //! `(S + 1) * fetch_bytes_max` of the memory formula.
 
-use crate::config::FETCH_BUFFER_BYTES_INITIAL_MAX;
 use crate::partition::records::{ENTRY_HEADER_SIZE, FetchedRecords};
 use crate::partition::{Partition, PartitionManager};
 use crate::storage::format::{DecodedFrame, decode_frame, record_size_of};
@@ -272,11 +271,14 @@ fn finish_reply(mut reply: FetchReply, force: bool, resolved_any: bool) -> Optio
 }
 
 const _: () = assert!(
-    std::mem::size_of::<FetchReply>() * crate::config::STANDING_FETCH_REPLIES_MAX as usize
-        <= crate::config::STANDING_REPLIES_STATE_BYTES,
+    std::mem::size_of::<FetchReply>() * crate::config::limits::STANDING_FETCH_REPLIES_MAX as usize
+        <= crate::config::limits::STANDING_REPLIES_STATE_BYTES,
     "the memory formula's standing-reply bookkeeping"
 );
 
+/// A fetch reply's buffer is reserved this large (or at the fetch's budget)
+/// once it has data, so a full reply does not regrow it.
+const FETCH_BUFFER_BYTES_INITIAL_MAX: usize = 256 * 1024;
 /// Unused reply capacity kept rather than given back.
 const REPLY_SLACK_BYTES: usize = 4096;
 

@@ -4,10 +4,11 @@
 //! [`Migrations`] is one shard's side of every migration it takes part in.
 //! It is pure: each step takes the shard's placement table and the time, and
 //! appends the [`Effect`]s the shard must carry out (send a frame, hand over
-//! a partition, return credits). The engine ([`crate::shard`]) executes them
-//! on the mesh; `spate simulate` ([`crate::balance::sim`]) executes them on a
-//! simulated network with random delays and checks, on every step, that no
-//! event is lost, duplicated or reordered.
+//! a partition, return credits). [`carry_out`] hands each effect, in order,
+//! to a [`Carrier`]: the engine's (`shard`) sends on the mesh; `spate
+//! simulate`'s ([`crate::balance::sim`]) on a simulated network with random
+//! delays, checking on every step that no event is lost, duplicated or
+//! reordered.
 //!
 //! Moving partition p from owner S to thief T:
 //!
@@ -65,6 +66,41 @@ pub enum Effect<G> {
     Began(Migration),
     /// For the balancer: this shard's part in moving `partition` ended.
     Ended { partition: u32, direction: Direction, at_ms: u64 },
+}
+
+/// What carries out a shard's [`Effect`]s: the engine's shard, the
+/// simulator's shard. Each method is one effect; [`carry_out`] calls them
+/// in the order the state machine decided.
+pub trait Carrier<G> {
+    /// Sends shard `to` the placement update `partition -> owner` at `epoch`.
+    fn send_placement(&mut self, to: u16, partition: u32, owner: u16, epoch: u32);
+    /// Queues `marker` behind everything batched for shard `to` and sends it.
+    fn send_marker(&mut self, to: u16, marker: Marker);
+    /// Hands `partition` over to `to` (at `epoch`), once it may leave.
+    fn send_handoff(&mut self, to: u16, partition: u32, epoch: u32);
+    /// Returns credits to `source` (possibly this shard).
+    fn grant(&mut self, source: u16, grant: G);
+    /// For the balancer: a migration of this shard began.
+    fn began(&mut self, migration: Migration);
+    /// For the balancer: this shard's part in moving `partition` ended.
+    fn ended(&mut self, partition: u32, direction: Direction, at_ms: u64);
+}
+
+/// Carries out `effects`, in order, emptying the vector (so its capacity is
+/// reused for the next step).
+pub fn carry_out<G>(effects: &mut Vec<Effect<G>>, carrier: &mut impl Carrier<G>) {
+    for effect in effects.drain(..) {
+        match effect {
+            Effect::SendPlacement { to, partition, owner, epoch } => {
+                carrier.send_placement(to, partition, owner, epoch)
+            }
+            Effect::SendMarker { to, marker } => carrier.send_marker(to, marker),
+            Effect::SendHandoff { to, partition, epoch } => carrier.send_handoff(to, partition, epoch),
+            Effect::Grant { source, grant } => carrier.grant(source, grant),
+            Effect::Began(migration) => carrier.began(migration),
+            Effect::Ended { partition, direction, at_ms } => carrier.ended(partition, direction, at_ms),
+        }
+    }
 }
 
 /// The old owner's side of one migration.

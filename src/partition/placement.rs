@@ -10,6 +10,9 @@ pub struct Placement {
     pub epoch: u32,
 }
 
+// The memory formula counts a placement table of this many bytes per entry.
+const _: () = assert!(std::mem::size_of::<Placement>() <= crate::config::limits::PLACEMENT_ENTRY_BYTES);
+
 /// `partition -> (owner, epoch)`, a full copy on every shard. Updates with an
 /// epoch not above the current one are stale and ignored.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@
 //! Both sides are here: [`parse_control`] and the reply writers for the
 //! server, [`parse_reply`] for clients (`spate pub`, the tests, the bench).
 
-pub use crate::config::CONTROL_TOKEN_SIZE_MAX;
+pub use crate::config::limits::CONTROL_TOKEN_SIZE_MAX;
 
 /// A control line, borrowing from the read buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,9 +46,7 @@ use crate::protocol::subscribe::{BadSubscriberLine, SubscriberLine, parse_subscr
 
 /// Longest stream or group name, in bytes.
 pub const GROUP_NAME_SIZE_MAX: usize = 64;
-/// Longest line a member sends (a `GROUP` line with two longest names and
-/// both options is about 150 bytes; this leaves room for whitespace).
-pub const GROUP_REQUEST_SIZE_MAX: usize = 1024;
+pub use crate::config::limits::GROUP_REQUEST_SIZE_MAX;
 /// Bytes an `ASSIGNED`/`REVOKED` line takes besides its partition list, at
 /// most: the word, a 20-digit generation, two spaces and the LF.
 pub const PARTITION_LIST_LINE_OVERHEAD_MAX: usize = 8 + 20 + 2 + 1;

@@ -16,9 +16,7 @@
 //! (up to the line limit) and shrinks back once that line is gone; an idle
 //! connection gives a grown buffer back with [`LineBuffer::trim`].
 
-/// The default longest key, in bytes (`--key-size-max`; records hold keys
-/// of up to a `u16`). Long enough for ILP series keys with a few tags.
-pub const KEY_SIZE_MAX: usize = 1024;
+pub use crate::config::limits::KEY_SIZE_MAX;
 
 /// One parsed line, borrowing from the read buffer.
 #[derive(Debug, PartialEq, Eq)]

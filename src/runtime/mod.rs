@@ -1,5 +1,7 @@
 //! Single-threaded async building blocks that every layer may use and that
 //! know nothing of spate: wake-ups and waits for tasks on one shard
-//! ([`notify`]).
+//! ([`notify`]), and the server's log lines with their rate limit per
+//! episode ([`log`]).
 
+pub mod log;
 pub mod notify;

@@ -4,6 +4,7 @@
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::Config;
+use crate::runtime::log;
 use crate::serve::ServeError;
 
 /// Least locked memory glommio needs per executor.
@@ -167,6 +168,6 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
     }
     let raised =
         if soft_before < limit.rlim_cur { format!(" (soft limit raised from {soft_before})") } else { String::new() };
-    eprintln!("spate: file descriptors: limit {available}{raised}; this configuration needs at most {budget}");
+    log::info!("file descriptors: limit {available}{raised}; this configuration needs at most {budget}");
     Ok(())
 }

@@ -16,14 +16,21 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement, PoolThreadHandles};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
-use crate::config::{
-    CONTROL_CHANNEL_CAPACITY, Config, SHARD_EVENTS_PER_SHARD_MAX, SHUTDOWN_FORCE_MARGIN_MS, STORAGE_RETRY_MS,
-};
+use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::net::Admission;
+use crate::runtime::log;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
 /// How long shards get to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Control requests queued per shard (admin and signal threads to a shard):
+/// the admin thread waits for each answer, so a handful is plenty.
+const CONTROL_CHANNEL_CAPACITY: usize = 64;
+/// Life-cycle events each shard sends `main` (started or failed, drained).
+const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
+/// After the shutdown deadline plus this, the process exits whatever is
+/// still running (status 1), in ms; a second SIGINT/SIGTERM exits at once.
+const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug)]
@@ -88,7 +95,7 @@ impl std::fmt::Display for ServeError {
                 f,
                 "{name} address {address} is already in use: listening sockets no live process holds did not \
                  go away within {} ms; pick another address with --{name}",
-                crate::config::ADDRESS_WAIT_MS_MAX
+                ports::ADDRESS_WAIT_MS_MAX
             ),
             ServeError::FdBudget { budget, limit } => write!(
                 f,
@@ -182,8 +189,8 @@ fn install_fail_fast_hook() {
     std::panic::set_hook(Box::new(move |info| {
         report(info);
         let thread = std::thread::current();
-        eprintln!(
-            "spate: fatal: thread '{}' panicked; stopping the process now (SIGABRT) so that a supervisor \
+        log::error!(
+            "thread '{}' panicked; stopping the process now (SIGABRT) so that a supervisor \
              restarts it: acknowledged events are safe in the log",
             thread.name().unwrap_or("unnamed")
         );
@@ -252,7 +259,7 @@ fn stop_shards(controls: &[flume::Sender<ControlRequest>], pool: PoolThreadHandl
     broadcast(controls, || ControlRequest::Exit);
     for result in pool.join_all() {
         if let Err(error) = result {
-            eprintln!("spate: shard ended with an error: {error}");
+            log::error!("a shard ended with an error: {error}");
         }
     }
 }
@@ -262,9 +269,9 @@ fn stop_shards(controls: &[flume::Sender<ControlRequest>], pool: PoolThreadHandl
 fn print_stopped(elapsed: Duration, complete: bool) {
     let elapsed = elapsed.as_secs_f64();
     if complete {
-        eprintln!("spate: stopped cleanly after {elapsed:.1}s");
+        log::info!("stopped cleanly after {elapsed:.1}s");
     } else {
-        eprintln!("spate: stopped after {elapsed:.1}s; connections still open at the shutdown deadline were cut");
+        log::info!("stopped after {elapsed:.1}s; connections still open at the shutdown deadline were cut");
     }
 }
 
@@ -300,8 +307,8 @@ fn print_read_only(shards: &[(u16, String)], catalog_unsaved: Option<&str>) {
     let Some(reason) = shards.first().map(|(_, reason)| reason.as_str()).or(catalog_unsaved) else { return };
     let ids: Vec<String> = shards.iter().map(|(shard, _)| shard.to_string()).collect();
     let which = if ids.is_empty() { "the stream catalog".to_string() } else { format!("shards {}", ids.join(", ")) };
-    eprintln!(
-        "spate: started read-only ({which}): {reason}. Stored events are served to subscribers; ingest is held \
+    log::warn!(
+        "started read-only ({which}): {reason}. Stored events are served to subscribers; ingest is held \
          back (credits held, #SYNC waits) and the deferred writes are retried every {STORAGE_RETRY_MS} ms until \
          space returns"
     );
@@ -317,7 +324,8 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> b
                 drained += 1;
                 complete &= shard_complete;
             }
-            Ok(ShardEvent::Failed { shard, failure }) => eprintln!("spate: shard {shard:?} failed: {failure}"),
+            Ok(ShardEvent::Failed { shard: Some(shard), failure }) => log::error!(shard = shard, "failed: {failure}"),
+            Ok(ShardEvent::Failed { shard: None, failure }) => log::error!("a shard failed: {failure}"),
             Ok(ShardEvent::Started { .. }) => {}
             Err(_) => return false,
         }
@@ -339,8 +347,8 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
             let mut signals = signals.forever();
             let Some(signal) = signals.next() else { return };
             let deadline = Instant::now() + timeout;
-            eprintln!(
-                "spate: signal {signal}: stopping (no new connections; draining what was read; connections still \
+            log::info!(
+                "signal {signal}: stopping (no new connections; draining what was read; connections still \
                  open in {} ms are cut; a second signal exits at once)",
                 timeout.as_millis()
             );
@@ -348,14 +356,14 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
             let force_at = deadline + Duration::from_millis(SHUTDOWN_FORCE_MARGIN_MS);
             let watchdog = std::thread::Builder::new().name("spate-watchdog".into()).spawn(move || {
                 std::thread::sleep(force_at.saturating_duration_since(Instant::now()));
-                eprintln!("spate: still running {SHUTDOWN_FORCE_MARGIN_MS} ms after the shutdown deadline: exiting");
+                log::error!("still running {SHUTDOWN_FORCE_MARGIN_MS} ms after the shutdown deadline: exiting");
                 std::process::exit(1);
             });
             if let Err(error) = watchdog {
-                eprintln!("spate: could not start the shutdown watchdog: {error}");
+                log::warn!("could not start the shutdown watchdog: {error}");
             }
             if let Some(signal) = signals.next() {
-                eprintln!("spate: second signal {signal}: exiting now without draining");
+                log::warn!("second signal {signal}: exiting now without draining");
                 std::process::exit(1);
             }
         })
@@ -365,8 +373,8 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
 
 fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
     let bound = config.memory_bound();
-    eprintln!(
-        "spate: {shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
+    log::info!(
+        "{shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
         if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
         config.partitions,
         config.ingest,
@@ -375,8 +383,8 @@ fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
         config.subscribe,
         config.admin
     );
-    eprintln!(
-        "spate: memory bound {} MiB (worst case with every connection holding a max-size line: {} MiB)",
+    log::info!(
+        "memory bound {} MiB (worst case with every connection holding a max-size line: {} MiB)",
         bound.total >> 20,
         bound.total_worst_case >> 20
     );
@@ -403,8 +411,8 @@ fn open_catalog(config: &Config) -> Result<(crate::stream::Catalog, crate::strea
     };
     let mut catalog = catalog;
     for (declaration, cycle) in catalog.suspend_cycles() {
-        eprintln!(
-            "spate: aggregate {name} on stream {stream} is suspended (kept, not run): it closes the {cycle}, and \
+        log::warn!(
+            "aggregate {name} on stream {stream} is suspended (kept, not run): it closes the {cycle}, and \
              an aggregate fed by its own output grows its streams for ever (declared before cycles were \
              refused). Delete it (DELETE /streams/{stream}/aggregates/{name}) or another aggregate of the \
              cycle, and it runs again when it no longer closes one.",

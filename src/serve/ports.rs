@@ -21,9 +21,12 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::config::ADDRESS_WAIT_MS_MAX;
+use crate::runtime::log;
 use crate::serve::ServeError;
 
+/// How long start-up waits for a listening socket that no live process owns
+/// (a killed server's, which the kernel releases asynchronously), in ms.
+pub(super) const ADDRESS_WAIT_MS_MAX: u64 = 10_000;
 /// TCP state `LISTEN` in `/proc/net/tcp`.
 const STATE_LISTEN: &str = "0A";
 /// How often a wait for released sockets looks again.
@@ -47,7 +50,7 @@ pub fn check_address(name: &'static str, address: SocketAddr) -> Result<(), Serv
     let mut waiting_since = None;
     let result = wait_for_address(name, address, &mut waiting_since);
     if let (Ok(()), Some(since)) = (&result, waiting_since) {
-        eprintln!("spate: {name} {address}: free after {} ms", since.elapsed().as_millis());
+        log::info!("{name} {address}: free after {} ms", since.elapsed().as_millis());
     }
     result
 }
@@ -66,8 +69,8 @@ fn wait_for_address(
         };
         match port_holder(address) {
             PortHolder::Leftovers => {
-                eprintln!(
-                    "spate: {name} {address}: only connections of an earlier server remain ({error}); \
+                log::info!(
+                    "{name} {address}: only connections of an earlier server remain ({error}); \
                      binding past them with SO_REUSEPORT"
                 );
                 return Ok(());
@@ -78,8 +81,8 @@ fn wait_for_address(
             }
             PortHolder::Orphaned => {
                 if waiting_since.is_none() {
-                    eprintln!(
-                        "spate: {name} {address}: listening sockets no live process holds (a killed server's, \
+                    log::info!(
+                        "{name} {address}: listening sockets no live process holds (a killed server's, \
                          released by the kernel asynchronously); waiting up to {ADDRESS_WAIT_MS_MAX} ms"
                     );
                     *waiting_since = Some(Instant::now());

@@ -11,10 +11,12 @@ use glommio::net::TcpListener;
 use crate::config::Config;
 use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
+use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::MeshFrame;
 use crate::shard::outbox::Outbox;
+use crate::storage::segment::io_error_of;
 
 /// Everything a shard thread needs; cloned into every executor.
 #[derive(Clone)]
@@ -53,7 +55,7 @@ pub async fn run_shard(context: ShardContext) {
         let (stored, problems) = crate::group::store::load_all(&context.config.data_dir);
         if id == 0 {
             for problem in problems {
-                eprintln!("spate: skipping a consumer group's offsets file: {problem}");
+                log::warn!("skipping a consumer group's offsets file: {problem}");
             }
         }
         shard.load_groups(stored);
@@ -76,6 +78,8 @@ pub async fn run_shard(context: ShardContext) {
         .detach();
         glommio::spawn_local(outbox.clone().drain(peer)).detach();
     }
+    let looping = shard.clone();
+    glommio::spawn_local(async move { looping.run_loopback().await }).detach();
     spawn_shard_tasks(&shard);
     if let Some(after_ms) = context.config.test_panic_after_ms
         && usize::from(id) + 1 == context.config.shard_count()
@@ -116,7 +120,7 @@ pub async fn run_shard(context: ShardContext) {
 /// says what recovery cut.
 async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
     let started = std::time::Instant::now();
-    let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error: error.to_string() })?;
+    let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error })?;
     let mut cut_count = 0;
     for report in &reports {
         let Some((path, recovery)) = &report.recovery else { continue };
@@ -128,9 +132,9 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
         crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
         let deferred = if report.deferred.is_some() { "; the cut waits for disk space" } else { "" };
-        eprintln!(
-            "spate: shard {}: recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
-            shard.id,
+        log::info!(
+            shard = shard.id,
+            "recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
             path.display(),
             recovery.outcome.cursor.position,
             recovery.outcome.cursor.next_offset,
@@ -138,9 +142,9 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
             recovery.outcome.stop,
         );
     }
-    eprintln!(
-        "spate: shard {}: opened {} partitions on disk in {:.2}s ({} tails cut)",
-        shard.id,
+    log::info!(
+        shard = shard.id,
+        "opened {} partitions on disk in {:.2}s ({} tails cut)",
         reports.len(),
         started.elapsed().as_secs_f64(),
         cut_count
@@ -174,7 +178,7 @@ struct Listeners {
 
 fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
     let bind = |name: &'static str, address| {
-        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: error.to_string() })
+        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: io_error_of(error) })
     };
     let formats = [
         ("ingest", Some(config.ingest), Format::Lines),

@@ -34,14 +34,14 @@
 //!
 //! Every `--aggregate-checkpoint-ms` the shard encodes the processors of
 //! its partitions that changed and writes each to
-//! `<partition dir>/aggregates.ckpt`: a new file, fsynced, renamed over the
-//! old, directory fsynced. A checkpoint covers offsets below its
-//! `next_offset`, and it is renamed into place only once (1) every window it
-//! counts as closed has been routed and is durable at its output owner
-//! ([`crate::shard::ingress::Source::sync_barrier`]), and (2) every event it
-//! covers is durable in the log (a synced commit round): so after a crash
-//! the checkpoint never covers an event the log lost, nor a closed window
-//! the output stream lost. A declaration writes its first checkpoint before
+//! `<partition dir>/aggregates.ckpt`, replaced atomically and durably
+//! ([`crate::storage::durable::replace_durably`]). A checkpoint covers
+//! offsets below its `next_offset`, and it is renamed into place only once
+//! (1) every window it counts as closed has been routed and is durable at
+//! its output owner ([`crate::shard::ingress::Source::sync_barrier`]), and
+//! (2) every event it covers is durable in the log (a synced commit round):
+//! so after a crash the checkpoint never covers an event the log lost, nor
+//! a closed window the output stream lost. A declaration writes its first checkpoint before
 //! `POST` answers.
 //!
 //! # Recovery
@@ -71,18 +71,18 @@ use crate::aggregate::{
 use crate::partition::PartitionManager;
 use crate::partition::disk::{DiskLog, Located, now_unix_ms};
 use crate::routing::Blocked;
+use crate::runtime::log::{self, Level, Scope};
 use crate::runtime::notify::{Notify, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
+use crate::storage::durable::{ReplaceError, replace_durably};
 use crate::storage::format::decode_frame;
 use crate::storage::segment::{SegmentError, SegmentReader};
 use crate::stream::StreamSpec;
 
 /// The checkpoint file in each partition's directory.
 pub const CHECKPOINT_FILE_NAME: &str = "aggregates.ckpt";
-/// Bytes of closed windows a shard's emit queue holds before its applier
-/// pauses (a window is its key, about 200 bytes of JSON and 8 of framing).
-pub const EMIT_QUEUE_BYTES_MAX: usize = 16 << 20;
+pub use crate::config::limits::EMIT_QUEUE_BYTES_MAX;
 /// The longest one pause of the applier for the emit queue, in ms.
 pub const EMIT_WAIT_MS_MAX: u64 = 50;
 /// How often arrival-time windows are checked for closing, in ms.
@@ -96,7 +96,7 @@ const REPLAY_READ_BYTES: usize = 4 << 20;
 pub enum AggregateRequest {
     /// A new aggregate (already in the admin catalog): add it to the
     /// processors of the owned partitions of its stream, checkpoint them.
-    Declare { declaration: AggregateDeclaration, reply: flume::Sender<Result<(), String>> },
+    Declare { declaration: AggregateDeclaration, reply: flume::Sender<Result<(), AggregateError>> },
     /// Drop an aggregate and its state.
     Remove { name: String, reply: flume::Sender<()> },
     /// One key's windows, from the shard owning the key's partition.
@@ -105,6 +105,55 @@ pub enum AggregateRequest {
     Top { name: String, n: usize, reply: flume::Sender<Vec<TopEntry>> },
     /// Per aggregate and owned partition.
     Stats { reply: flume::Sender<Vec<AggregateStats>> },
+}
+
+/// Why a shard could not declare an aggregate or checkpoint its state.
+#[derive(Debug)]
+pub enum AggregateError {
+    /// The aggregate's stream is not in this shard's catalog (the admin
+    /// side checks it first: a stream deleted in between).
+    UnknownStream { stream: String },
+    /// A partition's checkpoint file could not be written; the next round
+    /// (every `--aggregate-checkpoint-ms`) writes it again.
+    Checkpoint { partition_id: u32, error: ReplaceError },
+}
+
+impl AggregateError {
+    /// The HTTP status a declaration answers with: `404` for a stream that
+    /// is gone, `507` when the disk is full, `500` for another write error.
+    /// The declaration stays in the catalog either way, and runs.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            AggregateError::UnknownStream { .. } => 404,
+            AggregateError::Checkpoint { error, .. } if error.is_storage_full() => 507,
+            AggregateError::Checkpoint { .. } => 500,
+        }
+    }
+}
+
+impl std::fmt::Display for AggregateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AggregateError::UnknownStream { stream } => write!(f, "unknown_stream: {stream}"),
+            AggregateError::Checkpoint { partition_id, error } if error.is_storage_full() => write!(
+                f,
+                "storage_full: aggregate checkpoint of partition {partition_id}: {error} (written again once the \
+                 data directory's disk has space)"
+            ),
+            AggregateError::Checkpoint { partition_id, error } => {
+                write!(f, "storage_error: aggregate checkpoint of partition {partition_id}: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AggregateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AggregateError::UnknownStream { .. } => None,
+            AggregateError::Checkpoint { error, .. } => Some(error),
+        }
+    }
 }
 
 /// One shard's aggregate machinery: the emit queue, the clock, checkpoints.
@@ -120,7 +169,9 @@ pub struct ShardAggregates {
     clock_ms: Cell<u64>,
     /// Partition -> the offset its last checkpoint covers.
     checkpointed: RefCell<HashMap<u32, u64>>,
-    checkpoint_serial: Cell<u64>,
+    /// Checkpoint writes failing (a full disk fails every round): logged
+    /// when it starts and once a round writes them all again.
+    checkpoint_failures: log::Episode,
     /// A periodic checkpoint round is running: the clock starts no other
     /// (a round waits for durability, which can take longer than the period
     /// under load; rounds must not pile up).
@@ -141,7 +192,7 @@ impl ShardAggregates {
             routed_notify: crate::runtime::notify::WaitList::default(),
             clock_ms: Cell::new(0),
             checkpointed: RefCell::default(),
-            checkpoint_serial: Cell::new(0),
+            checkpoint_failures: log::Episode::new("failed checkpoint writes"),
             round_running: Rc::default(),
             declared_notify: Notify::default(),
             limits: ProcessorLimits { keys_per_aggregate_max: config.aggregate_keys_max },
@@ -329,7 +380,7 @@ async fn run_clock(shard: Rc<Shard>) {
 /// Writes the checkpoints of the owned partitions whose processors moved
 /// on (or, with `stream`, of every owned partition of that stream) once
 /// what they cover is durable; see the module doc. Returns the first error.
-pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), String> {
+pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(), AggregateError> {
     let Some(committer) = shard.committer.as_ref() else { return Ok(()) };
     shard.aggregates.collect_all(&mut shard.partitions.borrow_mut());
     let pushed = shard.aggregates.pushed_total.get();
@@ -359,21 +410,18 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
     shard.ingress.sync_barrier(0..shard.shard_count).await;
     // (2) Every event covered is durable in the log.
     committer.barrier().await;
-    let serial = aggregates.checkpoint_serial.get() + 1;
-    aggregates.checkpoint_serial.set(serial);
     let shard_id = shard.id;
     let jobs: Vec<(u32, u64, PathBuf, Vec<u8>)> = files;
     let results = glommio::executor()
         .spawn_blocking(move || {
             jobs.into_iter()
-                .map(|(partition_id, offset, dir, bytes)| {
-                    (partition_id, offset, write_checkpoint(&dir, &bytes, shard_id, serial))
-                })
+                .map(|(partition_id, offset, dir, bytes)| (partition_id, offset, write_checkpoint(&dir, &bytes)))
                 .collect::<Vec<_>>()
         })
         .await;
     let mut first_error = Ok(());
     let mut checkpointed = aggregates.checkpointed.borrow_mut();
+    let (scope, now) = (Scope::shard(shard_id), Instant::now());
     for (partition_id, offset, result) in results {
         match result {
             Ok(()) => {
@@ -382,29 +430,27 @@ pub async fn checkpoint_round(shard: Rc<Shard>, stream: Option<u32>) -> Result<(
             }
             Err(error) => {
                 ShardMetrics::add(&shard.metrics.aggregate_checkpoint_errors, 1);
-                eprintln!("spate: shard {shard_id}: aggregate checkpoint of partition {partition_id}: {error}");
+                let error = AggregateError::Checkpoint { partition_id, error };
+                let failed = format_args!("{error}; the next round writes it again");
+                aggregates.checkpoint_failures.occur(now, Level::Warn, scope, failed);
                 if first_error.is_ok() {
                     first_error = Err(error);
                 }
             }
         }
     }
+    if first_error.is_ok() {
+        let works = format_args!("aggregate checkpoints are written again");
+        aggregates.checkpoint_failures.end(now, Level::Info, scope, works);
+    }
     first_error
 }
 
-/// Writes `bytes` as `dir/aggregates.ckpt`: a new file, fsynced, renamed
-/// over the old, the directory fsynced. Runs on a blocking thread.
-fn write_checkpoint(dir: &Path, bytes: &[u8], shard_id: u16, serial: u64) -> Result<(), String> {
-    use std::io::Write;
-    let path = dir.join(CHECKPOINT_FILE_NAME);
-    let temporary = dir.join(format!("{CHECKPOINT_FILE_NAME}.{shard_id}.{serial}.tmp"));
-    let context = |op: &str, path: &Path, error: std::io::Error| format!("{op} {}: {error}", path.display());
-    let mut file = std::fs::File::create(&temporary).map_err(|error| context("create", &temporary, error))?;
-    file.write_all(bytes).map_err(|error| context("write", &temporary, error))?;
-    file.sync_all().map_err(|error| context("fsync", &temporary, error))?;
-    std::fs::rename(&temporary, &path).map_err(|error| context("rename", &path, error))?;
-    let directory = std::fs::File::open(dir).map_err(|error| context("open", dir, error))?;
-    directory.sync_all().map_err(|error| context("fsync", dir, error))
+/// Writes `bytes` as `dir/aggregates.ckpt`, atomically and durably (the
+/// temporary file's name is unique, so the old and the new owner of a
+/// partition that moves never write into one). Runs on a blocking thread.
+fn write_checkpoint(dir: &Path, bytes: &[u8]) -> Result<(), ReplaceError> {
+    replace_durably(&dir.join(CHECKPOINT_FILE_NAME), bytes)
 }
 
 /// Makes `processor` run exactly `declarations` (the stream's aggregates in
@@ -491,9 +537,9 @@ pub fn handle(shard: &Rc<Shard>, request: AggregateRequest) {
     }
 }
 
-async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result<(), String> {
+async fn declare(shard: &Rc<Shard>, declaration: AggregateDeclaration) -> Result<(), AggregateError> {
     let spec = shard.streams.borrow().catalog().get(&declaration.stream).cloned();
-    let Some(spec) = spec else { return Err(format!("unknown stream {}", declaration.stream)) };
+    let Some(spec) = spec else { return Err(AggregateError::UnknownStream { stream: declaration.stream }) };
     shard.streams.borrow_mut().catalog_mut().add_aggregate(declaration);
     shard.aggregates.declared_notify.notify();
     reconcile_stream(shard, &spec);
@@ -579,13 +625,13 @@ pub async fn recover(
         Ok(bytes) => match PartitionProcessor::decode_checkpoint(&bytes, limits) {
             Ok(processor) => Some(processor),
             Err(error) => {
-                eprintln!("spate: {}: {error}; replaying the whole retained log", path.display());
+                log::warn!(stream = &spec.name, "{}: {error}; replaying the whole retained log", path.display());
                 None
             }
         },
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
         Err(error) => {
-            eprintln!("spate: read {}: {error}; replaying the whole retained log", path.display());
+            log::warn!(stream = &spec.name, "read {}: {error}; replaying the whole retained log", path.display());
             None
         }
     };
@@ -597,8 +643,9 @@ pub async fn recover(
     let mut processor = match loaded {
         Some(processor) if fits(&processor) => Some(Box::new(processor)),
         Some(processor) => {
-            eprintln!(
-                "spate: {}: covers offsets below {}, the log holds {}..{}; replaying the whole retained log",
+            log::warn!(
+                stream = &spec.name,
+                "{}: covers offsets below {}, the log holds {}..{}; replaying the whole retained log",
                 path.display(),
                 processor.next_offset(),
                 disk.earliest_offset(),
@@ -625,7 +672,7 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
             Located::File { path, position, readable_end } => (path, position, readable_end),
             Located::Gone { earliest } => {
                 // Retention deleted events the state never counted.
-                eprintln!("spate: replay of {}: offsets {offset}..{earliest} are gone", disk.dir().display());
+                log::warn!("replay of {}: offsets {offset}..{earliest} are gone", disk.dir().display());
                 processor.skip_to(earliest);
                 continue;
             }
@@ -643,10 +690,37 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
             }
         }
         if processor.next_offset() == offset {
-            eprintln!("spate: replay of {}: no frame at offset {offset}; stopping", disk.dir().display());
+            log::warn!("replay of {}: no frame at offset {offset}; stopping", disk.dir().display());
             return Ok(());
         }
         glommio::yield_if_needed().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint_failure(errno: i32) -> AggregateError {
+        let path = PathBuf::from("/data/streams/s/3/aggregates.ckpt");
+        let error = ReplaceError { op: "write", path, source: std::io::Error::from_raw_os_error(errno) };
+        AggregateError::Checkpoint { partition_id: 3, error }
+    }
+
+    /// A declaration's errors map to HTTP statuses: a stream gone is 404, a
+    /// full disk 507 (saying it is written again), another write error 500;
+    /// each names the partition and the file.
+    #[test]
+    fn aggregate_errors_map_to_http_statuses() {
+        assert_eq!(AggregateError::UnknownStream { stream: "gone".into() }.http_status(), 404);
+        let full = checkpoint_failure(libc::ENOSPC);
+        assert_eq!(full.http_status(), 507);
+        let text = full.to_string();
+        assert!(text.starts_with("storage_full: aggregate checkpoint of partition 3: write /data/"), "{text}");
+        assert!(text.contains("written again"), "{text}");
+        let other = checkpoint_failure(libc::EIO);
+        assert_eq!(other.http_status(), 500);
+        assert!(other.to_string().starts_with("storage_error: aggregate checkpoint of partition 3"), "{other}");
+    }
 }

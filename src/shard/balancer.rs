@@ -13,12 +13,37 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::balance::{
-    BalanceConfig, Cooldowns, Direction, LoadReport, Migration, PartitionLoad, Refusal, ShardState, StealRequest, View,
+    BalanceConfig, Direction, Ledger, LoadReport, Migration, PartitionLoad, Refusal, StealRequest, View,
     hottest_partitions, pick_partition, want_to_steal,
 };
-use crate::config::{GOSSIP_IDLE_EVENTS_PER_S, GOSSIP_IDLE_INTERVAL_MS, STEAL_REQUEST_TIMEOUT_MS};
+use crate::config::{Config, STEAL_REQUEST_TIMEOUT_MS};
 use crate::partition::PartitionManager;
 use crate::runtime::notify::{Notify, first};
+
+/// The gossip interval while the whole process is idle (no shard reports
+/// traffic, nothing migrates), in ms: an idle server wakes once a second per
+/// shard for gossip instead of ten times. The first batch applied, or the
+/// first report of traffic from a peer, brings the normal interval back at once.
+const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+/// Below this rate (events/s, the balancer's average) a shard counts as
+/// idle for the gossip pace: no traffic at all, not merely little.
+pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
+
+/// What the balancer takes from the flags (here rather than in `config`,
+/// which knows no balancer types).
+impl Config {
+    /// The balancer's configuration: its defaults, with the flags applied.
+    pub fn balance_config(&self) -> BalanceConfig {
+        let defaults = BalanceConfig::default();
+        let report_interval_ms = self.rebalance_interval_ms.max(1);
+        BalanceConfig {
+            report_interval_ms,
+            report_stale_ms: defaults.report_stale_ms.max(report_interval_ms.saturating_mul(5)),
+            cooldown_ms: self.rebalance_cooldown_ms,
+            ..defaults
+        }
+    }
+}
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
 /// so report ages compare across them). Only the engine reads it: the
@@ -34,8 +59,8 @@ pub struct Balancer {
     pub enabled: bool,
     me: u16,
     pub view: View,
-    pub state: ShardState,
-    pub cooldowns: Cooldowns,
+    /// Its own migrations, cooldowns and steal request.
+    pub ledger: Ledger,
     report_sequence: u64,
     last_sample_ms: Option<u64>,
     /// Executor run time at the last sample, for the busy ratio.
@@ -46,8 +71,6 @@ pub struct Balancer {
     pub bytes_per_s: f64,
     /// Share of the last interval the executor spent running tasks.
     pub busy_ratio: f64,
-    /// (victim, sent_ms) of the steal request waiting for an answer.
-    pending_request: Option<(u16, u64)>,
     pub counters: BalanceCounters,
 }
 
@@ -77,8 +100,7 @@ impl Balancer {
             enabled,
             me,
             view: View::new(shard_count),
-            state: ShardState::new(),
-            cooldowns: Cooldowns::new(),
+            ledger: Ledger::default(),
             report_sequence: 0,
             last_sample_ms: None,
             last_runtime: None,
@@ -86,7 +108,6 @@ impl Balancer {
             events_per_s: 0.0,
             bytes_per_s: 0.0,
             busy_ratio: 0.0,
-            pending_request: None,
             counters: BalanceCounters::default(),
         }
     }
@@ -100,7 +121,10 @@ impl Balancer {
             .filter(|&shard| shard != self.me)
             .filter_map(|shard| self.view.report(shard))
             .all(|report| quiet(report.events_per_s) && !report.migrating);
-        quiet(self.events_per_s) && peers_quiet && self.pending_request.is_none() && !self.state.is_migrating()
+        quiet(self.events_per_s)
+            && peers_quiet
+            && self.ledger.pending_request.is_none()
+            && !self.ledger.state.is_migrating()
     }
 
     /// The hottest partition's rate this shard owns.
@@ -118,18 +142,13 @@ impl Balancer {
     ) -> (LoadReport, Option<StealRequest>) {
         let report = self.sample_load(partitions, &sample);
         self.view.update(report.clone());
-        self.cooldowns.prune(sample.now_ms, self.config.cooldown_ms);
-        if !self.enabled || sample.migrating {
+        self.ledger.cooldowns.prune(sample.now_ms, self.config.cooldown_ms);
+        if !self.enabled || sample.migrating || self.ledger.awaiting_answer(sample.now_ms, STEAL_REQUEST_TIMEOUT_MS) {
             return (report, None);
         }
-        if let Some((_, sent_ms)) = self.pending_request
-            && sample.now_ms < sent_ms + STEAL_REQUEST_TIMEOUT_MS
-        {
-            return (report, None);
-        }
-        let request = want_to_steal(&self.view, self.me, &self.config, &self.state, sample.now_ms);
+        let request = want_to_steal(&self.view, self.me, &self.config, &self.ledger.state, sample.now_ms);
         if let Some(request) = &request {
-            self.pending_request = Some((request.victim, sample.now_ms));
+            self.ledger.request_sent(request.victim, sample.now_ms);
             self.counters.steal_requests_sent += 1;
         }
         (report, request)
@@ -174,7 +193,9 @@ impl Balancer {
             // update arrives, it keeps its thief rank and is paired with one
             // of the most loaded victims, which then gets no request (the
             // simulator measured convergence 2.5x slower without this).
-            migrating: sample.migrating || self.pending_request.is_some() || self.state.settling(now_ms, &self.config),
+            migrating: sample.migrating
+                || self.ledger.pending_request.is_some()
+                || self.ledger.state.settling(now_ms, &self.config),
             hottest: hottest_partitions(&self.loads),
         }
     }
@@ -190,11 +211,7 @@ impl Balancer {
         thief_events_per_s: f64,
         now_ms: u64,
     ) -> Result<u32, Refusal> {
-        // A shard waiting for the answer to its own steal request may become
-        // a thief any moment: giving a partition away meanwhile could make
-        // it a thief and an owner at once, whose held grants could wait on
-        // each other across shards.
-        if migrations_busy || self.pending_request.is_some() {
+        if self.ledger.refuses_steal(migrations_busy) {
             self.counters.steal_refusals_sent += 1;
             return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
         }
@@ -212,14 +229,14 @@ impl Balancer {
             self.events_per_s,
             thief_events_per_s,
             &self.config,
-            &self.cooldowns,
-            &self.state,
+            &self.ledger.cooldowns,
+            &self.ledger.state,
             now_ms,
         );
         match choice {
             Ok(partition) => {
                 let migration = Migration { partition, peer: thief, direction: Direction::Out, started_ms: now_ms };
-                self.state.begin(migration);
+                self.ledger.state.begin(migration);
                 self.counters.migrations_started += 1;
             }
             Err(_) => self.counters.steal_refusals_sent += 1,
@@ -230,30 +247,21 @@ impl Balancer {
     /// This shard learnt that a partition is migrating to it: the answer to
     /// its steal request (or a migration it did not ask for).
     pub fn migration_began(&mut self, migration: Migration) {
-        self.pending_request = None;
-        if !self.state.is_migrating() {
-            self.state.begin(migration);
-        }
+        self.ledger.migration_began(migration);
     }
 
     /// This shard's part in moving `partition` ended. A thief records the
     /// cooldown from `moved_ms`, when the old owner handed it over.
     pub fn migration_ended(&mut self, partition: u32, direction: Direction, at_ms: u64, moved_ms: u64) {
         if direction == Direction::In {
-            self.cooldowns.record(partition, moved_ms);
             self.counters.migrations_completed += 1;
         }
-        // A shard can be in the protocol for a partition the balancer did not
-        // record (e.g. a thief already busy as an owner).
-        if self.state.migration().is_some_and(|migration| migration.partition == partition) {
-            self.state.finish(partition, at_ms.max(moved_ms));
-        }
+        self.ledger.migration_ended(partition, direction, at_ms, moved_ms);
     }
 
     pub fn on_refused(&mut self, victim: u16, refusal: &Refusal, now_ms: u64) {
-        self.state.note_refusal(victim, refusal, now_ms, &self.config);
+        self.ledger.refused(victim, refusal, now_ms, &self.config);
         self.counters.steal_refusals_received += 1;
-        self.pending_request = None;
     }
 }
 

@@ -44,14 +44,18 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, FsyncPolicy, RETENTION_CHECK_MS, STORAGE_RETRY_MS};
+use crate::config::{Config, FsyncPolicy, STORAGE_RETRY_MS};
 use crate::partition::Partition;
 use crate::partition::disk::{Deferred, Encoded, encode_pending, now_unix_ms};
 use crate::routing::CreditGrant;
+use crate::runtime::log;
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
+
+/// How often the committer applies retention (deletes expired segments), in ms.
+const RETENTION_CHECK_MS: u64 = 1000;
 
 /// One shard's committer state.
 pub struct Committer {
@@ -389,10 +393,7 @@ async fn complete_deferred(shard: &Rc<Shard>) -> Result<(), SegmentError> {
         partition.log.parts_mut().1.expect("a disk partition").deferred_done(&work, writer);
     }
     if let Some(reason) = committer.read_only.take() {
-        eprintln!(
-            "spate: shard {}: the writes deferred at start-up are done: no longer read-only (was: {reason})",
-            shard.id
-        );
+        log::info!(shard = shard.id, "the writes deferred at start-up are done: no longer read-only (was: {reason})");
     }
     Ok(())
 }
@@ -485,7 +486,7 @@ async fn roll(shard: &Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -
     };
     let (index, closed) = writer.close_sealed().await;
     if let Err(error) = closed {
-        eprintln!("spate: shard {}: closing a sealed segment: {error} (it is synced and indexed)", shard.id);
+        log::warn!(shard = shard.id, "closing a sealed segment: {error} (it is synced and indexed)");
     }
     let mut partitions = shard.partitions.borrow_mut();
     let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
@@ -597,7 +598,7 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
         shard.send_grant_now(source, grant);
     }
     if committer.failing.replace(false) {
-        eprintln!("spate: shard {}: storage writes succeed again", shard.id);
+        log::info!(shard = shard.id, "storage writes succeed again");
     }
     committer.rounds.set(committer.rounds.get() + 1);
     if synced || committer.policy == FsyncPolicy::Never {
@@ -632,7 +633,7 @@ fn expire_segments(shard: &Shard) {
             Ok(()) => ShardMetrics::add(&shard.metrics.segment_files_deleted, 1),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => {
-                eprintln!("spate: shard {}: retention could not delete {}: {error}", shard.id, path.display())
+                log::warn!(shard = shard.id, "retention could not delete {}: {error}", path.display())
             }
         }
     }
@@ -643,10 +644,10 @@ fn report_error(shard: &Shard, error: &SegmentError) {
     ShardMetrics::add(&shard.metrics.storage_errors, 1);
     if !committer.failing.replace(true) {
         let what = if error.is_storage_full() { "disk full" } else { "I/O error" };
-        eprintln!(
-            "spate: shard {}: storage {what}: {error}; ingest into the affected partitions is paused (credits held) \
-             and retried every {STORAGE_RETRY_MS} ms",
-            shard.id
+        log::warn!(
+            shard = shard.id,
+            "storage {what}: {error}; ingest into the affected partitions is paused (credits held) \
+             and retried every {STORAGE_RETRY_MS} ms"
         );
     }
 }

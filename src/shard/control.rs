@@ -17,11 +17,16 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::SHUTDOWN_DRAIN_MARGIN_MS;
+use crate::runtime::log;
 use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::{ShardMetrics, ShardStats};
 use crate::stream::StreamSpec;
+
+/// After the shutdown deadline, how long a shard still waits for the events
+/// it has read to be applied (the connections themselves are cut at the
+/// deadline), in ms.
+const SHUTDOWN_DRAIN_MARGIN_MS: u64 = 500;
 
 /// Requests from the control plane to one shard.
 pub enum ControlRequest {
@@ -46,9 +51,9 @@ pub enum ShardFailure {
     /// The channel mesh between shards could not be joined.
     MeshJoin,
     /// A listener could not be bound.
-    Bind { name: &'static str, address: std::net::SocketAddr, error: String },
+    Bind { name: &'static str, address: std::net::SocketAddr, error: std::io::Error },
     /// The partitions' files could not be opened or recovered.
-    Storage { error: String },
+    Storage { error: crate::storage::segment::SegmentError },
 }
 
 impl std::fmt::Display for ShardFailure {
@@ -87,7 +92,7 @@ pub enum ShardEvent {
 /// ([`crate::shard::streams`]).
 pub enum StreamChange {
     /// Open the partitions of a new stream that this shard owns.
-    Install { spec: StreamSpec, reply: flume::Sender<Result<(), String>> },
+    Install { spec: StreamSpec, reply: flume::Sender<Result<(), crate::shard::streams::InstallError>> },
     /// Let ingest route to it (every shard has installed it).
     Activate { id: u32, reply: flume::Sender<()> },
     /// Stop routing to it and end its subscriptions (`reply` then); `fenced`
@@ -166,7 +171,7 @@ async fn drain(shard: &Shard, deadline: Instant) -> bool {
         Either::Right(()) => {
             let cut = lifecycle.tasks_open();
             ShardMetrics::add(&shard.metrics.connections_cut_at_deadline, cut);
-            eprintln!("spate: shard {}: shutdown deadline: cutting {cut} connections still open", shard.id);
+            log::warn!(shard = shard.id, "shutdown deadline: cutting {cut} connections still open");
             // The sweeper asks them to close within its interval.
             let margin = deadline + Duration::from_millis(SHUTDOWN_DRAIN_MARGIN_MS);
             matches!(first(lifecycle.connections_closed(), until(margin)).await, Either::Left(()));
@@ -177,7 +182,7 @@ async fn drain(shard: &Shard, deadline: Instant) -> bool {
     let applied =
         matches!(first(shard.ingress.sync_barrier(0..shard.shard_count), until(margin)).await, Either::Left(()));
     if !applied {
-        eprintln!("spate: shard {}: shutdown deadline: events read but not yet applied are dropped", shard.id);
+        log::warn!(shard = shard.id, "shutdown deadline: events read but not yet applied are dropped");
     }
     connections_done && applied
 }

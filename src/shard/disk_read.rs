@@ -13,6 +13,7 @@ use std::rc::Rc;
 use crate::config::INDEX_INTERVAL_BYTES;
 use crate::partition::disk::{FRAME_BODY_BYTES_TARGET, Located};
 use crate::partition::fetch::{FetchReply, copy_from_frames};
+use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::storage::format::FRAME_HEADER_SIZE;
@@ -34,7 +35,7 @@ pub async fn complete_disk_reads(shard: Rc<Shard>, origin: u16, mut reply: Fetch
         }
         if let Err(error) = read_one(&shard, &mut reply, partition_id, offset, bytes_max).await {
             ShardMetrics::add(&shard.metrics.storage_read_errors, 1);
-            eprintln!("spate: shard {}: read of partition {partition_id} at {offset}: {error}", shard.id);
+            log::warn!(shard = shard.id, "read of partition {partition_id} at {offset}: {error}");
         }
     }
     shard.send_reply(origin, reply);

@@ -59,8 +59,6 @@ pub struct Handoff {
     pub partition: Box<MovedPartition>,
 }
 
-/// Bytes one frame takes in a mesh ring (the memory formula's mesh term).
-pub const FRAME_SIZE_BYTES: usize = std::mem::size_of::<MeshFrame>();
 // Frames are moved through the rings by value: keep them small (batches and
 // replies live on the heap), and keep the formula's figure honest.
-const _: () = assert!(FRAME_SIZE_BYTES <= 128, "MeshFrame grew: check the mesh term of the memory formula");
+const _: () = assert!(std::mem::size_of::<MeshFrame>() <= crate::config::limits::MESH_FRAME_BYTES_MAX);

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
 
@@ -22,6 +22,7 @@ pub use crate::group::messages::{GroupFrame, GroupKey, MemberEvent};
 use crate::group::store::{StoredGroup, group_path};
 use crate::group::{Effect, GroupState, MemberId, coordinator_of};
 use crate::protocol::group::{GroupError, OffsetReset};
+use crate::runtime::log::{self, Level};
 use crate::runtime::notify::Notify;
 use crate::shard::Shard;
 use crate::shard::frame::MeshFrame;
@@ -153,21 +154,17 @@ pub struct GroupInfo {
 }
 
 impl Shard {
-    /// Sends a group frame to shard `to`, or handles it here.
-    pub fn send_group(self: &Rc<Self>, to: u16, frame: GroupFrame) {
-        if to == self.id {
-            self.handle_group_frame(frame);
-        } else {
-            self.outbox.send(to, MeshFrame::Group(Box::new(frame)), &self.metrics);
-        }
+    /// Sends a group frame to shard `to` (this one included).
+    pub fn send_group(&self, to: u16, frame: GroupFrame) {
+        self.send(to, MeshFrame::Group(Box::new(frame)));
     }
 
     /// Sends a group frame to every shard, this one included.
-    fn broadcast_group(self: &Rc<Self>, frame: GroupFrame) {
+    fn broadcast_group(&self, frame: GroupFrame) {
         for peer in (0..self.shard_count).filter(|&peer| peer != self.id) {
-            self.outbox.send(peer, MeshFrame::Group(Box::new(frame.clone())), &self.metrics);
+            self.send(peer, MeshFrame::Group(Box::new(frame.clone())));
         }
-        self.handle_group_frame(frame);
+        self.send(self.id, MeshFrame::Group(Box::new(frame)));
     }
 
     /// The coordinator of a group.
@@ -435,6 +432,9 @@ impl Shard {
     /// (disk storage), then acknowledges the commits it holds and sends
     /// hold groups' new floors.
     pub async fn run_offset_writer(self: &Rc<Self>) {
+        // A full disk fails every retry: logged when it starts and ends.
+        let write_failures = log::Episode::new("failed writes");
+        let scope = log::Scope::shard(self.id);
         loop {
             self.groups.persist_notify.notified().await;
             if self.committer.as_ref().is_some_and(|committer| committer.is_read_only()) {
@@ -472,12 +472,18 @@ impl Shard {
                     glommio::executor().spawn_blocking(move || crate::group::store::write_files(&files)).await;
                 if let Err(error) = written {
                     ShardMetrics::add(&self.metrics.group_offset_write_errors, 1);
-                    eprintln!("spate: shard {}: writing committed offsets: {error}; retrying", self.id);
+                    let failed = format_args!(
+                        "writing committed offsets: {error}; retrying every {OFFSET_WRITE_RETRY_MS} ms \
+                         (commits are acknowledged once written)"
+                    );
+                    write_failures.occur(Instant::now(), Level::Warn, scope, failed);
                     self.requeue(acks);
                     glommio::timer::sleep(Duration::from_millis(OFFSET_WRITE_RETRY_MS)).await;
                     self.groups.persist_notify.notify();
                     continue;
                 }
+                let works = format_args!("committed offsets are written again");
+                write_failures.end(Instant::now(), Level::Info, scope, works);
             }
             ShardMetrics::add(&self.metrics.group_commits, acks.len() as u64);
             for (member, partition, next_offset) in acks {

@@ -26,7 +26,6 @@ use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::routing::{Blocked, CreditGrant, DataBatch, Router, route};
 use crate::runtime::notify::{Notify, WaitList};
-use crate::shard::apply_queue::ApplyQueue;
 use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::outbox::Outbox;
@@ -35,7 +34,6 @@ use crate::stream::StreamRoute;
 /// One shard's source side: its router, the flush timer, and the
 /// connections waiting for credits.
 pub struct Ingress {
-    id: u16,
     router: RefCell<Router>,
     /// Per owner: tasks waiting for that owner's credits or grants.
     credit_waiters: Vec<WaitList>,
@@ -51,7 +49,6 @@ pub struct Ingress {
     /// Whether a `#SYNC` must ask owners for durability (disk storage).
     sync_requests: bool,
     outbox: Rc<Outbox>,
-    apply_queue: Rc<ApplyQueue>,
     metrics: Rc<ShardMetrics>,
 }
 
@@ -89,18 +86,11 @@ impl Drop for Route<'_> {
 }
 
 impl Ingress {
-    pub fn new(
-        id: u16,
-        config: &crate::config::Config,
-        outbox: Rc<Outbox>,
-        apply_queue: Rc<ApplyQueue>,
-        metrics: Rc<ShardMetrics>,
-    ) -> Ingress {
+    pub fn new(config: &crate::config::Config, outbox: Rc<Outbox>, metrics: Rc<ShardMetrics>) -> Ingress {
         let shard_count = outbox.peer_count();
         let router =
             Router::new(shard_count, config.batch_bytes, config.credit_window_bytes(), config.credit_window_batches());
         Ingress {
-            id,
             router: RefCell::new(router),
             credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
             hold_waiters: WaitList::default(),
@@ -111,7 +101,6 @@ impl Ingress {
             batch_flush: Duration::from_micros(config.batch_flush_us),
             sync_requests: config.storage == crate::config::Storage::Disk,
             outbox,
-            apply_queue,
             metrics,
         }
     }
@@ -125,14 +114,10 @@ impl Ingress {
         self.router.borrow()
     }
 
-    /// Sends a batch to its owner: this shard's apply queue, or the mesh.
+    /// Sends a batch to its owner (this shard included).
     pub fn deliver(&self, owner: u16, batch: DataBatch) {
         ShardMetrics::add(&self.metrics.batches_sent, 1);
-        if owner == self.id {
-            self.apply_queue.push(self.id, batch);
-        } else {
-            self.outbox.send(owner, MeshFrame::Data(batch), &self.metrics);
-        }
+        self.outbox.send(owner, MeshFrame::Data(batch), &self.metrics);
     }
 
     /// Sends the open batch for `owner`, if it has events and a batch slot.

@@ -44,13 +44,14 @@ use std::time::Duration;
 use crate::balance::Refusal;
 use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::partition::MovedPartition;
-use crate::partition::apply::{ShardMigrations, apply_batch, install_handoff};
+use crate::partition::apply::{ShardMigrations, apply_batch, install_moved};
 use crate::partition::disk::DiskLog;
 use crate::partition::disk::OpenReport;
 use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
-use crate::partition::migration::{Effect, Migrations};
+use crate::partition::migration::{self, Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
 use crate::routing::{CreditGrant, DataBatch};
+use crate::runtime::log;
 use crate::storage::segment::SegmentError;
 use crate::stream::{Catalog, ShardStreams, StreamSpec};
 use apply_queue::ApplyQueue;
@@ -101,7 +102,7 @@ impl Shard {
         let shard_count = outbox.peer_count() as u16;
         let metrics = Rc::new(ShardMetrics::default());
         let apply_queue = Rc::new(ApplyQueue::default());
-        let ingress = Ingress::new(id, &config, outbox.clone(), apply_queue.clone(), metrics.clone());
+        let ingress = Ingress::new(&config, outbox.clone(), metrics.clone());
         let enabled = config.rebalance == crate::config::Rebalance::On;
         let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
         let placement = PlacementTable::spread(config.partitions_max, shard_count);
@@ -204,7 +205,7 @@ impl Shard {
             MeshFrame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             MeshFrame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             MeshFrame::Load(report) => {
-                if report.events_per_s >= crate::config::GOSSIP_IDLE_EVENTS_PER_S || report.migrating {
+                if report.events_per_s >= balancer::GOSSIP_IDLE_EVENTS_PER_S || report.migrating {
                     self.gossip_pace.traffic();
                 }
                 self.balancer.borrow_mut().view.update(report);
@@ -232,21 +233,8 @@ impl Shard {
     }
 
     /// Carries out what the migration logic decided, in order.
-    fn carry_out(self: &Rc<Self>, effects: Vec<Effect<CreditGrant>>) {
-        for effect in effects {
-            match effect {
-                Effect::SendPlacement { to, partition, owner, epoch } => {
-                    self.outbox.send(to, MeshFrame::Placement { partition, owner, epoch }, &self.metrics);
-                }
-                Effect::SendMarker { to, marker } => self.ingress.send_marker(to, marker),
-                Effect::SendHandoff { to, partition, epoch } => self.send_handoff(to, partition, epoch),
-                Effect::Grant { source, grant } => self.send_grant(source, grant),
-                Effect::Began(migration) => self.balancer.borrow_mut().migration_began(migration),
-                Effect::Ended { partition, direction, at_ms } => {
-                    self.balancer.borrow_mut().migration_ended(partition, direction, at_ms, at_ms);
-                }
-            }
-        }
+    fn carry_out(self: &Rc<Self>, mut effects: Vec<Effect<CreditGrant>>) {
+        migration::carry_out(&mut effects, &mut ShardCarrier { shard: self, moved_ms: None });
     }
 
     /// Returns credits to `source` once the batch is stored as the storage
@@ -266,10 +254,21 @@ impl Shard {
 
     /// Returns credits to `source` (this shard included) now.
     pub(crate) fn send_grant_now(&self, source: u16, grant: CreditGrant) {
-        if source == self.id {
-            self.ingress.on_grant(source, grant);
-        } else {
-            self.outbox.send(source, MeshFrame::Credit(grant), &self.metrics);
+        self.send(source, MeshFrame::Credit(grant));
+    }
+
+    /// Sends a frame to shard `to`, this one included: the one way a shard
+    /// talks to a peer ([`outbox::Outbox::send`]).
+    pub fn send(&self, to: u16, frame: MeshFrame) {
+        self.outbox.send(to, frame, &self.metrics);
+    }
+
+    /// Hands the frames this shard sends itself to [`Shard::handle_frame`],
+    /// as a mesh receiver does with a peer's.
+    pub async fn run_loopback(self: &Rc<Self>) {
+        loop {
+            let frame = self.outbox.next_loopback().await;
+            self.handle_frame(self.id, frame);
         }
     }
 
@@ -294,7 +293,7 @@ impl Shard {
         self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
         let mut effects = Vec::new();
         let applied = apply_batch(
-            &mut self.partitions.borrow_mut(),
+            &mut *self.partitions.borrow_mut(),
             &mut self.migrations.borrow_mut(),
             source,
             batch,
@@ -341,7 +340,7 @@ impl Shard {
             if let Err(error) = writer.close().await {
                 // Its data is durable already (the round synced it): the
                 // thief opens the file again either way.
-                eprintln!("spate: shard {}: closing partition {partition_id} for a move: {error}", shard.id);
+                log::warn!(shard = shard.id, "closing partition {partition_id} for a move: {error}");
             }
             shard.finish_handoff(thief, partition_id, epoch, partition.into_moved(Some(index)));
         })
@@ -400,10 +399,10 @@ impl Shard {
                     Err(error) => {
                         ShardMetrics::add(&shard.metrics.storage_errors, 1);
                         if !std::mem::replace(&mut logged, true) {
-                            eprintln!(
-                                "spate: shard {}: cannot open moved partition {partition_id} yet: {error}; \
-                                 retrying every {STORAGE_RETRY_MS} ms",
-                                shard.id
+                            log::warn!(
+                                shard = shard.id,
+                                "cannot open moved partition {partition_id} yet: {error}; \
+                                 retrying every {STORAGE_RETRY_MS} ms"
                             );
                         }
                         glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
@@ -411,7 +410,7 @@ impl Shard {
                 }
             };
             if logged {
-                eprintln!("spate: shard {}: opened moved partition {partition_id}", shard.id);
+                log::info!(shard = shard.id, "opened moved partition {partition_id}");
             }
             shard.install_moved(partition_id, epoch, Partition::from_moved(*partition, Some(disk)));
         })
@@ -423,20 +422,20 @@ impl Shard {
         let now_ms = now_ms();
         let moved_ms = partition.moved_ms.unwrap_or(now_ms);
         let mut effects = Vec::new();
-        let pending = self.migrations.borrow_mut().on_handoff(partition_id, epoch, now_ms, &mut effects);
         self.partitions.borrow_mut().arrival_ms = self.aggregates.clock();
-        let applied = install_handoff(&mut self.partitions.borrow_mut(), partition_id, partition, pending);
+        let applied = install_moved(
+            &mut *self.partitions.borrow_mut(),
+            &mut self.migrations.borrow_mut(),
+            partition_id,
+            epoch,
+            partition,
+            now_ms,
+            &mut effects,
+        );
         aggregates::reconcile_partition(self, partition_id);
         ShardMetrics::add(&self.metrics.events_stored, applied.stored);
         ShardMetrics::add(&self.metrics.bytes_stored, applied.stored_bytes);
-        for effect in effects {
-            match effect {
-                Effect::Ended { partition, direction, at_ms } => {
-                    self.balancer.borrow_mut().migration_ended(partition, direction, at_ms, moved_ms);
-                }
-                other => self.carry_out(vec![other]),
-            }
-        }
+        migration::carry_out(&mut effects, &mut ShardCarrier { shard: self, moved_ms: Some(moved_ms) });
         if let Some(committer) = &self.committer {
             committer.wake();
         }
@@ -497,11 +496,7 @@ impl Shard {
     }
 
     pub(crate) fn send_reply(&self, origin: u16, reply: FetchReply) {
-        if origin == self.id {
-            self.subscriptions.deliver(reply);
-        } else {
-            self.outbox.send(origin, MeshFrame::FetchReply(Box::new(reply)), &self.metrics);
-        }
+        self.send(origin, MeshFrame::FetchReply(Box::new(reply)));
     }
 
     /// Re-serves parked fetches when they may have news.
@@ -514,41 +509,25 @@ impl Shard {
     }
 
     /// Sends a fetch to `owner` for a subscriber on this shard.
-    pub fn send_fetch(self: &Rc<Self>, owner: u16, request: FetchRequest) {
-        if owner == self.id {
-            self.handle_fetch(self.id, request);
-        } else {
-            self.outbox.send(owner, MeshFrame::Fetch(request), &self.metrics);
-        }
+    pub fn send_fetch(&self, owner: u16, request: FetchRequest) {
+        self.send(owner, MeshFrame::Fetch(request));
     }
 
     /// Gives window back to this subscriber's standing fetch at `owner`.
     pub fn send_fetch_credit(&self, owner: u16, credit: crate::partition::fetch::FetchCredit) {
-        if owner == self.id {
-            self.subscriptions.credit(self.id, credit);
-        } else {
-            self.outbox.send(owner, MeshFrame::FetchCredit(credit), &self.metrics);
-        }
+        self.send(owner, MeshFrame::FetchCredit(credit));
     }
 
     /// Asks `owner` to answer this subscriber's parked fetch now.
-    pub fn send_fetch_wake(self: &Rc<Self>, owner: u16, subscription_id: u64) {
-        if owner == self.id {
-            self.wake_fetch(self.id, subscription_id);
-        } else {
-            self.outbox.send(owner, MeshFrame::FetchWake { subscription_id }, &self.metrics);
-        }
+    pub fn send_fetch_wake(&self, owner: u16, subscription_id: u64) {
+        self.send(owner, MeshFrame::FetchWake { subscription_id });
     }
 
     /// Forgets a subscriber and cancels its parked fetches everywhere.
     pub fn unregister_subscription(&self, subscription_id: u64) {
         self.subscriptions.unregister(subscription_id);
         for owner in 0..self.shard_count {
-            if owner == self.id {
-                self.subscriptions.cancel(self.id, subscription_id);
-            } else {
-                self.outbox.send(owner, MeshFrame::FetchCancel { subscription_id }, &self.metrics);
-            }
+            self.send(owner, MeshFrame::FetchCancel { subscription_id });
         }
     }
 
@@ -578,7 +557,7 @@ impl Shard {
     /// A migration into or out of this shard is in flight (as the balancer
     /// recorded it, or as the protocol still tracks it).
     pub fn is_migrating(&self) -> bool {
-        self.balancer.borrow().state.is_migrating() || self.migrations.borrow().is_busy()
+        self.balancer.borrow().ledger.state.is_migrating() || self.migrations.borrow().is_busy()
     }
 
     /// A thief asks this shard for a partition.
@@ -606,6 +585,42 @@ impl Shard {
 
     fn on_steal_refused(&self, victim: u16, refusal: Refusal) {
         self.balancer.borrow_mut().on_refused(victim, &refusal, now_ms());
+    }
+}
+
+/// The engine's side of a migration step's effects: frames on the mesh, the
+/// handoff, credits, the balancer's ledger. `moved_ms`: when the partition
+/// whose handoff these effects follow was handed over (a thief's cooldown
+/// starts then).
+struct ShardCarrier<'a> {
+    shard: &'a Rc<Shard>,
+    moved_ms: Option<u64>,
+}
+
+impl migration::Carrier<CreditGrant> for ShardCarrier<'_> {
+    fn send_placement(&mut self, to: u16, partition: u32, owner: u16, epoch: u32) {
+        self.shard.send(to, MeshFrame::Placement { partition, owner, epoch });
+    }
+
+    fn send_marker(&mut self, to: u16, marker: migration::Marker) {
+        self.shard.ingress.send_marker(to, marker);
+    }
+
+    fn send_handoff(&mut self, to: u16, partition: u32, epoch: u32) {
+        self.shard.send_handoff(to, partition, epoch);
+    }
+
+    fn grant(&mut self, source: u16, grant: CreditGrant) {
+        self.shard.send_grant(source, grant);
+    }
+
+    fn began(&mut self, migration: crate::balance::Migration) {
+        self.shard.balancer.borrow_mut().migration_began(migration);
+    }
+
+    fn ended(&mut self, partition: u32, direction: crate::balance::Direction, at_ms: u64) {
+        let moved_ms = self.moved_ms.unwrap_or(at_ms);
+        self.shard.balancer.borrow_mut().migration_ended(partition, direction, at_ms, moved_ms);
     }
 }
 

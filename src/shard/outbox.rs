@@ -1,4 +1,11 @@
-//! Non-blocking sends into the channel mesh.
+//! Non-blocking sends into the channel mesh, and to this shard itself.
+//!
+//! [`Outbox::send`] is the one way a shard sends a frame, whoever the peer:
+//! a frame for this shard goes on a loopback queue that the shard's
+//! loopback task hands to the same frame handler as the mesh receivers do
+//! ([`Outbox::next_loopback`]), so no caller tells "this shard" apart from
+//! "another shard", and a frame is never handled inside the call that sent
+//! it (no re-entrancy into whatever state the sender holds borrowed).
 //!
 //! Tasks that handle incoming frames must never wait on an outgoing send:
 //! two shards each blocked sending to the other while neither receives is
@@ -30,6 +37,13 @@ struct PeerQueue {
 pub struct Outbox {
     senders: Senders<MeshFrame>,
     peers: Vec<PeerQueue>,
+    /// This shard's id (its mesh peer id).
+    me: u16,
+    /// Frames this shard sent itself, FIFO. Bounded as the mesh queues are:
+    /// by the credits, fetches and grants of this shard's own sources and
+    /// subscribers.
+    loopback: RefCell<VecDeque<MeshFrame>>,
+    loopback_notify: Notify,
 }
 
 impl Outbox {
@@ -37,11 +51,17 @@ impl Outbox {
         let peers = (0..senders.nr_consumers())
             .map(|_| PeerQueue { queued: RefCell::default(), draining: Cell::new(false), notify: Notify::default() })
             .collect();
-        Outbox { senders, peers }
+        let me = u16::try_from(senders.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
+        Outbox { senders, peers, me, loopback: RefCell::default(), loopback_notify: Notify::default() }
     }
 
-    /// Sends a frame to `peer` without waiting.
+    /// Sends a frame to `peer` (this shard included) without waiting.
     pub fn send(&self, peer: u16, frame: MeshFrame, metrics: &ShardMetrics) {
+        if peer == self.me {
+            self.loopback.borrow_mut().push_back(frame);
+            self.loopback_notify.notify();
+            return;
+        }
         let counter = match &frame {
             MeshFrame::Data(_) => &metrics.mesh_frames_data,
             MeshFrame::Credit(_) => &metrics.mesh_frames_credit,
@@ -67,14 +87,24 @@ impl Outbox {
         queue.notify.notify();
     }
 
+    /// The next frame this shard sent itself; waits for one.
+    pub async fn next_loopback(&self) -> MeshFrame {
+        loop {
+            if let Some(frame) = self.loopback.borrow_mut().pop_front() {
+                return frame;
+            }
+            self.loopback_notify.notified().await;
+        }
+    }
+
     /// Shards in the mesh, this one included.
     pub fn peer_count(&self) -> usize {
         self.peers.len()
     }
 
-    /// Frames queued behind full rings, over all peers.
+    /// Frames queued behind full rings, over all peers, and on the loopback.
     pub fn queued_frames(&self) -> usize {
-        self.peers.iter().map(|queue| queue.queued.borrow().len()).sum()
+        self.peers.iter().map(|queue| queue.queued.borrow().len()).sum::<usize>() + self.loopback.borrow().len()
     }
 
     /// The drainer for one peer: awaits ring space for queued frames.

@@ -19,12 +19,54 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::control::StreamChange;
+use crate::storage::segment::SegmentError;
 use crate::stream::StreamSpec;
 
 /// How often a drop re-checks that no partition of the stream is migrating.
 const DROP_RETRY_MS: u64 = 10;
+
+/// Why a shard could not install a new stream.
+#[derive(Debug)]
+pub enum InstallError {
+    /// Creating or opening the files of a partition this shard owns failed.
+    Storage { stream: String, error: SegmentError },
+}
+
+impl InstallError {
+    /// The HTTP status `POST /streams` answers with (the create is undone):
+    /// `507` when the disk is full (free space, then create it again), `500`
+    /// for any other storage failure.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            InstallError::Storage { error, .. } if error.is_storage_full() => 507,
+            InstallError::Storage { .. } => 500,
+        }
+    }
+}
+
+impl std::fmt::Display for InstallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InstallError::Storage { stream, error } if error.is_storage_full() => write!(
+                f,
+                "storage_full: installing stream {stream}: {error} (free space on the data directory's disk, then \
+                 create it again)"
+            ),
+            InstallError::Storage { stream, error } => write!(f, "storage_error: installing stream {stream}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for InstallError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            InstallError::Storage { error, .. } => Some(error),
+        }
+    }
+}
 
 /// Handles one stream request; those that wait run as their own task.
 pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
@@ -65,13 +107,16 @@ pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
 
 /// Adds the stream (inactive) and opens the partitions this shard owns. Its
 /// ids may be a deleted stream's, free again: they are no longer retired.
-async fn install(shard: &Rc<Shard>, spec: StreamSpec) -> Result<(), String> {
+async fn install(shard: &Rc<Shard>, spec: StreamSpec) -> Result<(), InstallError> {
     {
         let mut partitions = shard.partitions.borrow_mut();
         (0..spec.partitions).for_each(|local| partitions.unretire(spec.global(local)));
     }
     shard.streams.borrow_mut().install(spec.clone());
-    shard.open_stream_partitions(&spec).await.map(drop).map_err(|error| error.to_string())
+    match shard.open_stream_partitions(&spec).await {
+        Ok(_) => Ok(()),
+        Err(error) => Err(InstallError::Storage { stream: spec.name, error }),
+    }
 }
 
 /// Stops routing to the stream, ends its subscriptions and group members
@@ -106,10 +151,46 @@ async fn drop_stream(shard: &Rc<Shard>, id: u32) {
         let Some(mut partition) = partition else { continue };
         let Some(writer) = partition.log.parts_mut().1.and_then(|disk| disk.take_writer()) else { continue };
         if let Err(error) = writer.close().await {
-            eprintln!("spate: shard {}: closing partition {partition_id} of a deleted stream: {error}", shard.id);
+            log::warn!(
+                shard = shard.id,
+                stream = &spec.name,
+                "closing partition {partition_id} of the deleted stream: {error}"
+            );
         }
     }
     shard.streams.borrow_mut().remove(id);
     // Parked fetches of its partitions learn it is gone.
     shard.subscriptions.wake_parked();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_failure(errno: i32) -> SegmentError {
+        let source = std::io::Error::from_raw_os_error(errno);
+        SegmentError::Io { op: "create segment", path: "/data/streams/s/0/x.log".into(), position: 0, source }
+    }
+
+    /// A full disk answers `507 storage_full` with what to do; any other
+    /// storage failure `500 storage_error`; both name the stream and the
+    /// file.
+    #[test]
+    fn install_errors_map_to_http_statuses() {
+        let full = InstallError::Storage { stream: "clicks".into(), error: io_failure(libc::ENOSPC) };
+        assert_eq!(full.http_status(), 507);
+        let text = full.to_string();
+        assert!(text.starts_with("storage_full: installing stream clicks: create segment /data/"), "{text}");
+        assert!(text.contains("free space"), "{text}");
+        let denied = InstallError::Storage { stream: "clicks".into(), error: io_failure(libc::EACCES) };
+        assert_eq!(denied.http_status(), 500);
+        assert!(denied.to_string().starts_with("storage_error: installing stream clicks"), "{denied}");
+        let dir = crate::storage::dir::DirError::Io {
+            op: "list",
+            path: "/data/streams/clicks/0".into(),
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        };
+        let quota = InstallError::Storage { stream: "clicks".into(), error: dir.into() };
+        assert_eq!(quota.http_status(), 507, "a directory error keeps its errno: {quota}");
+    }
 }

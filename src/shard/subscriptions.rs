@@ -10,9 +10,7 @@ use glommio::channels::local_channel::LocalSender;
 use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, ParkedFetches};
 use crate::runtime::notify::Notify;
 
-/// Inbox slots a subscriber keeps free beyond its owners' windows, for the
-/// notice that its stream was deleted ([`Subscriptions::tell_deleted`]).
-pub const DELETION_NOTICE_SLOTS: usize = 1;
+pub use crate::config::limits::DELETION_NOTICE_SLOTS;
 
 /// A subscriber's inbox, and the stream it reads.
 struct Inbox {

@@ -17,14 +17,15 @@ use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::runtime::log;
+
 /// Name of the lock file in the data directory.
 pub const LOCK_FILE_NAME: &str = "spate.lock";
 /// Extension of a segment file.
 pub const SEGMENT_EXTENSION: &str = "log";
 /// Extension of a segment's index sidecar.
 pub const INDEX_EXTENSION: &str = "index";
-/// Longest stream name accepted in a path.
-pub const STREAM_NAME_SIZE_MAX: usize = 64;
+pub use crate::config::limits::STREAM_NAME_SIZE_MAX;
 /// Digits of a base offset in a file name.
 const BASE_OFFSET_DIGITS: usize = 20;
 
@@ -132,7 +133,7 @@ pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, DirError> {
     match written {
         Ok(()) => {}
         Err(error) if matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
-            eprintln!("spate: could not write the pid to {}: {error} (the lock holds)", path.display());
+            log::warn!("could not write the pid to {}: {error} (the lock holds)", path.display());
         }
         Err(error) => return Err(DirError::Io { op: "write pid to lock file", path, source: error }),
     }

@@ -65,6 +65,9 @@ use std::fmt;
 pub const RECORD_HEADER_SIZE: usize = 6;
 /// The longest key a record can carry.
 pub const RECORD_KEY_SIZE_MAX: usize = u16::MAX as usize;
+// A record on disk is the same bytes as one of the in-memory log.
+const _: () = assert!(RECORD_HEADER_SIZE == crate::protocol::record::LOG_HEADER_SIZE);
+const _: () = assert!(RECORD_KEY_SIZE_MAX == crate::protocol::record::KEY_SIZE_LIMIT);
 
 /// The first four bytes of every frame: "SPTF" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"SPTF");

@@ -44,9 +44,6 @@ pub const INDEX_MAGIC: u32 = u32::from_le_bytes(*b"SPTI");
 pub const INDEX_VERSION: u8 = 1;
 pub const INDEX_HEADER_SIZE: usize = 56;
 pub const INDEX_ENTRY_SIZE: usize = 8;
-/// Default spacing of index entries: one per 4 KiB of log costs 0.2% of the
-/// log's size in index, and bounds a lookup's forward walk to one block.
-pub const INDEX_INTERVAL_BYTES_DEFAULT: u32 = 4096;
 /// Segments are addressed with u32 positions and relative offsets.
 pub const SEGMENT_SIZE_MAX: u64 = u32::MAX as u64;
 
@@ -122,6 +119,9 @@ pub struct IndexEntry {
     pub relative_offset: u32,
     pub position: u32,
 }
+
+// The memory formula counts an entry per index interval at this size.
+const _: () = assert!(std::mem::size_of::<IndexEntry>() <= crate::config::limits::INDEX_ENTRY_BYTES);
 
 /// The sparse index of one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,9 @@
 //! The building blocks of spate's durable log: frame format and CRC32C,
 //! segment writer and reader over glommio DMA files, sparse indexes,
-//! recovery, and the data directory. The engine keeps one set of segment
-//! files per partition ([`crate::partition::disk`], driven by
-//! [`crate::shard::commit`]), against the recommendation below: a partition
+//! recovery, the data directory, and the small files replaced whole (the
+//! catalog, group offsets, aggregate checkpoints: [`durable`]). The engine
+//! keeps one set of segment files per partition ([`crate::partition::disk`],
+//! driven by [`crate::shard::commit`]), against the recommendation below: a partition
 //! then moves between shards by reopening its files, retention deletes one
 //! partition's oldest file and a stream is deleted with its directory. The
 //! price is one fdatasync per dirty partition per synced commit, measured in
@@ -139,6 +140,7 @@
 //! ```
 
 pub mod dir;
+pub mod durable;
 pub mod format;
 pub mod index;
 pub mod recovery;

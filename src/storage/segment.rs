@@ -45,23 +45,17 @@ use std::rc::Rc;
 use glommio::GlommioError;
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 
+use super::dir::DirError;
 use super::format::{
     FRAME_HEADER_SIZE, FrameEncoder, FrameError, FrameHeader, SealedFrame, decode_frame, parse_header,
 };
-use super::index::{INDEX_INTERVAL_BYTES_DEFAULT, IndexError, SEGMENT_SIZE_MAX, SegmentIndex};
+use super::index::{IndexError, SEGMENT_SIZE_MAX, SegmentIndex};
 
 /// The block every write is aligned to and sized in. Larger than glommio's
 /// `alignment()` on this box (512, the logical block size) on purpose: the
 /// device's physical block is 4 KiB, and a sub-block write would make it
 /// read-modify-write.
 pub const BLOCK_SIZE: u64 = 4096;
-/// Default size of the writer's buffer: the largest frame it takes is this
-/// minus one block.
-pub const WRITE_BUFFER_BYTES_DEFAULT: usize = 1 << 20;
-/// Default bound on flushed buffers waiting for an fdatasync.
-pub const UNSYNCED_BUFFERS_MAX_DEFAULT: usize = 4;
-/// Default segment size limit before the caller rolls to a new segment.
-pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 256 << 20;
 
 /// Limits of one segment writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,13 +72,18 @@ pub struct SegmentConfig {
     pub index_interval_bytes: u32,
 }
 
+/// Limits for the storage layer's own tests: a 1 MiB buffer, 4 buffers
+/// waiting for an fdatasync, 256 MiB segments, an index entry per 4 KiB. A
+/// server's writers take theirs from its flags and `config::limits`
+/// (`Config::disk_config`), the only values in production.
+#[cfg(test)]
 impl Default for SegmentConfig {
     fn default() -> SegmentConfig {
         SegmentConfig {
-            buffer_bytes: WRITE_BUFFER_BYTES_DEFAULT,
-            unsynced_buffers_max: UNSYNCED_BUFFERS_MAX_DEFAULT,
-            segment_bytes_max: SEGMENT_BYTES_MAX_DEFAULT,
-            index_interval_bytes: INDEX_INTERVAL_BYTES_DEFAULT,
+            buffer_bytes: 1 << 20,
+            unsynced_buffers_max: 4,
+            segment_bytes_max: 256 << 20,
+            index_interval_bytes: 4096,
         }
     }
 }
@@ -155,13 +154,21 @@ pub enum SegmentError {
         offset: u64,
         readable_end: u64,
     },
+    /// A partition's directory: its name, or listing it.
+    Dir(DirError),
+}
+
+impl From<DirError> for SegmentError {
+    fn from(error: DirError) -> SegmentError {
+        SegmentError::Dir(error)
+    }
 }
 
 impl SegmentError {
     /// The OS error number behind an I/O failure, if any.
     pub fn os_error(&self) -> Option<i32> {
         match self {
-            SegmentError::Io { source, .. } => source.raw_os_error(),
+            SegmentError::Io { source, .. } | SegmentError::Dir(DirError::Io { source, .. }) => source.raw_os_error(),
             _ => None,
         }
     }
@@ -204,6 +211,7 @@ impl fmt::Display for SegmentError {
                     path.display()
                 )
             }
+            SegmentError::Dir(error) => write!(f, "{error}"),
         }
     }
 }
@@ -214,6 +222,7 @@ impl std::error::Error for SegmentError {
             SegmentError::Io { source, .. } => Some(source),
             SegmentError::Frame { error, .. } => Some(error),
             SegmentError::Index { error, .. } => Some(error),
+            SegmentError::Dir(error) => Some(error),
             _ => None,
         }
     }

@@ -18,9 +18,9 @@
 //! lands in a new one. Ids and ranges are kept in the catalog file, so a
 //! partition's files stay with its stream across restarts.
 //!
-//! The catalog is persisted in `<data-dir>/streams.json` (written to a
-//! temporary file, fsynced, renamed, directory fsynced); with `--storage
-//! memory` it lives in memory only.
+//! The catalog is persisted in `<data-dir>/streams.json`, replaced
+//! atomically and durably ([`crate::storage::durable::replace_durably`]);
+//! with `--storage memory` it lives in memory only.
 //!
 //! # Deleting is atomic across a crash
 //!
@@ -43,6 +43,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Config, Storage};
+use crate::runtime::log;
+
 /// The stream producers write to when they name none.
 pub const DEFAULT_STREAM: &str = "default";
 /// The longest stream name (one path component in the data directory).
@@ -54,13 +57,7 @@ pub const STREAMS_MAX: usize = 1024;
 pub const CATALOG_FILE_NAME: &str = "streams.json";
 /// Where deleted streams' directories wait to be removed.
 pub const TRASH_DIR_NAME: &str = "trash";
-/// The longest age retention a stream (or `--retention-ms`) may ask for: 100
-/// years (36 500 days). Longer means nothing a `0` ("keep regardless of
-/// age") does not say, and values near `u64::MAX` once wrapped the age check
-/// and deleted every sealed segment at once. A catalog written before this
-/// limit may hold a larger value: the age check saturates, so it keeps
-/// segments as this maximum would.
-pub const RETENTION_MS_MAX: u64 = 36_500 * 86_400_000;
+pub use crate::config::limits::RETENTION_MS_MAX;
 
 /// One stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -500,20 +497,17 @@ impl Catalog {
         if !catalog.deleting.is_empty() {
             for spec in &catalog.deleting {
                 trash::move_stream_to_trash(data_dir, spec)?;
-                eprintln!(
-                    "spate: stream {} (id {}): finished its delete, which a crash interrupted",
-                    spec.name, spec.id
-                );
+                log::info!(stream = &spec.name, "finished its delete (id {}), which a crash interrupted", spec.id);
             }
             catalog.deleting.clear();
             // Without the save (a full disk) the next start does it again.
             if let Err(error) = catalog.save(data_dir) {
-                eprintln!("spate: could not save the catalog after finishing deletes: {error}");
+                log::warn!("could not save the catalog after finishing deletes: {error}");
             }
         }
         let live: Vec<&str> = catalog.streams.iter().map(|spec| spec.name.as_str()).collect();
         for orphan in trash::move_orphans_to_trash(data_dir, &live)? {
-            eprintln!("spate: {} belongs to no stream of the catalog: moved to the trash", orphan.display());
+            log::info!("{} belongs to no stream of the catalog: moved to the trash", orphan.display());
         }
         Ok((catalog, unsaved))
     }
@@ -575,32 +569,13 @@ impl Catalog {
         Ok(())
     }
 
-    /// Writes the catalog atomically (temporary file, fsync, rename, fsync
-    /// of the directory). On failure (a full disk) the old file stays and
-    /// no temporary file is left.
+    /// Writes the catalog atomically and durably
+    /// ([`crate::storage::durable::replace_durably`]). On failure (a full
+    /// disk) the old file stays and no temporary file is left.
     pub fn save(&self, data_dir: &Path) -> Result<(), CatalogError> {
-        let temporary = data_dir.join(format!("{CATALOG_FILE_NAME}.tmp"));
-        let saved = self.save_through(data_dir, &temporary);
-        if saved.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        saved
-    }
-
-    fn save_through(&self, data_dir: &Path, temporary: &Path) -> Result<(), CatalogError> {
-        use std::io::Write;
-        let path = data_dir.join(CATALOG_FILE_NAME);
-        let io = |op: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |error| CatalogError::Io { op, path, error }
-        };
         let bytes = serde_json::to_vec_pretty(self).expect("a catalog serializes");
-        let mut file = std::fs::File::create(temporary).map_err(io("create", temporary))?;
-        file.write_all(&bytes).map_err(io("write", temporary))?;
-        file.sync_all().map_err(io("fsync", temporary))?;
-        std::fs::rename(temporary, &path).map_err(io("rename", &path))?;
-        let dir = std::fs::File::open(data_dir).map_err(io("open", data_dir))?;
-        dir.sync_all().map_err(io("fsync", data_dir))
+        crate::storage::durable::replace_durably(&data_dir.join(CATALOG_FILE_NAME), &bytes)
+            .map_err(|error| CatalogError::Io { op: error.op, path: error.path, error: error.source })
     }
 }
 
@@ -640,6 +615,25 @@ pub struct CatalogLimits {
     pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
+}
+
+/// What the catalog takes from the flags (here rather than in `config`,
+/// which knows no stream types).
+impl Config {
+    /// What the stream catalog applies: the capacity and the defaults.
+    pub fn catalog_limits(&self) -> CatalogLimits {
+        let retention_bytes_max = match self.storage {
+            Storage::Memory => self.retention_bytes() as u64,
+            Storage::Disk => u64::MAX,
+        };
+        CatalogLimits {
+            partitions_max: self.partitions_max,
+            retention_bytes: self.retention_bytes() as u64,
+            retention_bytes_max,
+            retention_ms: self.retention_ms,
+            segment_bytes: self.segment_bytes() as u64,
+        }
+    }
 }
 
 /// One shard's copy of the catalog. A stream is *installed* once the

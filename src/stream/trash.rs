@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::runtime::log;
 use crate::stream::{CatalogError, StreamSpec, TRASH_DIR_NAME};
 
 /// The trash directory of a data directory.
@@ -84,7 +85,7 @@ pub fn empty_trash(data_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(&trash) else { return };
     for entry in entries.flatten() {
         if let Err(error) = std::fs::remove_dir_all(entry.path()) {
-            eprintln!("spate: could not remove {} from the trash: {error}", entry.path().display());
+            log::warn!("could not remove {} from the trash: {error}", entry.path().display());
         }
     }
 }

@@ -31,6 +31,7 @@ use crate::protocol::group::{
     GROUP_REQUEST_SIZE_MAX, GroupError, GroupRequest, JoinRequest, OffsetReset, RequestError, parse_group_request,
     write_assigned, write_commit_ok, write_group_error, write_revoked,
 };
+use crate::runtime::log;
 use crate::runtime::notify::{Either, Notify, first};
 use crate::shard::Shard;
 use crate::shard::groups::{COMMITS_IN_FLIGHT_MAX, GroupFrame, GroupKey, MemberEvent, MemberInbox};
@@ -335,7 +336,7 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
                 write_replies(shared, writer).await.ok()?;
                 if in_flight_between_owners {
                     // As for SUB: ask again shortly, not at once.
-                    let delay = Duration::from_millis(crate::config::FETCH_RETRY_DELAY_MS);
+                    let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
                     let _ = first(glommio::timer::sleep(delay), shard.lifecycle.shutdown_requested()).await;
                 }
             }
@@ -417,11 +418,11 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
         let shard = shared.session.borrow().shard.clone();
         ShardMetrics::add(&shard.metrics.group_offsets_past_end, 1);
         let (stream_id, group) = &shared.membership.key;
-        eprintln!(
-            "spate: shard {}: group {group} of stream id {stream_id}: committed offset {committed} of partition {} \
-             is past its end {end}: the log lost events the group had read; reading resumes at {resumed}, \
-             where this run opened the partition",
-            shard.id,
+        log::warn!(
+            shard = shard.id,
+            "group {group} of stream id {stream_id}: committed offset {committed} of partition {} is past its end \
+             {end}: the log lost events the group had read; reading resumes at {resumed}, where this run opened \
+             the partition",
             partition - base
         );
     }

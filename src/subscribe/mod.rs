@@ -48,6 +48,10 @@ use crate::net::socket::tune_accepted;
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 
+/// How long a subscriber waits before asking again for a partition that is
+/// moving between owners, in ms.
+const FETCH_RETRY_DELAY_MS: u64 = 1;
+
 /// Accepts subscriber connections until shutdown, within the process-wide
 /// subscriber limit.
 pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {

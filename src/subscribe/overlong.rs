@@ -4,11 +4,15 @@
 //! its LF, counting them, so that the `ERR` names its real size ("line of
 //! 100000 bytes"), not the size of whatever buffer the reader happened to
 //! hold when it noticed. When the reader gives up before the LF (a request
-//! line past [`crate::config::SUBSCRIBE_REQUEST_SKIP_BYTES_MAX`]), it says
+//! line past [`SUBSCRIBE_REQUEST_SKIP_BYTES_MAX`]), it says
 //! only what it knows: "at least N bytes". Memory stays one read chunk.
 
 use futures_lite::{AsyncRead, AsyncReadExt};
 
+/// How far the subscribe port reads (and drops) a first line past its limit
+/// to tell its real size in the `ERR`; past this it says "at least" and
+/// closes.
+pub(super) const SUBSCRIBE_REQUEST_SKIP_BYTES_MAX: usize = 1024 * 1024;
 /// Bytes one read of an overlong line takes.
 const CHUNK_BYTES: usize = 4096;
 

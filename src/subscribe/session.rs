@@ -10,8 +10,7 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 
 use crate::config::{
-    CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX,
-    SUBSCRIBE_REQUEST_SKIP_BYTES_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
+    CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
 };
 use crate::net::socket::write_goodbye;
 use crate::net::{CloseReason, Connection};
@@ -24,7 +23,7 @@ use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
-use crate::subscribe::overlong::Overlong;
+use crate::subscribe::overlong::{Overlong, SUBSCRIBE_REQUEST_SKIP_BYTES_MAX};
 use crate::subscribe::render::write_replies;
 
 pub(super) struct Cursor {
@@ -319,7 +318,7 @@ impl Session<'_> {
                         // without ever yielding and starves the very tasks
                         // that finish the move (a livelock seen with 4
                         // shards on 2 CPUs).
-                        let delay = Duration::from_millis(crate::config::FETCH_RETRY_DELAY_MS);
+                        let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
                         let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle.shutdown_requested()).await;
                     }
                 }

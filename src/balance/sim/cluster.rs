@@ -1,27 +1,24 @@
 //! The simulated shards, each running the engine's migration protocol: its own
 //! [`Migrations`] state machine and [`PlacementTable`] copy, the partitions installed on it,
-//! and the balancer bookkeeping ([`ShardState`], [`Cooldowns`]) that follows the machine's
-//! effects. They talk only through frames on the simulated [`Mesh`].
+//! and the balancer's [`Ledger`]. They talk only through frames on the simulated [`Mesh`].
 //!
-//! What the engine does and where the simulator copies it:
+//! What runs the engine's own code, and what is the simulator's:
 //!
-//! - sources route each tracer event by their own placement copy into an open batch per owner,
-//!   and send every open batch at the end of each millisecond (`Router::take_batch`, which the
-//!   engine's flusher calls within microseconds); a marker joins the open batch of its old owner
-//!   and leaves at once, behind every event batched there (`Source::send_marker`);
-//! - owners queue data batches on arrival and apply them in arrival order once the frames of
-//!   the same millisecond are handled, so control frames overtake data waiting to be applied, as
-//!   with the engine's apply queue; applying follows `partition::apply::apply_batch`: events of
-//!   installed partitions are appended, those of incoming ones go to the pending buffer, any
-//!   other is misrouted; then the markers, then `settle_grant`;
-//! - effects are carried out as `Shard::carry_out` does, handoffs carry the partition's state
-//!   (its rate average and its tracer log) as `Shard::send_handoff` does, and the thief installs,
-//!   appends the pending events, then releases grants (`Shard::on_handoff`); `Began` and `Ended`
-//!   drive the balancer as `Balancer::migration_began` and `migration_ended` do.
-//!
-//! Tracer events replace records: event `sequence` of `source` for `partition`. A partition's
-//! log keeps, per source, the next sequence it expects, so an append out of sequence is a lost,
-//! duplicated or reordered event the moment it happens.
+//! - the owner side is the engine's: a batch is applied by `partition::apply::apply_batch`
+//!   (records, then markers, then `settle_grant`), a handoff is installed by
+//!   `partition::apply::install_moved`, the effects are carried out by
+//!   `partition::migration::carry_out`, and the balancer's bookkeeping is `balance::Ledger`.
+//!   Batches are in the engine's record format (a tracer event is a record whose key is its
+//!   source and whose payload is its sequence) and early records wait in the engine's
+//!   `PendingRecords`;
+//! - the transport is the simulator's: sources route each tracer event by their own placement
+//!   copy into an open batch per owner and send every open batch at the end of each
+//!   millisecond (the engine's flusher sends them within microseconds); a marker joins the open
+//!   batch of its old owner and leaves at once, behind every event batched there (as
+//!   `Ingress::send_marker`); frames travel the simulated mesh with random delays;
+//! - the partitions are tracer logs ([`SimPartition`]): a partition keeps, per source, the next
+//!   sequence it expects, so an append out of sequence is a lost, duplicated or reordered event
+//!   the moment it happens.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -33,18 +30,17 @@ use serde::Serialize;
 
 use super::mesh::Mesh;
 use crate::balance::report::{Ewma, PartitionLoad};
-use crate::balance::rule::{BalanceConfig, Cooldowns, Direction, Migration, Refusal, ShardState, pick_partition};
+use crate::balance::rule::{BalanceConfig, Direction, Ledger, Migration, Refusal, ShardState, pick_partition};
 use crate::config::STEAL_REQUEST_TIMEOUT_MS;
-use crate::partition::migration::{Effect, Marker, Migrations};
+use crate::partition::apply::{self, Applied, OwnedPartitions, RecordOrder, ShardMigrations};
+use crate::partition::migration::{self, Carrier, Effect, Marker, Migrations};
 use crate::partition::{Placement, PlacementTable};
+use crate::protocol::record::{RecordRef, encode_batch_record};
 
 /// Most frames in flight at once. A migration puts about three frames per shard in flight
 /// (placements, markers and their grants), so a hundred migrations starting together at 1024
 /// shards is 300 K; a frame takes about 64 bytes on the wheel, 256 MiB at the limit.
 pub const MESH_FRAMES_MAX: usize = 1 << 22;
-/// Most spare batch buffers kept for reuse (as the engine's sources keep theirs), so a data
-/// batch, a marker above all, costs no allocation. Each is a few hundred bytes.
-const SPARE_BATCHES_MAX: usize = 4096;
 /// How long a migration may stay in flight, and how long the mesh may take to drain at the end
 /// of a run. A migration takes three mesh hops and a few applier turns: with the longest mesh
 /// delay (a second) that is a few seconds.
@@ -65,10 +61,19 @@ pub struct SimGrant {
     sequence: u32,
 }
 
-/// Tracer events that reached a thief before the partition did, in arrival order.
-#[derive(Debug, Default)]
-pub struct SimPending {
-    events: Vec<Tracer>,
+impl Tracer {
+    /// Encodes the event as a batch record of the engine's format: key = the source, payload =
+    /// the sequence (little-endian).
+    fn encode(self, batch: &mut Vec<u8>) {
+        encode_batch_record(batch, self.partition, &self.source.to_le_bytes(), &self.sequence.to_le_bytes());
+    }
+
+    /// The event a record of `partition` encodes, if it is one ([`Tracer::encode`]).
+    fn decode(partition: u32, record: &RecordRef<'_>) -> Option<Tracer> {
+        let source = u16::from_le_bytes(record.key.try_into().ok()?);
+        let sequence = u32::from_le_bytes(record.payload.try_into().ok()?);
+        Some(Tracer { source, partition, sequence })
+    }
 }
 
 /// A partition as it lives on a shard and travels in a handoff.
@@ -100,12 +105,12 @@ impl SimPartition {
     }
 }
 
-/// A data batch: tracer events, then the markers behind them. Open while its source adds to it,
-/// numbered when sent.
+/// A data batch: tracer events as records of the engine's batch format, then the markers
+/// behind them. Open while its source adds to it, numbered when sent.
 #[derive(Debug, Default)]
 pub struct SimBatch {
     sequence: u32,
-    events: Vec<Tracer>,
+    records: Vec<u8>,
     markers: Vec<Marker>,
 }
 
@@ -126,6 +131,29 @@ impl Batch {
     }
 }
 
+/// A simulated batch is applied by the engine's `apply_batch`, as a mesh `DataBatch` is.
+impl apply::Batch for Batch {
+    type Grant = SimGrant;
+
+    fn records(&self) -> &[u8] {
+        match self {
+            Batch::Boxed(batch) => &batch.records,
+            Batch::Marker { .. } => &[],
+        }
+    }
+
+    fn markers(&self) -> &[Marker] {
+        match self {
+            Batch::Boxed(batch) => &batch.markers,
+            Batch::Marker { marker, .. } => std::slice::from_ref(marker),
+        }
+    }
+
+    fn into_grant(self) -> SimGrant {
+        SimGrant { sequence: self.sequence() }
+    }
+}
+
 /// What travels on the simulated mesh. Small, as a hundred migrations at 1024 shards put a
 /// million frames in flight at once: the large ones are boxed.
 #[derive(Debug)]
@@ -136,45 +164,16 @@ pub enum SimFrame {
     Handoff { partition: u32, epoch: u32, state: Box<SimPartition> },
 }
 
-/// The balancer's bookkeeping on one shard, as `shard::balancer::Balancer` keeps it.
-#[derive(Debug, Default)]
-struct SimBalancer {
-    state: ShardState,
-    cooldowns: Cooldowns,
-    /// (victim, sent_ms) of the steal request waiting for its answer.
-    pending_request: Option<(u16, u64)>,
-}
-
-impl SimBalancer {
-    /// As `Balancer::migration_began`.
-    fn migration_began(&mut self, migration: Migration) {
-        self.pending_request = None;
-        if !self.state.is_migrating() {
-            self.state.begin(migration);
-        }
-    }
-
-    /// As `Balancer::migration_ended`.
-    fn migration_ended(&mut self, partition: u32, direction: Direction, at_ms: u64, moved_ms: u64) {
-        if direction == Direction::In {
-            self.cooldowns.record(partition, moved_ms);
-        }
-        if self.state.migration().is_some_and(|migration| migration.partition == partition) {
-            self.state.finish(partition, at_ms.max(moved_ms));
-        }
-    }
-}
-
 /// One simulated shard.
 #[derive(Debug)]
 struct SimShard {
-    migrations: Migrations<SimGrant, SimPending>,
+    migrations: ShardMigrations<SimGrant>,
     placement: PlacementTable,
     /// The partitions installed here; ordered, so loads are summed in the same order every run.
     installed: BTreeMap<u32, SimPartition>,
     /// Data batches received and not yet applied, with their source.
     apply_queue: VecDeque<(u16, Batch)>,
-    balancer: SimBalancer,
+    ledger: Ledger,
 }
 
 /// A migration in flight as the simulator records it, apart from the shards' own records.
@@ -254,9 +253,6 @@ pub struct Cluster {
     mesh: Mesh<SimFrame>,
     /// Open batches by (source, owner): a map, so they leave in the same order every run.
     open: BTreeMap<(u16, u16), Box<SimBatch>>,
-    /// Emptied batches for reuse, boxed: a data frame carries the box itself.
-    #[allow(clippy::vec_box)]
-    spare_batches: Vec<Box<SimBatch>>,
     /// Shards with batches in their apply queue, in the order they got their first one.
     appliers_due: Vec<u16>,
     /// Per (source, owner), at `owner * shard_count + source` (the sources of one owner side by
@@ -274,6 +270,8 @@ pub struct Cluster {
     /// A data batch held back by [`Fault::SwapData`].
     swapped: Option<(u16, u16, Box<SimBatch>)>,
     effects: Vec<Effect<SimGrant>>,
+    /// The grouping scratch of `apply_batch`, kept from batch to batch as the engine keeps it.
+    record_order: RecordOrder,
     scratch_counts: Vec<u8>,
     /// Where each partition is, as of the last [`Cluster::locate`].
     scratch_locations: Vec<u16>,
@@ -321,7 +319,7 @@ impl Cluster {
                     placement: table.clone(),
                     installed,
                     apply_queue: VecDeque::new(),
-                    balancer: SimBalancer::default(),
+                    ledger: Ledger::default(),
                 }
             })
             .collect();
@@ -336,7 +334,6 @@ impl Cluster {
             shards,
             mesh: Mesh::new(shard_count, settings.mesh_delay_ms, settings.mesh_seed),
             open: BTreeMap::new(),
-            spare_batches: Vec::new(),
             appliers_due: Vec::new(),
             channels: vec![Channel::default(); channel_count],
             newest_epoch: vec![0; partition_count as usize],
@@ -346,6 +343,7 @@ impl Cluster {
             tracer_rng: StdRng::seed_from_u64(settings.tracer_seed),
             swapped: None,
             effects: Vec::new(),
+            record_order: RecordOrder::default(),
             scratch_counts: vec![0; partition_count as usize],
             scratch_locations: vec![0; partition_count as usize],
             coverage: Coverage::default(),
@@ -382,7 +380,7 @@ impl Cluster {
             let event = Tracer { source, partition, sequence: *next };
             *next += 1;
             let owner = self.shards[usize::from(source)].placement.owner(partition);
-            self.open_batch(source, owner).events.push(event);
+            event.encode(&mut self.open_batch(source, owner).records);
             self.coverage.tracer_events_emitted += 1;
         }
     }
@@ -467,83 +465,33 @@ impl Cluster {
         true
     }
 
-    /// Applies one batch as `partition::apply::apply_batch` does: events, markers, grant.
+    /// Applies one batch with the engine's `apply_batch`: records, markers, grant; then carries
+    /// out the effects with the engine's `carry_out`.
     fn apply(&mut self, owner: u16, source: u16, batch: Batch) {
-        let (events, markers): (&[Tracer], &[Marker]) = match &batch {
-            Batch::Boxed(batch) => (&batch.events, &batch.markers),
-            Batch::Marker { marker, .. } => (&[], std::slice::from_ref(marker)),
-        };
-        let mut held_for: Vec<u32> = Vec::new();
-        for &event in events {
-            let shard = &mut self.shards[usize::from(owner)];
-            if shard.installed.contains_key(&event.partition) {
-                self.append(owner, event);
-            } else if let Some(pending) = shard.migrations.pending_mut(event.partition) {
-                pending.events.push(event);
-                if !held_for.contains(&event.partition) {
-                    held_for.push(event.partition);
-                }
-            } else {
-                fail!(
-                    self,
-                    "{event:?} misrouted: it reached shard {owner}, which has partition {} neither installed nor \
-                     incoming",
-                    event.partition
-                );
-            }
-        }
         let mut effects = std::mem::take(&mut self.effects);
         let shard = &mut self.shards[usize::from(owner)];
-        for &marker in markers {
-            shard.migrations.on_marker(source, marker, self.now_ms, &mut effects);
-        }
         let held_count = shard.migrations.held_grant_count();
-        shard.migrations.settle_grant(source, SimGrant { sequence: batch.sequence() }, held_for, &mut effects);
+        let mut owned = SimOwned::new(&mut shard.installed, &mut self.record_order, 0);
+        apply::apply_batch(&mut owned, &mut shard.migrations, source, batch, self.now_ms, &mut effects);
+        let (appended, failure) = (owned.appended, owned.failure.take());
         if shard.migrations.held_grant_count() > held_count {
             self.coverage.grants_held += 1;
         }
-        self.carry_out(owner, &mut effects, None);
+        self.note_appends(owner, appended, failure);
+        migration::carry_out(&mut effects, &mut SimCarrier { cluster: self, me: owner, moved_ms: None });
         self.effects = effects;
-        if let Batch::Boxed(mut batch) = batch
-            && self.spare_batches.len() < SPARE_BATCHES_MAX
-        {
-            batch.events.clear();
-            batch.markers.clear();
-            self.spare_batches.push(batch);
-        }
     }
 
-    /// Appends `event` to its partition, installed on `owner`, checking its sequence.
-    fn append(&mut self, owner: u16, event: Tracer) {
-        let partition = self.shards[usize::from(owner)].installed.get_mut(&event.partition);
-        let partition = partition.expect("the caller checked the partition is installed");
-        if let Err(expected) = partition.append(event) {
+    /// Counts what an apply or an install appended, and fails the run on an event out of
+    /// sequence.
+    fn note_appends(&mut self, owner: u16, appended: u64, failure: Option<(Tracer, u32)>) {
+        self.coverage.tracer_events_appended += appended;
+        if let Some((event, expected)) = failure {
             fail!(
                 self,
                 "{event:?} appended on shard {owner}, where the partition's log expected sequence {expected} from \
                  that source: an event was lost, duplicated or reordered"
             );
-        }
-        self.coverage.tracer_events_appended += 1;
-    }
-
-    /// Carries out the machine's effects as `Shard::carry_out` does. `moved_ms` is the handed-over
-    /// partition's hand-over time, when the effects follow a handoff.
-    fn carry_out(&mut self, me: u16, effects: &mut Vec<Effect<SimGrant>>, moved_ms: Option<u64>) {
-        for effect in effects.drain(..) {
-            match effect {
-                Effect::SendPlacement { to, partition, owner, epoch } => {
-                    self.send(me, to, SimFrame::Placement { partition, owner, epoch });
-                }
-                Effect::SendMarker { to, marker } => self.send_marker(me, to, marker),
-                Effect::SendHandoff { to, partition, epoch } => self.send_handoff(me, to, partition, epoch),
-                Effect::Grant { source, grant } => self.send(me, source, SimFrame::Grant(grant)),
-                Effect::Began(migration) => self.shards[usize::from(me)].balancer.migration_began(migration),
-                Effect::Ended { partition, direction, at_ms } => {
-                    let balancer = &mut self.shards[usize::from(me)].balancer;
-                    balancer.migration_ended(partition, direction, at_ms, moved_ms.unwrap_or(at_ms));
-                }
-            }
         }
     }
 
@@ -560,8 +508,7 @@ impl Cluster {
 
     /// The open batch of `source` for `owner`, opened if need be.
     fn open_batch(&mut self, source: u16, owner: u16) -> &mut SimBatch {
-        let spare_batches = &mut self.spare_batches;
-        self.open.entry((source, owner)).or_insert_with(|| spare_batches.pop().unwrap_or_default())
+        self.open.entry((source, owner)).or_default()
     }
 
     /// As `Source::send_marker`: the marker joins the open batch for `to`, behind every event
@@ -591,9 +538,9 @@ impl Cluster {
     }
 
     fn send_batch(&mut self, source: u16, owner: u16, mut batch: Box<SimBatch>) {
-        assert!(!batch.events.is_empty() || !batch.markers.is_empty(), "an empty batch");
+        assert!(!batch.records.is_empty() || !batch.markers.is_empty(), "an empty batch");
         batch.sequence = self.next_batch_sequence(source, owner);
-        if self.fault == Fault::SwapData && !batch.events.is_empty() {
+        if self.fault == Fault::SwapData && !batch.records.is_empty() {
             self.fault = Fault::None;
             self.swapped = Some((source, owner, batch));
             return;
@@ -625,6 +572,122 @@ impl Cluster {
     }
 }
 
+/// A shard's installed tracer partitions as the engine's apply code sees them. An event out of
+/// sequence is kept in `failure` (the first one) for the simulator to fail the run with.
+struct SimOwned<'a> {
+    installed: &'a mut BTreeMap<u32, SimPartition>,
+    record_order: &'a mut RecordOrder,
+    /// The epoch a partition installed now arrives at.
+    epoch: u32,
+    /// The partition a handoff installs now (its early records are appended to it first).
+    handing_in: u32,
+    appended: u64,
+    failure: Option<(Tracer, u32)>,
+    installed_twice: bool,
+}
+
+impl<'a> SimOwned<'a> {
+    fn new(installed: &'a mut BTreeMap<u32, SimPartition>, record_order: &'a mut RecordOrder, epoch: u32) -> Self {
+        SimOwned {
+            installed,
+            record_order,
+            epoch,
+            handing_in: u32::MAX,
+            appended: 0,
+            failure: None,
+            installed_twice: false,
+        }
+    }
+
+    fn append_checked(
+        partition_id: u32,
+        partition: &mut SimPartition,
+        record: &RecordRef<'_>,
+    ) -> Result<(), (Tracer, u32)> {
+        let event = Tracer::decode(partition_id, record).expect("the simulator's batches hold tracer records");
+        partition.append(event).map_err(|expected| (event, expected))
+    }
+
+    fn note(&mut self, outcome: Result<(), (Tracer, u32)>) {
+        self.appended += 1;
+        if let Err(failure) = outcome {
+            self.failure.get_or_insert(failure);
+        }
+    }
+}
+
+impl OwnedPartitions for SimOwned<'_> {
+    type Partition = SimPartition;
+
+    fn append(&mut self, partition_id: u32, record: &RecordRef<'_>) -> Option<u64> {
+        let partition = self.installed.get_mut(&partition_id)?;
+        let outcome = SimOwned::append_checked(partition_id, partition, record);
+        self.note(outcome);
+        Some(record.log_record.len() as u64)
+    }
+
+    fn append_to(&mut self, partition: &mut SimPartition, record: &RecordRef<'_>) -> u64 {
+        // The handoff's partition id is the one being installed: its records carry it.
+        let partition_id = self.handing_in;
+        let outcome = SimOwned::append_checked(partition_id, partition, record);
+        self.note(outcome);
+        record.log_record.len() as u64
+    }
+
+    fn is_retired(&self, _partition_id: u32) -> bool {
+        false
+    }
+
+    fn install_moved(&mut self, partition_id: u32, partition: Box<SimPartition>) {
+        let state = SimPartition { epoch: self.epoch, ..*partition };
+        self.installed_twice |= self.installed.insert(partition_id, state).is_some();
+    }
+
+    fn take_record_order(&mut self) -> RecordOrder {
+        std::mem::take(self.record_order)
+    }
+
+    fn put_record_order(&mut self, order: RecordOrder) {
+        *self.record_order = order;
+    }
+}
+
+/// A simulated shard's side of a migration step's effects, as the engine's `ShardCarrier`:
+/// frames on the simulated mesh, the handoff, grants and the balancer's ledger.
+struct SimCarrier<'a> {
+    cluster: &'a mut Cluster,
+    me: u16,
+    /// When the partition whose handoff these effects follow was handed over.
+    moved_ms: Option<u64>,
+}
+
+impl Carrier<SimGrant> for SimCarrier<'_> {
+    fn send_placement(&mut self, to: u16, partition: u32, owner: u16, epoch: u32) {
+        self.cluster.send(self.me, to, SimFrame::Placement { partition, owner, epoch });
+    }
+
+    fn send_marker(&mut self, to: u16, marker: Marker) {
+        self.cluster.send_marker(self.me, to, marker);
+    }
+
+    fn send_handoff(&mut self, to: u16, partition: u32, epoch: u32) {
+        self.cluster.send_handoff(self.me, to, partition, epoch);
+    }
+
+    fn grant(&mut self, source: u16, grant: SimGrant) {
+        self.cluster.send(self.me, source, SimFrame::Grant(grant));
+    }
+
+    fn began(&mut self, migration: Migration) {
+        self.cluster.shards[usize::from(self.me)].ledger.migration_began(migration);
+    }
+
+    fn ended(&mut self, partition: u32, direction: Direction, at_ms: u64) {
+        let moved_ms = self.moved_ms.unwrap_or(at_ms);
+        self.cluster.shards[usize::from(self.me)].ledger.migration_ended(partition, direction, at_ms, moved_ms);
+    }
+}
+
 /// The migration protocol's steps.
 impl Cluster {
     /// As the engine's `on_steal_request`: the owner refuses while its machine is busy, else the
@@ -641,17 +704,17 @@ impl Cluster {
         let (owner_events_per_s, thief_events_per_s) = events_per_s;
         let shard = &self.shards[usize::from(owner)];
         // As `Balancer::answer_steal`: busy, or waiting for its own answer.
-        if shard.migrations.is_busy() || shard.balancer.pending_request.is_some() {
+        if shard.ledger.refuses_steal(shard.migrations.is_busy()) {
             return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
         }
-        let balancer = &shard.balancer;
+        let ledger = &shard.ledger;
         let partition = pick_partition(
             loads,
             owner_events_per_s,
             thief_events_per_s,
             cfg,
-            &balancer.cooldowns,
-            &balancer.state,
+            &ledger.cooldowns,
+            &ledger.state,
             self.now_ms,
         )?;
         self.start_migration(owner, thief, partition);
@@ -678,7 +741,7 @@ impl Cluster {
             fail!(self, "shard {owner} moves partition {partition} with a stale placement");
         }
         let migration = Migration { partition, peer: thief, direction: Direction::Out, started_ms: now_ms };
-        shard.balancer.state.begin(migration);
+        shard.ledger.state.begin(migration);
         let mut effects = std::mem::take(&mut self.effects);
         shard.migrations.start(&mut shard.placement, partition, thief, self.now_ms, &mut effects);
         let started = shard.placement.get(partition);
@@ -690,7 +753,7 @@ impl Cluster {
         self.flights.push(Flight { partition, owner, thief, epoch, started_ms: now_ms, handed_over: false });
         let in_flight_count = self.flights.len() as u64;
         self.coverage.migrations_in_flight_max = self.coverage.migrations_in_flight_max.max(in_flight_count);
-        self.carry_out(owner, &mut effects, None);
+        migration::carry_out(&mut effects, &mut SimCarrier { cluster: self, me: owner, moved_ms: None });
         self.effects = effects;
     }
 
@@ -708,7 +771,7 @@ impl Cluster {
             fail!(self, "shard {me}'s entry for partition {partition} went back: {before:?} to {after:?}");
         }
         self.check_table(me, partition);
-        self.carry_out(me, &mut effects, None);
+        migration::carry_out(&mut effects, &mut SimCarrier { cluster: self, me, moved_ms: None });
         self.effects = effects;
     }
 
@@ -736,8 +799,8 @@ impl Cluster {
         self.send(me, thief, SimFrame::Handoff { partition, epoch, state: Box::new(state) });
     }
 
-    /// Step 5 on the thief, as `Shard::on_handoff`: install, append what waited, then release
-    /// the held grants.
+    /// Step 5 on the thief: the engine's `install_moved` installs the partition, appends what
+    /// waited for it and releases the held grants; the engine's `carry_out` does the rest.
     fn on_handoff(&mut self, me: u16, partition: u32, epoch: u32, state: SimPartition) {
         self.changed = true;
         if epoch != self.newest_epoch[partition as usize] {
@@ -746,17 +809,26 @@ impl Cluster {
         }
         let mut effects = std::mem::take(&mut self.effects);
         let shard = &mut self.shards[usize::from(me)];
-        let pending = shard.migrations.on_handoff(partition, epoch, self.now_ms, &mut effects);
         let moved_ms = state.moved_ms.unwrap_or(self.now_ms);
-        if shard.installed.insert(partition, SimPartition { epoch, ..state }).is_some() {
+        let mut owned = SimOwned::new(&mut shard.installed, &mut self.record_order, epoch);
+        owned.handing_in = partition;
+        let installed: Applied = apply::install_moved(
+            &mut owned,
+            &mut shard.migrations,
+            partition,
+            epoch,
+            Box::new(state),
+            self.now_ms,
+            &mut effects,
+        );
+        let (appended, failure, twice) = (owned.appended, owned.failure.take(), owned.installed_twice);
+        if twice {
             fail!(self, "partition {partition} installed twice on shard {me}");
         }
+        self.coverage.tracer_events_buffered += installed.stored;
+        self.note_appends(me, appended, failure);
         self.check_table(me, partition);
-        self.coverage.tracer_events_buffered += pending.events.len() as u64;
-        for event in pending.events {
-            self.append(me, event);
-        }
-        self.carry_out(me, &mut effects, Some(moved_ms));
+        migration::carry_out(&mut effects, &mut SimCarrier { cluster: self, me, moved_ms: Some(moved_ms) });
         self.effects = effects;
         let flight = self.flights.iter().position(|flight| flight.partition == partition);
         match flight.map(|index| self.flights.swap_remove(index)) {
@@ -794,38 +866,35 @@ impl Cluster {
     /// Whether `shard` is in a migration, as the balancer records it or as the protocol does.
     pub fn is_migrating(&self, shard: u16) -> bool {
         let shard = &self.shards[usize::from(shard)];
-        shard.balancer.state.is_migrating() || shard.migrations.is_busy()
+        shard.ledger.state.is_migrating() || shard.migrations.is_busy()
     }
 
     /// What `shard` reports as `migrating`, as `Balancer::tick` does: in a
     /// migration, waiting for the answer to its steal request, or settling.
     pub fn reports_migrating(&self, shard: u16, now_ms: u64, cfg: &BalanceConfig) -> bool {
-        let balancer = &self.shards[usize::from(shard)].balancer;
-        self.is_migrating(shard) || balancer.pending_request.is_some() || balancer.state.settling(now_ms, cfg)
+        let ledger = &self.shards[usize::from(shard)].ledger;
+        self.is_migrating(shard) || ledger.pending_request.is_some() || ledger.state.settling(now_ms, cfg)
     }
 
     /// The state the thief side of the rule sees, if `thief` may ask at all: not while it is
     /// migrating, nor while a request of its own waits for an answer (as `Balancer::tick`).
     pub fn thief_state(&self, thief: u16) -> Option<&ShardState> {
-        let balancer = &self.shards[usize::from(thief)].balancer;
-        let waiting =
-            balancer.pending_request.is_some_and(|(_, sent_ms)| self.now_ms < sent_ms + STEAL_REQUEST_TIMEOUT_MS);
-        (!self.is_migrating(thief) && !waiting).then_some(&balancer.state)
+        let ledger = &self.shards[usize::from(thief)].ledger;
+        let waiting = ledger.awaiting_answer(self.now_ms, STEAL_REQUEST_TIMEOUT_MS);
+        (!self.is_migrating(thief) && !waiting).then_some(&ledger.state)
     }
 
     pub fn note_request(&mut self, thief: u16, victim: u16) {
-        self.shards[usize::from(thief)].balancer.pending_request = Some((victim, self.now_ms));
+        self.shards[usize::from(thief)].ledger.request_sent(victim, self.now_ms);
     }
 
     pub fn on_refused(&mut self, thief: u16, victim: u16, refusal: &Refusal, cfg: &BalanceConfig) {
-        let balancer = &mut self.shards[usize::from(thief)].balancer;
-        balancer.state.note_refusal(victim, refusal, self.now_ms, cfg);
-        balancer.pending_request = None;
+        self.shards[usize::from(thief)].ledger.refused(victim, refusal, self.now_ms, cfg);
     }
 
     pub fn prune_cooldowns(&mut self, cooldown_ms: u64) {
         for shard in &mut self.shards {
-            shard.balancer.cooldowns.prune(self.now_ms, cooldown_ms);
+            shard.ledger.cooldowns.prune(self.now_ms, cooldown_ms);
         }
     }
 }
@@ -908,7 +977,7 @@ impl Cluster {
     /// a record left behind would keep the shard from stealing forever.
     fn check_balancer_records(&self) {
         for (me, shard) in self.shards.iter().enumerate() {
-            let Some(migration) = shard.balancer.state.migration() else { continue };
+            let Some(migration) = shard.ledger.state.migration() else { continue };
             let in_flight = match migration.direction {
                 Direction::Out => shard.migrations.outgoing_partition() == Some(migration.partition),
                 Direction::In => shard.migrations.is_incoming(migration.partition),
@@ -924,7 +993,7 @@ impl Cluster {
                 direction: Direction::Out,
                 started_ms: flight.started_ms,
             };
-            if self.shards[usize::from(flight.owner)].balancer.state.migration() != Some(&expected) {
+            if self.shards[usize::from(flight.owner)].ledger.state.migration() != Some(&expected) {
                 fail!(self, "shard {} does not record {expected:?}", flight.owner);
             }
         }

@@ -2,10 +2,13 @@
 //! simulated time, one seed.
 //!
 //! It drives the very code the engine runs: the rule ([`Census::steal_for`], which is
-//! [`crate::balance::want_to_steal`] for all shards at once, and [`pick_partition`]) and, on
-//! every simulated shard, the migration state machine
-//! ([`crate::partition::migration::Migrations`]) with its own placement table. Around them it
-//! models:
+//! [`crate::balance::want_to_steal`] for all shards at once, and [`pick_partition`]), the
+//! balancer's bookkeeping ([`crate::balance::Ledger`]) and, on every simulated shard, the
+//! owner side: the migration state machine ([`crate::partition::migration::Migrations`]) with
+//! its own placement table, batches applied by [`crate::partition::apply::apply_batch`] (in the
+//! engine's record format), handoffs installed by [`crate::partition::apply::install_moved`],
+//! effects carried out through [`crate::partition::migration::carry_out`]. What it does not
+//! share is the transport and the partitions' logs, which it models:
 //!
 //! - a simulated clock advancing in ticks (`tick_ms`, 10 ms), nothing read from the real one;
 //! - each partition's true rate, set by the workload; each report interval the shard that has it
@@ -17,8 +20,8 @@
 //!   delayed by a seeded random `0..=mesh_delay_ms`; a migration takes as long as its messages;
 //! - tracer events (`cluster.rs`): `tracer_events_per_tick` events a tick, spread over its
 //!   milliseconds, from random sources, half of them to partitions with a migration in flight,
-//!   routed by each source's own placement copy, batched, and applied by their owner as the
-//!   engine applies records. The run without balancing moves nothing and emits none.
+//!   routed by each source's own placement copy, batched as records, and applied by their owner
+//!   with the engine's own apply code. The run without balancing moves nothing and emits none.
 //!
 //! Load is attributed to the shard that has the partition installed; while its handoff is on the
 //! mesh, to the thief it travels to.
