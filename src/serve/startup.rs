@@ -60,7 +60,7 @@ pub async fn run_shard(context: ShardContext) {
         }
         shard.load_groups(stored);
     }
-    if shard.committer.is_some() {
+    if shard.stores_on_disk() {
         if let Err(failure) = open_storage(&shard).await {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
             return;
@@ -96,7 +96,7 @@ pub async fn run_shard(context: ShardContext) {
         refusals: Rc::default(),
     });
     let sweeping = (net.clone(), shard.clone());
-    glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(&sweeping.1.lifecycle).await }).detach();
+    glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(sweeping.1.lifecycle()).await }).detach();
     match bind_listeners(&context.config) {
         Ok(Listeners { ingest, subscribe }) => {
             for (listener, format) in ingest {
@@ -110,7 +110,7 @@ pub async fn run_shard(context: ShardContext) {
             return;
         }
     }
-    let read_only = shard.committer.as_ref().and_then(|committer| committer.read_only_reason());
+    let read_only = shard.read_only_reason();
     let _ = context.events.send(ShardEvent::Started { shard: id, read_only });
     serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
     outbox.close();
@@ -129,11 +129,11 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
             continue;
         }
         cut_count += 1;
-        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
-        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics().recovery_truncations, 1);
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics().recovery_discarded_bytes, recovery.discarded_bytes);
         let deferred = if report.deferred.is_some() { "; the cut waits for disk space" } else { "" };
         log::info!(
-            shard = shard.id,
+            shard = shard.id(),
             "recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
             path.display(),
             recovery.outcome.cursor.position,
@@ -143,7 +143,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
         );
     }
     log::info!(
-        shard = shard.id,
+        shard = shard.id(),
         "opened {} partitions on disk in {:.2}s ({} tails cut)",
         reports.len(),
         started.elapsed().as_secs_f64(),
@@ -155,7 +155,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
 /// The shard's own loops: flusher, applier, balancer, fetch servicer.
 fn spawn_shard_tasks(shard: &Rc<Shard>) {
     let flusher = shard.clone();
-    glommio::spawn_local(async move { flusher.ingress.run_flusher().await }).detach();
+    glommio::spawn_local(async move { flusher.ingress().run_flusher().await }).detach();
     let applier = shard.clone();
     glommio::spawn_local(async move { applier.run_applier().await }).detach();
     crate::shard::aggregates::spawn_tasks(shard);

@@ -55,7 +55,7 @@ pub async fn serve_member(
             return;
         }
     };
-    let Some(route) = shard.streams.borrow().route_for(join.stream.as_bytes()) else {
+    let Some(route) = shard.route_for(join.stream.as_bytes()) else {
         let mut message = Vec::new();
         write_group_error(&mut message, &GroupError::UnknownStream { stream: join.stream });
         write_goodbye(stream, &message).await;
@@ -64,7 +64,7 @@ pub async fn serve_member(
     if !connection.greet_subscriber() {
         return;
     }
-    let inbox_capacity = usize::from(shard.shard_count) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
+    let inbox_capacity = usize::from(shard.shard_count()) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender, route.id);
     let member = registration.subscription_id;
@@ -120,8 +120,8 @@ impl<'a> Membership<'a> {
         join: &JoinRequest<'_>,
         (base, partitions): (u32, u32),
     ) -> Membership<'a> {
-        let inbox = shard.groups.register_member(member);
-        let gauge = &shard.metrics.group_members;
+        let inbox = shard.groups().register_member(member);
+        let gauge = &shard.metrics().group_members;
         gauge.set(gauge.get() + 1);
         let coordinator = shard.group_coordinator(&key);
         let frame = GroupFrame::Join {
@@ -144,8 +144,8 @@ impl<'a> Membership<'a> {
 
 impl Drop for Membership<'_> {
     fn drop(&mut self) {
-        self.shard.groups.unregister_member(self.member);
-        let gauge = &self.shard.metrics.group_members;
+        self.shard.groups().unregister_member(self.member);
+        let gauge = &self.shard.metrics().group_members;
         gauge.set(gauge.get() - 1);
         self.send(GroupFrame::Leave { member: self.member, key: self.key.clone() });
     }
@@ -180,7 +180,7 @@ impl Shared<'_> {
         match parse_group_request(line) {
             Ok(GroupRequest::Commit { partition, next_offset }) => {
                 if let Err(error) = self.check_commit(partition, next_offset) {
-                    ShardMetrics::add(&self.membership.shard.metrics.group_commits_refused, 1);
+                    ShardMetrics::add(&self.membership.shard.metrics().group_commits_refused, 1);
                     self.push_error(&error);
                     return;
                 }
@@ -314,7 +314,7 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
         }
         let wake = {
             let member = shared.membership.inbox.wait();
-            let shutdown = shard.lifecycle.shutdown_requested();
+            let shutdown = shard.lifecycle().shutdown_requested();
             let control = shared.control_notify.notified();
             match first(inbox.recv(), first(member, first(shutdown, control))).await {
                 Either::Left(reply) => Wake::Reply(reply),
@@ -337,7 +337,7 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
                 if in_flight_between_owners {
                     // As for SUB: ask again shortly, not at once.
                     let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
-                    let _ = first(glommio::timer::sleep(delay), shard.lifecycle.shutdown_requested()).await;
+                    let _ = first(glommio::timer::sleep(delay), shard.lifecycle().shutdown_requested()).await;
                 }
             }
             Wake::Member => {
@@ -369,12 +369,12 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
 /// last line.
 async fn watchdog(shared: &Shared<'_>) -> Vec<u8> {
     let shard = shared.membership.shard;
-    let session_timeout_ms = shard.config.group_session_timeout_ms;
+    let session_timeout_ms = shard.config().group_session_timeout_ms;
     let timeout = Duration::from_millis(session_timeout_ms);
     loop {
         let idle = shared.last_line.get().elapsed();
         if idle >= timeout {
-            ShardMetrics::add(&shard.metrics.group_members_expelled, 1);
+            ShardMetrics::add(&shard.metrics().group_members_expelled, 1);
             let mut last = Vec::new();
             write_group_error(&mut last, &GroupError::SessionTimeout { session_timeout_ms });
             return last;
@@ -404,8 +404,8 @@ async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(
         (std::mem::take(&mut session.held), std::mem::take(&mut session.out), session.base)
     };
     let shard = shared.membership.shard;
-    let chunk_bytes = shard.config.fetch_bytes_max;
-    let written = super::render::write_replies(writer, &mut out, replies, base, chunk_bytes, &shard.metrics).await;
+    let chunk_bytes = shard.config().fetch_bytes_max;
+    let written = super::render::write_replies(writer, &mut out, replies, base, chunk_bytes, shard.metrics()).await;
     shared.session.borrow_mut().out = out;
     written
 }
@@ -416,10 +416,10 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
     let base = shared.session.borrow().base;
     for &(partition, committed, end, resumed) in &reply.resumed_past_end {
         let shard = shared.session.borrow().shard.clone();
-        ShardMetrics::add(&shard.metrics.group_offsets_past_end, 1);
+        ShardMetrics::add(&shard.metrics().group_offsets_past_end, 1);
         let (stream_id, group) = &shared.membership.key;
         log::warn!(
-            shard = shard.id,
+            shard = shard.id(),
             "group {group} of stream id {stream_id}: committed offset {committed} of partition {} is past its end \
              {end}: the log lost events the group had read; reading resumes at {resumed}, where this run opened \
              the partition",
@@ -476,14 +476,11 @@ fn on_member_event(
                 session.cursors[local as usize].revoking = true;
             }
             // A fetch parked at an owner may carry them: have it answered.
-            let owners: Vec<u16> = {
-                let placement = session.shard.placement.borrow();
-                partitions
-                    .iter()
-                    .filter(|&&local| session.cursors[local as usize].in_flight())
-                    .map(|&local| placement.owner(session.base + local))
-                    .collect()
-            };
+            let owners: Vec<u16> = partitions
+                .iter()
+                .filter(|&&local| session.cursors[local as usize].in_flight())
+                .map(|&local| session.shard.owner_of(session.base + local))
+                .collect();
             for owner in owners {
                 if session.outstanding[usize::from(owner)] == Outstanding::Out {
                     session.outstanding[usize::from(owner)] = Outstanding::Woken;
@@ -510,7 +507,7 @@ fn on_member_event(
             return Some(last);
         }
         MemberEvent::Expelled => {
-            let revoke_timeout_ms = shared.membership.shard.config.group_session_timeout_ms;
+            let revoke_timeout_ms = shared.membership.shard.config().group_session_timeout_ms;
             let mut last = std::mem::take(out);
             write_group_error(&mut last, &GroupError::RevokeTimeout { revoke_timeout_ms });
             return Some(last);
