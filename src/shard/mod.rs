@@ -529,7 +529,7 @@ impl Shard {
                 if could_stand && reply.is_tail_only() {
                     reply.standing = true;
                     if let Some(window) = request.window.as_mut() {
-                        window.spend(reply.data.len());
+                        window.spend(reply.records.size_bytes());
                     }
                     self.subscriptions.park(origin, request);
                     if reply.more {

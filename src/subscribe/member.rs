@@ -424,18 +424,15 @@ async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(
     shared: &Shared<'_>,
     writer: &mut W,
 ) -> std::io::Result<()> {
-    let replies = std::mem::take(&mut shared.session.borrow_mut().held);
-    let metrics = &shared.membership.shard.metrics();
-    for reply in replies {
-        if reply.data.is_empty() {
-            continue;
-        }
-        writer.write_all(&reply.data).await?;
-        ShardMetrics::add(&metrics.events_delivered, reply.event_count);
-        ShardMetrics::add(&metrics.bytes_delivered, reply.data.len() as u64);
-        ShardMetrics::add(&metrics.truncation_notices, reply.truncation_count);
-    }
-    Ok(())
+    let (replies, mut out, base) = {
+        let mut session = shared.session.borrow_mut();
+        (std::mem::take(&mut session.held), std::mem::take(&mut session.out), session.base)
+    };
+    let shard = shared.membership.shard;
+    let chunk_bytes = shard.config().fetch_bytes_max;
+    let written = super::render::write_replies(writer, &mut out, replies, base, chunk_bytes, shard.metrics()).await;
+    shared.session.borrow_mut().out = out;
+    written
 }
 
 /// Tells the coordinator where partitions the group never committed
@@ -460,26 +457,13 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
         if std::mem::take(&mut report_start[local as usize]) {
             // Where reading started: the first event's offset, or the
             // cursor's when the reply has none.
-            let offset = first_offset_of(&reply.data, local).unwrap_or_else(|| {
+            let offset = reply.records.first_offset_of(partition).unwrap_or_else(|| {
                 reply.cursors.iter().find(|(p, _)| *p == partition).map_or(0, |(_, offset)| *offset)
             });
             let key = shared.membership.key.clone();
             shared.membership.send(GroupFrame::CommitStart { key, partition: local, offset });
         }
     }
-}
-
-/// The offset of the first event line of `local` in a reply's data.
-fn first_offset_of(data: &[u8], local: u32) -> Option<u64> {
-    for line in data.split(|&byte| byte == b'\n') {
-        if let Ok(crate::protocol::SubscriberLine::Event { partition, offset, .. }) =
-            crate::protocol::parse_subscriber_line(line)
-            && partition == local
-        {
-            return Some(offset);
-        }
-    }
-    None
 }
 
 /// Starts the cursors of newly assigned partitions where the group said

@@ -8,7 +8,8 @@
 //! (carrying the cursors of the partitions that owner holds) with a byte
 //! budget. The owner answers at once with what its logs have, or parks the
 //! request until one of those partitions is appended to
-//! ([`crate::partition::fetch`] is the owner's side). So:
+//! ([`crate::partition::fetch`] is the owner's side). Owners reply with
+//! records; [`render`] turns them into lines on this shard. So:
 //!
 //! * a slow subscriber only delays its own next fetch: the log keeps the
 //!   events (up to retention), ingest never waits for a subscriber;
@@ -33,6 +34,7 @@
 
 mod member;
 mod overlong;
+pub mod render;
 mod session;
 
 use std::rc::Rc;

@@ -24,6 +24,7 @@ use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
 use crate::subscribe::overlong::{Overlong, SUBSCRIBE_REQUEST_SKIP_BYTES_MAX};
+use crate::subscribe::render::write_replies;
 
 pub(super) struct Cursor {
     pub(super) partition: u32,
@@ -231,8 +232,9 @@ pub(super) struct Session<'a> {
     /// fairly among partitions over time.
     pub(super) rotation: usize,
     /// Replies applied but not yet written (while cursors are unresolved).
-    /// Their data is within each owner's window: the (S + 1) fetch budgets
-    /// of the formula.
+    /// Their records are within each owner's window, and the lines being
+    /// written within one more budget: the (S + 1) fetch budgets of the
+    /// formula.
     pub(super) held: Vec<FetchReply>,
     /// The window each fetch offers its owner to stand with (`None`: one
     /// reply per fetch, as group members read).
@@ -240,6 +242,9 @@ pub(super) struct Session<'a> {
     /// Per owner: what its standing fetch has sent and this session has
     /// written out since the window was last given back.
     pub(super) used: Vec<FetchWindow>,
+    /// Lines rendered from replies, being written; kept (empty) between
+    /// writes so rendering allocates nothing ([`super::render`]).
+    pub(super) out: Vec<u8>,
 }
 
 /// What a subscriber session waited for.
@@ -273,6 +278,7 @@ impl<'a> Session<'a> {
             held: Vec::new(),
             window,
             used: vec![FetchWindow::default(); shard_count],
+            out: Vec::new(),
         }
     }
 }
@@ -404,33 +410,16 @@ impl Session<'_> {
         if self.unresolved > 0 && !force {
             return Ok(());
         }
-        // One write for all of them (each write wakes the reader): the
-        // first reply's buffer takes the others' lines, which are within
-        // the same windows.
-        let mut out: Option<Vec<u8>> = None;
-        let (mut events, mut truncations) = (0, 0);
-        for reply in std::mem::take(&mut self.held) {
+        let held = std::mem::take(&mut self.held);
+        for reply in &held {
             let owner = usize::from(reply.owner);
             if reply.standing && self.outstanding[owner] != Outstanding::None {
-                self.used[owner].bytes += reply.data.len();
+                self.used[owner].bytes += reply.records.size_bytes();
                 self.used[owner].replies += 1;
             }
-            events += reply.event_count;
-            truncations += reply.truncation_count;
-            match out.as_mut() {
-                Some(out) => out.extend_from_slice(&reply.data),
-                None if !reply.data.is_empty() => out = Some(reply.data),
-                None => {}
-            }
         }
-        if let Some(out) = out {
-            stream.write_all(&out).await?;
-            let metrics = &self.shard.metrics();
-            ShardMetrics::add(&metrics.events_delivered, events);
-            ShardMetrics::add(&metrics.bytes_delivered, out.len() as u64);
-            ShardMetrics::add(&metrics.truncation_notices, truncations);
-        }
-        Ok(())
+        let chunk_bytes = self.shard.config().fetch_bytes_max;
+        write_replies(stream, &mut self.out, held, self.base, chunk_bytes, self.shard.metrics()).await
     }
 
     /// Sends one fetch to every owner that has none out and holds cursors
