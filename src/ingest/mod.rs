@@ -31,6 +31,12 @@
 //!   once every event sent before it on this shard has been applied by its
 //!   owner (stored as the `--fsync` policy promises and visible to
 //!   subscribers).
+//! * `OK <line-number> PING [token]` for `#PING [token]`; a token over
+//!   [`crate::config::CONTROL_TOKEN_SIZE_MAX`] bytes gets `ERR ... token_too_long`.
+//! * `ERR <line-number> idle_timeout|line_timeout|shed: ...` just before the
+//!   server closes a connection that sent no line within --idle-timeout-ms,
+//!   held a line incomplete for --line-timeout-ms, or was shed because the
+//!   process ran out of file descriptors.
 //!
 //! Replies come in line order. A `#SYNC` does not stop its connection: the
 //! connection keeps reading, routing and answering while up to
@@ -40,18 +46,12 @@
 //! the connection stops reading until the oldest is answered
 //! (backpressure). A connection that ends (EOF, shutdown) answers the
 //! SYNCs it read before it closes.
-//! * `OK <line-number> PING [token]` for `#PING [token]`; a token over
-//!   [`crate::config::CONTROL_TOKEN_SIZE_MAX`] bytes gets `ERR ... token_too_long`.
-//! * `ERR <line-number> idle_timeout|line_timeout|shed: ...` just before the
-//!   server closes a connection that sent no line within --idle-timeout-ms,
-//!   held a line incomplete for --line-timeout-ms, or was shed because the
-//!   process ran out of file descriptors.
 //!
 //! Connections are counted against a process-wide limit (shards *
 //! --connections-per-shard-max, [`crate::net::admission`]); past it a new
 //! one gets `ERR 0 connection_limit: ...` and is closed. Accepted sockets
 //! have TCP keepalive on. The reply buffer is bounded
-//! ([`REPLY_BUFFER_BYTES_MAX`]) and given back after a burst; an idle
+//! ([`crate::config::REPLY_BUFFER_BYTES_MAX`]) and given back after a burst; an idle
 //! connection's grown read buffer is given back after a second.
 //!
 //! A connection that closes in the middle of a line loses only that partial
