@@ -189,8 +189,8 @@ impl Parser {
 /// Accepts connections of `format` until shutdown, within the process-wide
 /// ingest connection limit (shared by all formats).
 pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener, format: Format) {
-    let metrics = &shard.metrics;
-    let mut acceptor = Acceptor::new(listener, format.name(), shard.id, &shard.lifecycle, &net.connections, metrics);
+    let metrics = &shard.metrics();
+    let mut acceptor = Acceptor::new(listener, format.name(), shard.id(), shard.lifecycle(), &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
@@ -202,13 +202,13 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
             continue;
         };
         ShardMetrics::add(&metrics.connections_accepted, 1);
-        shard.lifecycle.connection_opened();
+        shard.lifecycle().connection_opened();
         let connection = net.connections.register(Face::Ingest);
         let shard = shard.clone();
         glommio::spawn_local(async move {
             run_connection(&shard, stream, &connection, format).await;
             drop((connection, slot));
-            shard.lifecycle.connection_closed();
+            shard.lifecycle().connection_closed();
         })
         .detach();
     }
@@ -217,14 +217,14 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
 /// Serves one connection until it ends or the server closes it (a timeout,
 /// shedding, the shutdown deadline), telling the peer why when it can.
 async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection, format: Format) {
-    let config = &shard.config;
+    let config = &shard.config();
     let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
     let served = serve_connection(shard, &mut stream, &mut lines, connection, format);
     let reason = match first(served, connection.close_requested()).await {
         Either::Left(_) => return,
         Either::Right(reason) => reason,
     };
-    let metrics = &shard.metrics;
+    let metrics = &shard.metrics();
     let detail = match reason {
         CloseReason::IdleTimeout => {
             ShardMetrics::add(&metrics.connections_timed_out_idle, 1);
@@ -264,20 +264,20 @@ async fn serve_connection(
     connection: &Connection,
     format: Format,
 ) -> std::io::Result<()> {
-    let mut replies = Replies::new(usize::from(shard.shard_count));
+    let mut replies = Replies::new(usize::from(shard.shard_count()));
     let mut parser = Parser::new(format);
-    let mut target = Target::new(shard, format.start_stream(&shard.config));
+    let mut target = Target::new(shard, format.start_stream(shard.config()));
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     // The last read left nothing waiting in the socket (see `read_more`).
     let mut drained = false;
     loop {
         let mut chunk = Chunk { lines, replies: &mut replies, target: &mut target, parser: &mut parser, drained };
         process_chunk(shard, stream, &mut chunk, format).await?;
-        replies.answer_ready(&shard.ingress);
+        replies.answer_ready(shard.ingress());
         write_replies(shard, stream, &mut replies, format).await?;
         // Parsing may have given a long line's buffer back.
         buffer_gauge.set(lines.capacity());
-        if shard.lifecycle.is_shutting_down() {
+        if shard.lifecycle().is_shutting_down() {
             return answer_pending(shard, stream, &mut replies, format).await;
         }
         let count = match read_more(shard, stream, lines, &replies, connection).await {
@@ -329,18 +329,18 @@ async fn process_chunk(
         match process_buffered(shard, lines, replies, target, parser, *drained) {
             Progress::NeedMore => return Ok(()),
             Progress::Blocked(Blocked { held: Some(partition), .. }) => {
-                shard.ingress.wait_for_release(partition).await;
+                shard.ingress().wait_for_release(partition).await;
             }
             Progress::Blocked(blocked) => {
-                shard.ingress.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+                shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
             }
             Progress::SyncsFull | Progress::RepliesFull => {
-                replies.answer_ready(&shard.ingress);
+                replies.answer_ready(shard.ingress());
                 // Room comes only from the oldest SYNC's answer when every
                 // SYNC slot is taken or every buffered reply is held behind it.
                 if replies.syncs_full() || (replies.syncs_pending() > 0 && replies.writable().is_empty()) {
-                    replies.oldest_answerable(&shard.ingress).await;
-                    replies.answer_ready(&shard.ingress);
+                    replies.oldest_answerable(shard.ingress()).await;
+                    replies.answer_ready(shard.ingress());
                 }
                 write_replies(shard, stream, replies, format).await?;
             }
@@ -358,8 +358,8 @@ async fn answer_pending(
     format: Format,
 ) -> std::io::Result<()> {
     while replies.syncs_pending() > 0 {
-        replies.oldest_answerable(&shard.ingress).await;
-        replies.answer_ready(&shard.ingress);
+        replies.oldest_answerable(shard.ingress()).await;
+        replies.answer_ready(shard.ingress());
         write_replies(shard, stream, replies, format).await?;
     }
     Ok(())
@@ -398,11 +398,11 @@ async fn read_more(
         connection.greet();
     }
     connection.set_partial_line(lines.in_partial_line().then(|| lines.next_line_number()), now);
-    let spare_memory = lines.capacity() > shard.config.read_buffer_initial_bytes || replies.capacity() > 0;
+    let spare_memory = lines.capacity() > shard.config().read_buffer_initial_bytes || replies.capacity() > 0;
     connection.set_holds_spare_memory(spare_memory);
     connection.set_reading(Some(now));
-    let stop = first(shard.lifecycle.shutdown_requested(), connection.trim_requested());
-    let stop = first(stop, replies.oldest_answerable(&shard.ingress));
+    let stop = first(shard.lifecycle().shutdown_requested(), connection.trim_requested());
+    let stop = first(stop, replies.oldest_answerable(shard.ingress()));
     let spare = lines.spare();
     let room = spare.len();
     let read = match first(stream.read(spare), stop).await {
@@ -439,7 +439,7 @@ async fn write_replies(
         stream.write_all(writable).await?;
     } else {
         let dropped = writable.iter().filter(|&&byte| byte == b'\n').count();
-        ShardMetrics::add(&shard.metrics.replies_dropped, dropped as u64);
+        ShardMetrics::add(&shard.metrics().replies_dropped, dropped as u64);
     }
     let count = writable.len();
     replies.consume(count);
@@ -455,13 +455,13 @@ struct BufferGauge<'a> {
 
 impl<'a> BufferGauge<'a> {
     fn new(shard: &'a Shard, size: usize) -> BufferGauge<'a> {
-        ShardMetrics::add(&shard.metrics.read_buffer_bytes, size as u64);
+        ShardMetrics::add(&shard.metrics().read_buffer_bytes, size as u64);
         BufferGauge { shard, size }
     }
 
     fn set(&mut self, size: usize) {
         if size != self.size {
-            let gauge = &self.shard.metrics.read_buffer_bytes;
+            let gauge = &self.shard.metrics().read_buffer_bytes;
             gauge.set(gauge.get() + size as u64 - self.size as u64);
             self.size = size;
         }
@@ -476,7 +476,7 @@ impl Drop for BufferGauge<'_> {
 
 async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream) -> std::io::Result<()> {
     if let Some(tail) = lines.unterminated_tail() {
-        ShardMetrics::add(&shard.metrics.lines_rejected_unterminated, 1);
+        ShardMetrics::add(&shard.metrics().lines_rejected_unterminated, 1);
         let mut message = Vec::new();
         let detail = format!("unterminated_line: connection closed mid-line, {} bytes dropped", tail.len());
         write_err(&mut message, lines.next_line_number(), detail);
@@ -499,15 +499,15 @@ struct Target {
 
 impl Target {
     fn new(shard: &Shard, stream: &[u8]) -> Target {
-        let stream = shard.streams.borrow().route_for(stream);
-        Target { stream, touched: vec![false; usize::from(shard.shard_count)] }
+        let stream = shard.route_for(stream);
+        Target { stream, touched: vec![false; usize::from(shard.shard_count())] }
     }
 
     /// The stream to route to now: a stream deleted since `#STREAM` is
     /// unknown from here on (checked once per chunk).
     fn check(&mut self, shard: &Shard) -> Option<StreamRoute> {
         if let Some(stream) = self.stream
-            && !shard.streams.borrow().is_active(stream.id)
+            && !shard.stream_is_active(stream.id)
         {
             self.stream = None;
         }
@@ -527,9 +527,9 @@ fn process_buffered(
     parser: &mut Parser,
     drained: bool,
 ) -> Progress {
-    let config = &shard.config;
+    let config = &shard.config();
     let mut stream = target.check(shard);
-    let mut route = shard.ingress.begin(&shard.placement);
+    let mut route = shard.begin_route();
     route.drained = drained;
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
@@ -548,7 +548,7 @@ fn process_buffered(
         let line_size = line.len() as u64 + 1;
         match parser.parse(line, config) {
             Ok(Line::Event { .. }) if stream.is_none() => {
-                ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+                ShardMetrics::add(&shard.metrics().lines_rejected_unknown_stream, 1);
             }
             Ok(Line::Event { key, payload }) => match route.route_event(stream.expect("checked"), key, payload) {
                 Ok(owner) => {
@@ -568,7 +568,7 @@ fn process_buffered(
                     lines.unread_last_line();
                     break Progress::SyncsFull;
                 }
-                ShardMetrics::add(&shard.metrics.control_lines, 1);
+                ShardMetrics::add(&shard.metrics().control_lines, 1);
                 control_line(shard, &mut route, replies, target, line_number, control);
                 stream = target.stream;
             }
@@ -576,8 +576,8 @@ fn process_buffered(
         }
     };
     drop(route);
-    ShardMetrics::add(&shard.metrics.events_ingested, event_count);
-    ShardMetrics::add(&shard.metrics.bytes_ingested, byte_count);
+    ShardMetrics::add(&shard.metrics().events_ingested, event_count);
+    ShardMetrics::add(&shard.metrics().bytes_ingested, byte_count);
     progress
 }
 
@@ -585,9 +585,9 @@ fn process_buffered(
 /// such stream is active, answers one `ERR unknown_stream` and rejects the
 /// event lines up to the next valid `#STREAM`.
 fn switch_stream(shard: &Shard, replies: &mut Replies, line_number: u64, name: &[u8], target: &mut Target) {
-    target.stream = shard.streams.borrow().route_for(name);
+    target.stream = shard.route_for(name);
     if target.stream.is_none() {
-        ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+        ShardMetrics::add(&shard.metrics().lines_rejected_unknown_stream, 1);
         let shown = String::from_utf8_lossy(&name[..name.len().min(STREAM_NAME_SIZE_MAX + 1)]).into_owned();
         write_err(replies.line(), line_number, format!("unknown_stream: {shown}"));
     }
@@ -615,18 +615,18 @@ fn control_line(
         Control::Ping { token } => write_ok(replies.line(), line_number, b"PING", token),
         Control::Stream { name } => switch_stream(shard, replies, line_number, name, target),
         Control::Unknown { command } => {
-            ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
+            ShardMetrics::add(&shard.metrics().control_lines_unknown, 1);
             write_err(replies.line(), line_number, UnknownControl::new(command));
         }
         Control::TokenTooLong(error) => {
-            ShardMetrics::add(&shard.metrics.control_tokens_too_long, 1);
+            ShardMetrics::add(&shard.metrics().control_tokens_too_long, 1);
             write_err(replies.line(), line_number, error);
         }
     }
 }
 
 fn reject(shard: &Shard, replies: &mut Replies, line_number: u64, rejection: Rejection) {
-    let metrics = &shard.metrics;
+    let metrics = &shard.metrics();
     let counter = match &rejection {
         Rejection::Line(LineError::KeyEmpty) => &metrics.lines_rejected_key_empty,
         Rejection::Line(LineError::KeyTooLong { .. }) => &metrics.lines_rejected_key_too_long,

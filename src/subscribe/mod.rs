@@ -53,8 +53,8 @@ const FETCH_RETRY_DELAY_MS: u64 = 1;
 /// Accepts subscriber connections until shutdown, within the process-wide
 /// subscriber limit.
 pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {
-    let metrics = &shard.metrics;
-    let mut acceptor = Acceptor::new(listener, "subscribe", shard.id, &shard.lifecycle, &net.connections, metrics);
+    let metrics = &shard.metrics();
+    let mut acceptor = Acceptor::new(listener, "subscribe", shard.id(), shard.lifecycle(), &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
@@ -75,7 +75,7 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
                 continue;
             }
         };
-        shard.lifecycle.session_opened();
+        shard.lifecycle().session_opened();
         let connection = net.connections.register_subscriber(slot);
         let shard = shard.clone();
         glommio::spawn_local(async move {
@@ -83,7 +83,7 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
             // Frees the slot, or lets it be taken over again if this
             // connection was shed from it.
             drop(connection);
-            shard.lifecycle.session_closed();
+            shard.lifecycle().session_closed();
         })
         .detach();
     }

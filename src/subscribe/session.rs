@@ -69,16 +69,16 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
         },
         Either::Right(reason) => reason,
     };
-    let config = &shard.config;
+    let config = &shard.config();
     let message = match reason {
         CloseReason::RequestTimeout => {
-            ShardMetrics::add(&shard.metrics.connections_timed_out_request, 1);
+            ShardMetrics::add(&shard.metrics().connections_timed_out_request, 1);
             let timeout_ms = config.subscribe_request_timeout_ms;
             format!("ERR request_timeout: no SUB or GROUP line within {timeout_ms} ms of connecting\n")
         }
         CloseReason::Shed => "ERR shed: the server ran out of file descriptors and closed this connection\n".into(),
         CloseReason::ShedAtLimit => {
-            let limit = usize::from(shard.shard_count) * config.subscribers_per_shard_max;
+            let limit = usize::from(shard.shard_count()) * config.subscribers_per_shard_max;
             format!(
                 "ERR shed: the server reached its subscriber limit ({limit}) and closed this connection, the oldest \
                  without a SUB or GROUP line, to admit a newer one\n"
@@ -90,7 +90,7 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
 }
 
 async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) {
-    let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle.shutdown_requested()).await {
+    let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle().shutdown_requested()).await {
         Either::Left(Some(read)) => read,
         Either::Left(None) => return,
         Either::Right(()) => {
@@ -103,7 +103,7 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         return;
     }
     let resolved = parse_subscribe(&request_line).and_then(|request| {
-        let route = shard.streams.borrow().route_for(request.stream.as_bytes());
+        let route = shard.route_for(request.stream.as_bytes());
         let route = route.ok_or_else(|| SubscribeError::UnknownStream { stream: request.stream.to_string() })?;
         request.check(route.partitions)?;
         Ok((request, route))
@@ -132,10 +132,10 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
     // Per owner: up to STANDING_FETCH_REPLIES_MAX replies of a standing
     // fetch and the final one that may follow them; and one being written.
     let inbox_capacity =
-        usize::from(shard.shard_count) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1 + DELETION_NOTICE_SLOTS;
+        usize::from(shard.shard_count()) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1 + DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender, route.id);
-    let window = FetchWindow { bytes: shard.config.fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
+    let window = FetchWindow { bytes: shard.config().fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
     let mut session = Session::new(shard, route, registration.subscription_id, cursors, Some(window));
     let _ = session.run(stream, &inbox).await;
 }
@@ -153,15 +153,15 @@ impl<'a> Registration<'a> {
         inbox: local_channel::LocalSender<FetchReply>,
         stream_id: u32,
     ) -> Registration<'a> {
-        ShardMetrics::add(&shard.metrics.subscribers_open, 1);
-        Registration { shard, subscription_id: shard.subscriptions.register(inbox, stream_id) }
+        ShardMetrics::add(&shard.metrics().subscribers_open, 1);
+        Registration { shard, subscription_id: shard.subscriptions().register(inbox, stream_id) }
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.shard.unregister_subscription(self.subscription_id);
-        let gauge = &self.shard.metrics.subscribers_open;
+        let gauge = &self.shard.metrics().subscribers_open;
         gauge.set(gauge.get() - 1);
     }
 }
@@ -260,7 +260,7 @@ impl<'a> Session<'a> {
         cursors: Vec<Cursor>,
         window: Option<FetchWindow>,
     ) -> Session<'a> {
-        let shard_count = usize::from(shard.shard_count);
+        let shard_count = usize::from(shard.shard_count());
         Session {
             shard,
             base: stream.base,
@@ -289,7 +289,7 @@ impl Session<'_> {
             // same poll: never run past the task's time slice on them.
             glommio::yield_if_needed().await;
             self.send_fetches();
-            let shutdown = self.shard.lifecycle.shutdown_requested();
+            let shutdown = self.shard.lifecycle().shutdown_requested();
             let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
                 Either::Left(reply) => Wake::Reply(reply),
                 Either::Right(Either::Left(())) => Wake::Shutdown,
@@ -313,7 +313,7 @@ impl Session<'_> {
                         // that finish the move (a livelock seen with 4
                         // shards on 2 CPUs).
                         let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
-                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle.shutdown_requested()).await;
+                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle().shutdown_requested()).await;
                     }
                 }
             }
@@ -350,7 +350,7 @@ impl Session<'_> {
         write_closing_end(&mut notice);
         stream.write_all(&notice).await?;
         stream.flush().await?;
-        ShardMetrics::add(&self.shard.metrics.closing_notices, 1);
+        ShardMetrics::add(&self.shard.metrics().closing_notices, 1);
         Ok(())
     }
 
@@ -388,7 +388,7 @@ impl Session<'_> {
             return true;
         }
         let Some(&(partition, next_offset)) = reply.out_of_range.first() else { return false };
-        ShardMetrics::add(&self.shard.metrics.subscribe_offsets_out_of_range, 1);
+        ShardMetrics::add(&self.shard.metrics().subscribe_offsets_out_of_range, 1);
         let mut message = Vec::new();
         write_offset_out_of_range(&mut message, partition - self.base, next_offset);
         write_goodbye(stream, &message).await;
@@ -425,7 +425,7 @@ impl Session<'_> {
         }
         if let Some(out) = out {
             stream.write_all(&out).await?;
-            let metrics = &self.shard.metrics;
+            let metrics = &self.shard.metrics();
             ShardMetrics::add(&metrics.events_delivered, events);
             ShardMetrics::add(&metrics.bytes_delivered, out.len() as u64);
             ShardMetrics::add(&metrics.truncation_notices, truncations);
@@ -439,13 +439,12 @@ impl Session<'_> {
     /// does not carry is asked to answer early, so the cursor is not stuck
     /// behind a fetch that may wait forever.
     pub(super) fn send_fetches(&mut self) {
-        let placement = self.shard.placement.borrow();
         let mut requests: Vec<Option<FetchRequest>> = (0..self.outstanding.len()).map(|_| None).collect();
         let cursor_count = self.cursors.len();
         self.rotation = (self.rotation + 1) % cursor_count;
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
-            let owner = usize::from(placement.owner(cursor.partition));
+            let owner = usize::from(self.shard.owner_of(cursor.partition));
             if cursor.in_flight() || !cursor.active || cursor.revoking {
                 continue;
             }
@@ -462,13 +461,12 @@ impl Session<'_> {
                     subscription_id: self.subscription_id,
                     stream_id: self.stream_id,
                     cursors: Vec::new(),
-                    bytes_max: self.shard.config.fetch_bytes_max,
+                    bytes_max: self.shard.config().fetch_bytes_max,
                     window: self.window,
                 })
                 .cursors
                 .push((cursor.partition, cursor.position));
         }
-        drop(placement);
         for (owner, request) in requests.into_iter().enumerate() {
             if let Some(request) = request {
                 self.outstanding[owner] = Outstanding::Out;
