@@ -20,8 +20,11 @@
 //!   one log and into the 128 partitions one of two shards owns; `_grouped`:
 //!   the same in the order `apply_batch` applies a large batch (grouped by
 //!   partition, `RecordOrder`, the grouping included).
-//! * `subscribe`: `partition::fetch::write_lines` (subscriber lines from a
-//!   log, as a fetch writes them) of a full log in 256 KiB fetches.
+//! * `subscribe`: a full log read in 256 KiB fetches, as a subscriber gets
+//!   it: `read_lines` copies each fetch's records out of the log
+//!   (`partition::fetch::copy_records`, the owner's side) and renders them
+//!   as subscriber lines (`subscribe::render::LineRenderer`, the face's
+//!   side); `copy_records` and `render_lines` time each side alone.
 //!
 //! Benches whose name ends in a qualifier (`_only`, `_one_pass`,
 //! `_fresh_buffers`, `_cache_sized`, `_inline`, `_fresh_vec`) are diagnostics
@@ -43,11 +46,13 @@ use spate::config::{
     SEGMENT_BYTES_MEMORY_DEFAULT,
 };
 use spate::partition::apply::RecordOrder;
-use spate::partition::fetch::write_lines;
+use spate::partition::fetch::copy_records;
+use spate::partition::records::FetchedRecords;
 use spate::partition::{Partition, PartitionLog, PartitionManager, PlacementTable};
 use spate::protocol::{BatchIter, Line, LineBuffer, Next, RecordRef, encode_batch_record, parse_line, partition_of};
 use spate::routing::{CreditGrant, DataBatch, Router, route};
 use spate::stream::StreamRoute;
+use spate::subscribe::render::LineRenderer;
 
 /// Size of the line buffer every bench's events come from.
 const INPUT_BYTES: usize = MIB;
@@ -565,24 +570,49 @@ fn owned_partitions(placement: &PlacementTable, retention_bytes: usize, segment_
     partitions
 }
 
+/// What one pass over the log does with each fetch's records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Copy into a fresh reply buffer (as every `FetchReply` starts), then
+    /// render into the session's reused line buffer.
+    FreshReply,
+    /// The same with one reply buffer reused.
+    ReusedReply,
+    /// Copy only (the owner's side), the reply buffer reused.
+    OwnerOnly,
+}
+
 /// Reads the whole log in `FETCH_BYTES_MAX` fetches, as `serve_fetch` does
-/// for one cursor; `fresh_vec` starts every fetch from `Vec::new()` like
-/// `FetchReply::data`, else one reply buffer is reused.
-fn read_all(log: &PartitionLog, out: &mut Vec<u8>, fresh_vec: bool) -> u64 {
+/// for one cursor, and renders each as the subscriber's session does.
+fn read_all(log: &PartitionLog, lines: &mut Vec<u8>, pass: Pass) -> u64 {
     let mut offset = log.earliest_offset();
     let mut event_count = 0;
+    let mut records = FetchedRecords::default();
     while offset < log.next_offset() {
-        if fresh_vec {
-            *out = Vec::new();
+        if pass == Pass::FreshReply {
+            records = FetchedRecords::default();
         } else {
-            out.clear();
+            records.clear();
         }
-        let (next_offset, written) = write_lines(out, 7, log, offset, FETCH_BYTES_MAX);
-        black_box(&mut *out);
-        offset = next_offset;
-        event_count += written;
+        offset = copy_records(&mut records, 7, log, offset, FETCH_BYTES_MAX);
+        event_count += records.record_count();
+        if pass != Pass::OwnerOnly {
+            render_all(&records, lines);
+        }
+        black_box(&mut records);
     }
     event_count
+}
+
+/// Renders records as the session does, in chunks of `FETCH_BYTES_MAX`.
+fn render_all(records: &FetchedRecords, lines: &mut Vec<u8>) {
+    let mut renderer = LineRenderer::new(records, 0);
+    while !renderer.render(lines, FETCH_BYTES_MAX) {
+        black_box(&mut *lines);
+        lines.clear();
+    }
+    black_box(&mut *lines);
+    lines.clear();
 }
 
 fn bench_subscribe(criterion: &mut Criterion, input: &Input) {
@@ -591,16 +621,37 @@ fn bench_subscribe(criterion: &mut Criterion, input: &Input) {
     let (batches, _) = batches_for(input, &placement, None);
     let log = full_log(&batches);
     let events = log.next_offset() - log.earliest_offset();
-    let mut out = Vec::with_capacity(2 * FETCH_BYTES_MAX);
-    for (name, fresh_vec) in [("read_lines", false), ("read_lines_fresh_vec", true)] {
+    let mut lines = Vec::with_capacity(2 * FETCH_BYTES_MAX);
+    let passes = [
+        ("read_lines", Pass::ReusedReply),
+        ("read_lines_fresh_vec", Pass::FreshReply),
+        ("copy_records", Pass::OwnerOnly),
+    ];
+    for (name, pass) in passes {
         throughput(&mut group, "subscribe", name, events);
         group.bench_function(name, |bencher| {
             bencher.iter(|| {
-                let event_count = read_all(&log, &mut out, fresh_vec);
+                let event_count = read_all(&log, &mut lines, pass);
                 assert_eq!(event_count, events);
             })
         });
     }
+    // The face alone: the log's records copied once, in fetch-sized replies.
+    let mut replies = Vec::new();
+    let mut offset = log.earliest_offset();
+    while offset < log.next_offset() {
+        let mut records = FetchedRecords::default();
+        offset = copy_records(&mut records, 7, &log, offset, FETCH_BYTES_MAX);
+        replies.push(records);
+    }
+    throughput(&mut group, "subscribe", "render_lines", events);
+    group.bench_function("render_lines", |bencher| {
+        bencher.iter(|| {
+            for records in &replies {
+                render_all(records, &mut lines);
+            }
+        })
+    });
     group.finish();
 }
 

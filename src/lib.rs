@@ -67,7 +67,7 @@ mod serve;
 mod shard;
 pub mod storage;
 pub mod stream;
-mod subscribe;
+pub mod subscribe;
 
 pub use config::Config;
 pub use serve::{ServeError, serve};

@@ -105,6 +105,27 @@ pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
     out.flush().map_err(SubError::Stdout)
 }
 
+/// Commits, for every partition that moved since the last call, the offset
+/// after the last event printed; with `leave`, leaves the group after them.
+fn send_commits(
+    commits: &mut TcpStream,
+    progress: &mut std::collections::BTreeMap<u32, (u64, bool)>,
+    leave: bool,
+) -> Result<(), SubError> {
+    let mut request = String::new();
+    for (partition, (next, moved)) in progress.iter_mut().filter(|(_, (_, moved))| *moved) {
+        request.push_str(&format!("COMMIT {partition} {next}\n"));
+        *moved = false;
+    }
+    if leave {
+        request.push_str("LEAVE\n");
+    }
+    if !request.is_empty() {
+        commits.write_all(request.as_bytes()).map_err(SubError::Send)?;
+    }
+    Ok(())
+}
+
 /// `spate sub --group`: joins, prints events, commits what it printed.
 fn run_member(args: &SubArgs, stream: TcpStream, group: &str) -> Result<(), SubError> {
     use crate::protocol::group::{GroupLine, parse_group_line};
@@ -161,17 +182,7 @@ fn run_member(args: &SubArgs, stream: TcpStream, group: &str) -> Result<(), SubE
         if reader.buffer().is_empty() || done {
             // Commit only what stdout has.
             out.flush().map_err(SubError::Stdout)?;
-            let mut request = String::new();
-            for (partition, (next, moved)) in progress.iter_mut().filter(|(_, (_, moved))| *moved) {
-                request.push_str(&format!("COMMIT {partition} {next}\n"));
-                *moved = false;
-            }
-            if done {
-                request.push_str("LEAVE\n");
-            }
-            if !request.is_empty() {
-                commits.write_all(request.as_bytes()).map_err(SubError::Send)?;
-            }
+            send_commits(&mut commits, &mut progress, done)?;
         }
         if done {
             // Read the answers to the commits until the server closes.

@@ -115,6 +115,18 @@ pub const CONTROL_TOKEN_SIZE_MAX: usize = 256;
 /// so a busy connection holds up to the sum of the two.
 pub const REPLY_LINE_SIZE_MAX: usize = 128 + CONTROL_TOKEN_SIZE_MAX;
 const _: () = assert!(REPLY_LINE_SIZE_MAX <= REPLY_BUFFER_BYTES_MAX);
+/// `#SYNC`s one ingest connection may have in flight (read, not yet
+/// answered). A connection keeps reading, routing and answering other lines
+/// while its SYNCs wait for durability; at this many it stops reading its
+/// socket until the oldest is answered (backpressure, not an error). Each
+/// costs [`SYNC_IN_FLIGHT_BYTES_PER_SHARD`] per shard plus
+/// [`SYNC_IN_FLIGHT_BYTES`] (a term of the memory formula), allocated on a
+/// connection's first `#SYNC` and given back when it idles.
+pub const SYNCS_IN_FLIGHT_MAX: usize = 64;
+/// Per `#SYNC` in flight and shard: the batch sequence it waits for.
+pub const SYNC_IN_FLIGHT_BYTES_PER_SHARD: usize = 8;
+/// Per `#SYNC` in flight: where its `OK` line starts among the replies.
+pub const SYNC_IN_FLIGHT_BYTES: usize = 8;
 /// Task state of one connection besides its buffers (its future, registry
 /// entry and per-owner flags), in bytes: an allowance per connection in the
 /// memory formula, as is [`SUBSCRIBER_STATE_BYTES`] for a subscriber.

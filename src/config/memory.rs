@@ -139,6 +139,19 @@ pub const FORMULA: &[FormulaLine] = &[
         bytes: |config| product(&[config.shard_count(), REFUSALS_IN_FLIGHT_MAX, CONNECTION_STATE_BYTES]),
     },
     FormulaLine {
+        term: Term::ConnectionBuffers,
+        storage: None,
+        expression: || {
+            format!("C * {} * ({} * S + {})", SYNCS_IN_FLIGHT_MAX, SYNC_IN_FLIGHT_BYTES_PER_SHARD, SYNC_IN_FLIGHT_BYTES)
+        },
+        what: "#SYNCs in flight per ingest connection: the batch each waits for per shard, its reply's place",
+        bytes: |config| {
+            let per_sync =
+                sum(&[product(&[SYNC_IN_FLIGHT_BYTES_PER_SHARD, config.shard_count()]), SYNC_IN_FLIGHT_BYTES]);
+            product(&[connections(config), SYNCS_IN_FLIGHT_MAX, per_sync])
+        },
+    },
+    FormulaLine {
         term: Term::Subscribers,
         storage: None,
         expression: || {
@@ -694,7 +707,11 @@ mod tests {
         assert_eq!(many.credit_window_bytes(), 4 * MIB, "never below the memory default");
         let per_connection =
             256 * KIB + REPLY_BUFFER_BYTES_MAX + REPLY_LINE_SIZE_MAX + CONNECTION_STATE_BYTES + 2 * KIB;
-        assert_eq!(bound.connection_buffers, 2 * 4096 * per_connection + 2 * 64 * CONNECTION_STATE_BYTES);
+        let syncs_in_flight = SYNCS_IN_FLIGHT_MAX * (2 * SYNC_IN_FLIGHT_BYTES_PER_SHARD + SYNC_IN_FLIGHT_BYTES);
+        assert_eq!(
+            bound.connection_buffers,
+            2 * 4096 * (per_connection + syncs_in_flight) + 2 * 64 * CONNECTION_STATE_BYTES
+        );
         assert_eq!(bound.subscribers, 2 * 64 * (3 * 256 * KIB + 2 * 8 * KIB + 1024 * 72 + SUBSCRIBER_STATE_BYTES));
         assert_eq!(bound.admin, 16 * (32 * KIB + 1024 * 256 + 2 * 16 * KIB));
         assert_eq!(bound.mesh, 4 * config.mesh_channel_frames() * MESH_FRAME_BYTES_MAX);

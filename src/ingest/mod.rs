@@ -29,7 +29,8 @@
 //!   connection stays open and later lines are processed.
 //! * `OK <line-number> SYNC [token]` for a `#SYNC [token]` control line, sent
 //!   once every event sent before it on this shard has been applied by its
-//!   owner (stored and visible to subscribers).
+//!   owner (stored as the `--fsync` policy promises and visible to
+//!   subscribers).
 //! * `OK <line-number> PING [token]` for `#PING [token]`; a token over
 //!   [`crate::config::CONTROL_TOKEN_SIZE_MAX`] bytes gets `ERR ... token_too_long`.
 //! * `ERR <line-number> idle_timeout|line_timeout|shed: ...` just before the
@@ -37,11 +38,20 @@
 //!   held a line incomplete for --line-timeout-ms, or was shed because the
 //!   process ran out of file descriptors.
 //!
+//! Replies come in line order. A `#SYNC` does not stop its connection: the
+//! connection keeps reading, routing and answering while up to
+//! [`crate::config::SYNCS_IN_FLIGHT_MAX`] SYNCs wait, and only the writing
+//! of replies waits: an `ERR` or `OK PING` for a line after a pending SYNC
+//! is sent after that SYNC's `OK` ([`replies`]). With that many in flight
+//! the connection stops reading until the oldest is answered
+//! (backpressure). A connection that ends (EOF, shutdown) answers the
+//! SYNCs it read before it closes.
+//!
 //! Connections are counted against a process-wide limit (shards *
 //! --connections-per-shard-max, [`crate::net::admission`]); past it a new
 //! one gets `ERR 0 connection_limit: ...` and is closed. Accepted sockets
 //! have TCP keepalive on. The reply buffer is bounded
-//! ([`REPLY_BUFFER_BYTES_MAX`]) and given back after a burst; an idle
+//! ([`crate::config::REPLY_BUFFER_BYTES_MAX`]) and given back after a burst; an idle
 //! connection's grown read buffer is given back after a second.
 //!
 //! A connection that closes in the middle of a line loses only that partial
@@ -55,7 +65,9 @@ use std::time::Instant;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::config::{FLUSH_SOON_READ_BYTES_MAX, REPLY_BUFFER_BYTES_MAX, REPLY_LINE_SIZE_MAX};
+mod replies;
+
+use crate::config::FLUSH_SOON_READ_BYTES_MAX;
 use crate::net::accept::Acceptor;
 use crate::net::socket::{send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
@@ -66,13 +78,10 @@ use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control,
 use crate::routing::Blocked;
 use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
+use crate::shard::ingress::Route;
 use crate::shard::metrics::ShardMetrics;
 use crate::stream::{DEFAULT_STREAM, STREAM_NAME_SIZE_MAX, StreamRoute};
-
-/// Reply buffer a connection allocates on its first reply and keeps between
-/// writes, in bytes; a buffer that grew past it in a burst is given back
-/// once written.
-const REPLY_BUFFER_RETAINED_BYTES: usize = 4 * 1024;
+use replies::Replies;
 
 /// The format a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,8 +189,8 @@ impl Parser {
 /// Accepts connections of `format` until shutdown, within the process-wide
 /// ingest connection limit (shared by all formats).
 pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener, format: Format) {
-    let metrics = &shard.metrics;
-    let mut acceptor = Acceptor::new(listener, format.name(), shard.id, &shard.lifecycle, &net.connections, metrics);
+    let metrics = &shard.metrics();
+    let mut acceptor = Acceptor::new(listener, format.name(), shard.id(), shard.lifecycle(), &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
@@ -193,13 +202,13 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
             continue;
         };
         ShardMetrics::add(&metrics.connections_accepted, 1);
-        shard.lifecycle.connection_opened();
+        shard.lifecycle().connection_opened();
         let connection = net.connections.register(Face::Ingest);
         let shard = shard.clone();
         glommio::spawn_local(async move {
             run_connection(&shard, stream, &connection, format).await;
             drop((connection, slot));
-            shard.lifecycle.connection_closed();
+            shard.lifecycle().connection_closed();
         })
         .detach();
     }
@@ -208,14 +217,14 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
 /// Serves one connection until it ends or the server closes it (a timeout,
 /// shedding, the shutdown deadline), telling the peer why when it can.
 async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection, format: Format) {
-    let config = &shard.config;
+    let config = &shard.config();
     let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
     let served = serve_connection(shard, &mut stream, &mut lines, connection, format);
     let reason = match first(served, connection.close_requested()).await {
         Either::Left(_) => return,
         Either::Right(reason) => reason,
     };
-    let metrics = &shard.metrics;
+    let metrics = &shard.metrics();
     let detail = match reason {
         CloseReason::IdleTimeout => {
             ShardMetrics::add(&metrics.connections_timed_out_idle, 1);
@@ -241,14 +250,11 @@ enum Progress {
     NeedMore,
     /// The next event's owner has no credits.
     Blocked(Blocked),
-    /// A control line that needs the task (it may wait).
-    Action(Action),
+    /// The next line is a `#SYNC` and [`crate::config::SYNCS_IN_FLIGHT_MAX`]
+    /// are in flight: wait for the oldest.
+    SyncsFull,
     /// The reply buffer is full: write it out first.
     RepliesFull,
-}
-
-enum Action {
-    Sync { line_number: u64, token: Vec<u8> },
 }
 
 async fn serve_connection(
@@ -258,58 +264,105 @@ async fn serve_connection(
     connection: &Connection,
     format: Format,
 ) -> std::io::Result<()> {
-    let mut replies = Vec::new();
+    let mut replies = Replies::new(usize::from(shard.shard_count()));
     let mut parser = Parser::new(format);
-    let mut target = Target::new(shard, format.start_stream(&shard.config));
+    let mut target = Target::new(shard, format.start_stream(shard.config()));
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     // The last read left nothing waiting in the socket (see `read_more`).
     let mut drained = false;
     loop {
-        loop {
-            match process_buffered(shard, lines, &mut replies, &mut target, &mut parser, drained) {
-                Progress::NeedMore => break,
-                Progress::Blocked(Blocked { held: Some(partition), .. }) => {
-                    shard.ingress.wait_for_release(partition).await;
-                }
-                Progress::Blocked(blocked) => {
-                    shard.ingress.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
-                }
-                Progress::Action(Action::Sync { line_number, token }) => {
-                    let owners = target.touched.iter().enumerate().filter(|(_, touched)| **touched);
-                    let owners: Vec<u16> = owners.map(|(owner, _)| owner as u16).collect();
-                    target.touched.fill(false);
-                    shard.ingress.sync_barrier(owners.into_iter()).await;
-                    reserve_reply(&mut replies);
-                    write_ok(&mut replies, line_number, b"SYNC", &token);
-                }
-                Progress::RepliesFull => write_replies(shard, stream, &mut replies, format).await?,
-            }
-        }
+        let mut chunk = Chunk { lines, replies: &mut replies, target: &mut target, parser: &mut parser, drained };
+        process_chunk(shard, stream, &mut chunk, format).await?;
+        replies.answer_ready(shard.ingress());
         write_replies(shard, stream, &mut replies, format).await?;
         // Parsing may have given a long line's buffer back.
         buffer_gauge.set(lines.capacity());
-        if shard.lifecycle.is_shutting_down() {
-            return Ok(());
+        if shard.lifecycle().is_shutting_down() {
+            return answer_pending(shard, stream, &mut replies, format).await;
         }
         let count = match read_more(shard, stream, lines, &replies, connection).await {
             Read::Bytes { count, drained: read_drained } => {
                 drained = read_drained;
                 count?
             }
-            Read::Shutdown => return Ok(()),
+            Read::Shutdown => return answer_pending(shard, stream, &mut replies, format).await,
             Read::Trim => {
                 lines.trim();
-                replies = Vec::new();
+                replies.trim();
                 buffer_gauge.set(lines.capacity());
                 continue;
             }
+            // Answered and written at the top of the loop.
+            Read::SyncAnswerable => continue,
         };
         if count == 0 {
+            answer_pending(shard, stream, &mut replies, format).await?;
             return finish_at_eof(shard, lines, stream).await;
         }
         lines.filled(count);
         buffer_gauge.set(lines.capacity());
     }
+}
+
+/// A connection's parsing state, as one chunk of buffered lines is handled.
+struct Chunk<'a> {
+    lines: &'a mut LineBuffer,
+    replies: &'a mut Replies,
+    target: &'a mut Target,
+    parser: &'a mut Parser,
+    /// The read that filled the buffer drained the socket.
+    drained: bool,
+}
+
+/// Handles every complete buffered line, waiting where one cannot go on:
+/// for credits or a held partition, for the oldest `#SYNC` when
+/// [`crate::config::SYNCS_IN_FLIGHT_MAX`] are in flight, or to write the
+/// replies when their buffer is full.
+async fn process_chunk(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    chunk: &mut Chunk<'_>,
+    format: Format,
+) -> std::io::Result<()> {
+    loop {
+        let Chunk { lines, replies, target, parser, drained } = chunk;
+        match process_buffered(shard, lines, replies, target, parser, *drained) {
+            Progress::NeedMore => return Ok(()),
+            Progress::Blocked(Blocked { held: Some(partition), .. }) => {
+                shard.ingress().wait_for_release(partition).await;
+            }
+            Progress::Blocked(blocked) => {
+                shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+            }
+            Progress::SyncsFull | Progress::RepliesFull => {
+                replies.answer_ready(shard.ingress());
+                // Room comes only from the oldest SYNC's answer when every
+                // SYNC slot is taken or every buffered reply is held behind it.
+                if replies.syncs_full() || (replies.syncs_pending() > 0 && replies.writable().is_empty()) {
+                    replies.oldest_answerable(shard.ingress()).await;
+                    replies.answer_ready(shard.ingress());
+                }
+                write_replies(shard, stream, replies, format).await?;
+            }
+        }
+    }
+}
+
+/// Waits for every pending `#SYNC` to be answerable and writes the replies:
+/// a connection that ends (the producer's EOF, shutdown) still answers what
+/// it read. Bounded by the shutdown deadline, which closes the connection.
+async fn answer_pending(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    replies: &mut Replies,
+    format: Format,
+) -> std::io::Result<()> {
+    while replies.syncs_pending() > 0 {
+        replies.oldest_answerable(shard.ingress()).await;
+        replies.answer_ready(shard.ingress());
+        write_replies(shard, stream, replies, format).await?;
+    }
+    Ok(())
 }
 
 /// What waiting for the socket ended with.
@@ -324,15 +377,20 @@ enum Read {
     Shutdown,
     /// The connection has been idle: give buffers back, then read again.
     Trim,
+    /// The oldest pending `#SYNC` can be answered (nothing was read).
+    SyncAnswerable,
 }
 
 /// Reads the next chunk, telling the registry what the connection waits
-/// for meanwhile (its first line, the rest of a line, or nothing).
+/// for meanwhile (its first line, the rest of a line, or nothing), unless
+/// the oldest pending `#SYNC` becomes answerable first (a read is
+/// cancel-safe in glommio: readiness is polled, the bytes are taken by a
+/// plain `recv` only when the read completes).
 async fn read_more(
     shard: &Shard,
     stream: &mut TcpStream,
     lines: &mut LineBuffer,
-    replies: &Vec<u8>,
+    replies: &Replies,
     connection: &Connection,
 ) -> Read {
     let now = Instant::now();
@@ -340,10 +398,11 @@ async fn read_more(
         connection.greet();
     }
     connection.set_partial_line(lines.in_partial_line().then(|| lines.next_line_number()), now);
-    let spare_memory = lines.capacity() > shard.config.read_buffer_initial_bytes || replies.capacity() > 0;
+    let spare_memory = lines.capacity() > shard.config().read_buffer_initial_bytes || replies.capacity() > 0;
     connection.set_holds_spare_memory(spare_memory);
     connection.set_reading(Some(now));
-    let stop = first(shard.lifecycle.shutdown_requested(), connection.trim_requested());
+    let stop = first(shard.lifecycle().shutdown_requested(), connection.trim_requested());
+    let stop = first(stop, replies.oldest_answerable(shard.ingress()));
     let spare = lines.spare();
     let room = spare.len();
     let read = match first(stream.read(spare), stop).await {
@@ -351,48 +410,40 @@ async fn read_more(
             let drained = result.as_ref().is_ok_and(|&count| count < room && count <= FLUSH_SOON_READ_BYTES_MAX);
             Read::Bytes { count: result, drained }
         }
-        Either::Right(Either::Left(())) => Read::Shutdown,
-        Either::Right(Either::Right(())) => {
+        Either::Right(Either::Left(Either::Left(()))) => Read::Shutdown,
+        Either::Right(Either::Left(Either::Right(()))) => {
             connection.take_trim_request();
             Read::Trim
         }
+        Either::Right(Either::Right(())) => Read::SyncAnswerable,
     };
     connection.set_reading(None);
     read
 }
 
-/// Writes the buffered replies (on ILP, only if they fit in the socket's
-/// send buffer now; else they are dropped and counted); a buffer that grew
-/// past its retained size in a burst is given back.
+/// Writes the replies that may go now ([`Replies::writable`]: those before
+/// the oldest pending `#SYNC`); on ILP, only if they fit in the socket's
+/// send buffer now, else they are dropped and counted.
 async fn write_replies(
     shard: &Shard,
     stream: &mut TcpStream,
-    replies: &mut Vec<u8>,
+    replies: &mut Replies,
     format: Format,
 ) -> std::io::Result<()> {
-    if replies.is_empty() {
+    let writable = replies.writable();
+    if writable.is_empty() {
         return Ok(());
     }
-    let fits = format != Format::Ilp || send_space(stream).is_none_or(|space| replies.len() <= space);
+    let fits = format != Format::Ilp || send_space(stream).is_none_or(|space| writable.len() <= space);
     if fits {
-        stream.write_all(replies).await?;
+        stream.write_all(writable).await?;
     } else {
-        let dropped = replies.iter().filter(|&&byte| byte == b'\n').count();
-        ShardMetrics::add(&shard.metrics.replies_dropped, dropped as u64);
+        let dropped = writable.iter().filter(|&&byte| byte == b'\n').count();
+        ShardMetrics::add(&shard.metrics().replies_dropped, dropped as u64);
     }
-    replies.clear();
-    if replies.capacity() > REPLY_BUFFER_RETAINED_BYTES {
-        *replies = Vec::new();
-    }
+    let count = writable.len();
+    replies.consume(count);
     Ok(())
-}
-
-/// Gives the reply buffer its retained size on first use, so that it grows
-/// by doubling from there and never past [`REPLY_BUFFER_BYTES_MAX`].
-fn reserve_reply(replies: &mut Vec<u8>) {
-    if replies.capacity() == 0 {
-        replies.reserve_exact(REPLY_BUFFER_RETAINED_BYTES);
-    }
 }
 
 /// Keeps the shard's `read_buffer_bytes` gauge in step with one
@@ -404,13 +455,13 @@ struct BufferGauge<'a> {
 
 impl<'a> BufferGauge<'a> {
     fn new(shard: &'a Shard, size: usize) -> BufferGauge<'a> {
-        ShardMetrics::add(&shard.metrics.read_buffer_bytes, size as u64);
+        ShardMetrics::add(&shard.metrics().read_buffer_bytes, size as u64);
         BufferGauge { shard, size }
     }
 
     fn set(&mut self, size: usize) {
         if size != self.size {
-            let gauge = &self.shard.metrics.read_buffer_bytes;
+            let gauge = &self.shard.metrics().read_buffer_bytes;
             gauge.set(gauge.get() + size as u64 - self.size as u64);
             self.size = size;
         }
@@ -425,7 +476,7 @@ impl Drop for BufferGauge<'_> {
 
 async fn finish_at_eof(shard: &Shard, lines: &LineBuffer, stream: &mut TcpStream) -> std::io::Result<()> {
     if let Some(tail) = lines.unterminated_tail() {
-        ShardMetrics::add(&shard.metrics.lines_rejected_unterminated, 1);
+        ShardMetrics::add(&shard.metrics().lines_rejected_unterminated, 1);
         let mut message = Vec::new();
         let detail = format!("unterminated_line: connection closed mid-line, {} bytes dropped", tail.len());
         write_err(&mut message, lines.next_line_number(), detail);
@@ -448,15 +499,15 @@ struct Target {
 
 impl Target {
     fn new(shard: &Shard, stream: &[u8]) -> Target {
-        let stream = shard.streams.borrow().route_for(stream);
-        Target { stream, touched: vec![false; usize::from(shard.shard_count)] }
+        let stream = shard.route_for(stream);
+        Target { stream, touched: vec![false; usize::from(shard.shard_count())] }
     }
 
     /// The stream to route to now: a stream deleted since `#STREAM` is
     /// unknown from here on (checked once per chunk).
     fn check(&mut self, shard: &Shard) -> Option<StreamRoute> {
         if let Some(stream) = self.stream
-            && !shard.streams.borrow().is_active(stream.id)
+            && !shard.stream_is_active(stream.id)
         {
             self.stream = None;
         }
@@ -471,18 +522,18 @@ impl Target {
 fn process_buffered(
     shard: &Shard,
     lines: &mut LineBuffer,
-    replies: &mut Vec<u8>,
+    replies: &mut Replies,
     target: &mut Target,
     parser: &mut Parser,
     drained: bool,
 ) -> Progress {
-    let config = &shard.config;
+    let config = &shard.config();
     let mut stream = target.check(shard);
-    let mut route = shard.ingress.begin(&shard.placement);
+    let mut route = shard.begin_route();
     route.drained = drained;
     let (mut event_count, mut byte_count) = (0u64, 0u64);
     let progress = loop {
-        if replies.len() + REPLY_LINE_SIZE_MAX > REPLY_BUFFER_BYTES_MAX {
+        if replies.is_full() {
             break Progress::RepliesFull;
         }
         let (line, line_number) = match lines.next_line() {
@@ -497,7 +548,7 @@ fn process_buffered(
         let line_size = line.len() as u64 + 1;
         match parser.parse(line, config) {
             Ok(Line::Event { .. }) if stream.is_none() => {
-                ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
+                ShardMetrics::add(&shard.metrics().lines_rejected_unknown_stream, 1);
             }
             Ok(Line::Event { key, payload }) => match route.route_event(stream.expect("checked"), key, payload) {
                 Ok(owner) => {
@@ -512,64 +563,70 @@ fn process_buffered(
             },
             Ok(Line::Empty) => {}
             Ok(Line::Control(text)) => {
-                ShardMetrics::add(&shard.metrics.control_lines, 1);
-                if let Control::Stream { name } = parse_control(text) {
-                    switch_stream(shard, replies, line_number, name, target);
-                    stream = target.stream;
-                    continue;
+                let control = parse_control(text);
+                if matches!(control, Control::Sync { .. }) && replies.syncs_full() {
+                    lines.unread_last_line();
+                    break Progress::SyncsFull;
                 }
-                if let Some(action) = control_line(shard, replies, line_number, text) {
-                    break Progress::Action(action);
-                }
+                ShardMetrics::add(&shard.metrics().control_lines, 1);
+                control_line(shard, &mut route, replies, target, line_number, control);
+                stream = target.stream;
             }
             Err(error) => reject(shard, replies, line_number, error),
         }
     };
     drop(route);
-    ShardMetrics::add(&shard.metrics.events_ingested, event_count);
-    ShardMetrics::add(&shard.metrics.bytes_ingested, byte_count);
+    ShardMetrics::add(&shard.metrics().events_ingested, event_count);
+    ShardMetrics::add(&shard.metrics().bytes_ingested, byte_count);
     progress
 }
 
 /// `#STREAM name`: routes the lines after it to stream `name`, or, if no
 /// such stream is active, answers one `ERR unknown_stream` and rejects the
 /// event lines up to the next valid `#STREAM`.
-fn switch_stream(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, name: &[u8], target: &mut Target) {
-    target.stream = shard.streams.borrow().route_for(name);
+fn switch_stream(shard: &Shard, replies: &mut Replies, line_number: u64, name: &[u8], target: &mut Target) {
+    target.stream = shard.route_for(name);
     if target.stream.is_none() {
-        ShardMetrics::add(&shard.metrics.lines_rejected_unknown_stream, 1);
-        reserve_reply(replies);
+        ShardMetrics::add(&shard.metrics().lines_rejected_unknown_stream, 1);
         let shown = String::from_utf8_lossy(&name[..name.len().min(STREAM_NAME_SIZE_MAX + 1)]).into_owned();
-        write_err(replies, line_number, format!("unknown_stream: {shown}"));
+        write_err(replies.line(), line_number, format!("unknown_stream: {shown}"));
     }
 }
 
-/// Handles a control line; returns the ones the task must act on.
-fn control_line(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, text: &[u8]) -> Option<Action> {
-    reserve_reply(replies);
-    match parse_control(text) {
-        Control::Sync { token } => Some(Action::Sync { line_number, token: token.to_vec() }),
-        Control::Ping { token } => {
-            write_ok(replies, line_number, b"PING", token);
-            None
-        }
-        // Handled by the caller, which owns the connection's target.
-        Control::Stream { .. } => None,
+/// Handles a control line. A `#SYNC` (the caller checked there is room for
+/// one more in flight) takes a sync point in every owner the connection
+/// sent to since its previous one, and waits in `replies`, not here.
+fn control_line(
+    shard: &Shard,
+    route: &mut Route<'_>,
+    replies: &mut Replies,
+    target: &mut Target,
+    line_number: u64,
+    control: Control<'_>,
+) {
+    match control {
+        Control::Sync { token } => replies.push_sync(line_number, token, |sequences| {
+            for (owner, touched) in target.touched.iter_mut().enumerate() {
+                if std::mem::take(touched) {
+                    sequences[owner] = route.sync_point(owner as u16);
+                }
+            }
+        }),
+        Control::Ping { token } => write_ok(replies.line(), line_number, b"PING", token),
+        Control::Stream { name } => switch_stream(shard, replies, line_number, name, target),
         Control::Unknown { command } => {
-            ShardMetrics::add(&shard.metrics.control_lines_unknown, 1);
-            write_err(replies, line_number, UnknownControl::new(command));
-            None
+            ShardMetrics::add(&shard.metrics().control_lines_unknown, 1);
+            write_err(replies.line(), line_number, UnknownControl::new(command));
         }
         Control::TokenTooLong(error) => {
-            ShardMetrics::add(&shard.metrics.control_tokens_too_long, 1);
-            write_err(replies, line_number, error);
-            None
+            ShardMetrics::add(&shard.metrics().control_tokens_too_long, 1);
+            write_err(replies.line(), line_number, error);
         }
     }
 }
 
-fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, rejection: Rejection) {
-    let metrics = &shard.metrics;
+fn reject(shard: &Shard, replies: &mut Replies, line_number: u64, rejection: Rejection) {
+    let metrics = &shard.metrics();
     let counter = match &rejection {
         Rejection::Line(LineError::KeyEmpty) => &metrics.lines_rejected_key_empty,
         Rejection::Line(LineError::KeyTooLong { .. }) => &metrics.lines_rejected_key_too_long,
@@ -579,6 +636,5 @@ fn reject(shard: &Shard, replies: &mut Vec<u8>, line_number: u64, rejection: Rej
         Rejection::Ilp(_) => &metrics.lines_rejected_invalid_ilp,
     };
     ShardMetrics::add(counter, 1);
-    reserve_reply(replies);
-    write_err(replies, line_number, rejection);
+    write_err(replies.line(), line_number, rejection);
 }

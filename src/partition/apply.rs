@@ -333,7 +333,7 @@ mod tests {
 
     fn payloads(partitions: &PartitionManager, partition: u32) -> Vec<String> {
         let mut seen = Vec::new();
-        partitions.get(partition).unwrap().log.read_cached(0, |_, record| {
+        partitions.get(partition).unwrap().log.memory().read(0, |_, record| {
             seen.push(String::from_utf8(record.payload.to_vec()).unwrap());
             true
         });

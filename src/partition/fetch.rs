@@ -2,8 +2,9 @@
 //!
 //! Subscriptions pull: the shard that holds a subscriber keeps its cursors
 //! and sends each owner at most one [`FetchRequest`] at a time, with a byte
-//! budget. The owner answers with [`serve_fetch`]: subscriber lines from its
-//! logs and the new cursors, or nothing yet, in which case the request waits
+//! budget. The owner answers with [`serve_fetch`]: records from its logs
+//! ([`FetchedRecords`], copied a span at a time) and the new cursors, or
+//! nothing yet, in which case the request waits
 //! in [`ParkedFetches`] until one of its partitions is appended to. A
 //! partition the owner no longer holds is answered "moved" (the subscriber's
 //! shard asks its new owner next), one still migrating here "waiting".
@@ -21,9 +22,23 @@
 //! (a partition moved or still arriving, a read from the files, a refusal,
 //! a wake-up from the subscriber) ends it with a final reply, and the
 //! subscriber asks again as before.
+//!
+//! The owner knows no wire format: a reply carries records, and the face
+//! that asked renders them on its own shard (the subscribe port its text
+//! lines, `crate::subscribe`). Budgets count the reply's record bytes
+//! ([`FetchedRecords::size_bytes`]: key, payload and 6 bytes a record, 21
+//! a run of one partition or a notice), on both sides: `--fetch-bytes-max`
+//! bounds one reply's records (but a reply always carries one record when
+//! one is readable), and a standing fetch's window is spent and given back
+//! in the same bytes. The lines a subscriber reads are larger than the
+//! records (offsets in decimal, separators); they are rendered in chunks of
+//! at most `--fetch-bytes-max` (and a line), so a subscriber still holds at
+//! most one window of records per owner and one chunk being written, the
+//! `(S + 1) * fetch_bytes_max` of the memory formula.
 
-use crate::partition::PartitionManager;
-use crate::protocol::subscribe::{event_line_size_max, write_event_line, write_truncated};
+use crate::partition::records::{ENTRY_HEADER_SIZE, FetchedRecords};
+use crate::partition::{Partition, PartitionManager};
+use crate::storage::format::{DecodedFrame, decode_frame, record_size_of};
 
 /// Where a cursor stands before the owner has resolved it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,14 +130,13 @@ impl FetchRequest {
     }
 }
 
-/// An owner's answer: subscriber lines, ready to write, and new cursors.
+/// An owner's answer: records and truncation notices for the face to
+/// render, and new cursors.
 #[derive(Debug)]
 pub struct FetchReply {
     pub subscription_id: u64,
     pub owner: u16,
-    pub data: Vec<u8>,
-    pub event_count: u64,
-    pub truncation_count: u64,
+    pub records: FetchedRecords,
     /// New offset of every requested partition the owner holds (on a
     /// standing fetch: of those that moved on).
     pub cursors: Vec<(u32, u64)>,
@@ -139,7 +153,7 @@ pub struct FetchReply {
     pub waiting: Vec<u32>,
     /// Cursors behind the tail cache of a partition on disk: (partition,
     /// offset). The owner reads them from the files before it replies
-    /// ([`write_lines_from_frames`]); their cursors stay until then.
+    /// ([`copy_from_frames`]); their cursors stay until then.
     pub disk_reads: Vec<(u32, u64)>,
     /// Requested offsets past the end of their partition, with the
     /// partition's next offset (the subscriber is refused).
@@ -173,41 +187,13 @@ pub fn serve_fetch(
     let mut resolved_any = false;
     for (partition_id, slot) in request.cursors.iter_mut() {
         let (partition_id, requested) = (*partition_id, *slot);
-        let position = requested;
-        let Some(partition) = partitions.get(partition_id).filter(|partition| partition.stream_id == request.stream_id)
+        let Some(partition) = owned_partition(&mut reply, partitions, &is_incoming, request.stream_id, partition_id)
         else {
-            if partitions.get(partition_id).is_some() {
-                reply.deleted.push(partition_id);
-                continue;
-            }
-            if partitions.is_retired(partition_id) {
-                reply.deleted.push(partition_id);
-            } else if is_incoming(partition_id) {
-                reply.waiting.push(partition_id);
-            } else {
-                reply.moved.push(partition_id);
-            }
             continue;
         };
-        resolved_any |= !matches!(position, Position::At(_));
-        if let Position::Requested(offset) = position
-            && offset > partition.log.next_offset()
-        {
-            reply.out_of_range.push((partition_id, partition.log.next_offset()));
-            continue;
-        }
-        let position = match position {
-            Position::Resume(offset) if offset > partition.log.next_offset() => {
-                let end = partition.log.next_offset();
-                let resume = partition.opened_offset.min(end);
-                reply.resumed_past_end.push((partition_id, offset, end, resume));
-                Position::At(resume)
-            }
-            Position::Resume(offset) => Position::At(offset),
-            other => other,
-        };
-        let ids = PartitionIds { global: partition_id, local: partition_id - partition.stream_base };
-        let offset = read_into(&mut reply, ids, &partition.log, position, budget);
+        resolved_any |= !matches!(requested, Position::At(_));
+        let Some(position) = checked_position(&mut reply, partition, partition_id, requested) else { continue };
+        let offset = read_into(&mut reply, partition_id, &partition.log, position, budget);
         if !standing || requested != Position::At(offset) {
             reply.cursors.push((partition_id, offset));
         }
@@ -215,8 +201,62 @@ pub fn serve_fetch(
             *slot = Position::At(offset);
         }
     }
+    finish_reply(reply, force, resolved_any)
+}
+
+/// The partition of a cursor if this owner holds it (for the fetch's
+/// stream); else notes in the reply why not: deleted, on its way here, or
+/// moved.
+fn owned_partition<'a>(
+    reply: &mut FetchReply,
+    partitions: &'a PartitionManager,
+    is_incoming: impl Fn(u32) -> bool,
+    stream_id: u32,
+    partition_id: u32,
+) -> Option<&'a Partition> {
+    let held = partitions.get(partition_id);
+    if let Some(partition) = held.filter(|partition| partition.stream_id == stream_id) {
+        return Some(partition);
+    }
+    if held.is_some() || partitions.is_retired(partition_id) {
+        reply.deleted.push(partition_id);
+    } else if is_incoming(partition_id) {
+        reply.waiting.push(partition_id);
+    } else {
+        reply.moved.push(partition_id);
+    }
+    None
+}
+
+/// Checks a requested offset against the partition's end: past it, the
+/// request is refused (`None`, noted in the reply); a group's committed
+/// offset past it resumes where this process opened the partition (noted).
+fn checked_position(
+    reply: &mut FetchReply,
+    partition: &Partition,
+    partition_id: u32,
+    position: Position,
+) -> Option<Position> {
+    let end = partition.log.next_offset();
+    match position {
+        Position::Requested(offset) if offset > end => {
+            reply.out_of_range.push((partition_id, end));
+            None
+        }
+        Position::Resume(offset) if offset > end => {
+            let resume = partition.opened_offset.min(end);
+            reply.resumed_past_end.push((partition_id, offset, end, resume));
+            Some(Position::At(resume))
+        }
+        Position::Resume(offset) => Some(Position::At(offset)),
+        other => Some(other),
+    }
+}
+
+/// The reply if it has news (or `force`), its buffer trimmed.
+fn finish_reply(mut reply: FetchReply, force: bool, resolved_any: bool) -> Option<FetchReply> {
     let has_news = force
-        || !reply.data.is_empty()
+        || !reply.records.is_empty()
         || !reply.moved.is_empty()
         || !reply.disk_reads.is_empty()
         || !reply.deleted.is_empty()
@@ -224,8 +264,8 @@ pub fn serve_fetch(
     debug_assert!(reply.out_of_range.is_empty() || has_news, "a refusal is news");
     // The buffer was sized for a full reply; a standing fetch keeps many
     // small ones in flight, so give the unused part back.
-    if reply.data.capacity() > 2 * reply.data.len() + REPLY_SLACK_BYTES {
-        reply.data.shrink_to_fit();
+    if reply.records.capacity() > 2 * reply.records.size_bytes() + REPLY_SLACK_BYTES {
+        reply.records.shrink_to_fit();
     }
     has_news.then_some(reply)
 }
@@ -248,9 +288,7 @@ impl FetchReply {
         FetchReply {
             subscription_id,
             owner,
-            data: Vec::new(),
-            event_count: 0,
-            truncation_count: 0,
+            records: FetchedRecords::default(),
             cursors: Vec::new(),
             standing: false,
             more: false,
@@ -274,20 +312,12 @@ impl FetchReply {
     }
 }
 
-/// A partition's global id (cursors, the engine) and its number in its
-/// stream (what a subscriber line says).
-#[derive(Debug, Clone, Copy)]
-struct PartitionIds {
-    global: u32,
-    local: u32,
-}
-
-/// Writes one partition's lines from `position` into the reply, within the
-/// budget (at least one event when there is one, so a large event never
-/// stalls a reader); returns the cursor's new offset.
+/// Copies one partition's records from `position` into the reply, within
+/// the budget (at least one record when there is one, so a large event
+/// never stalls a reader); returns the cursor's new offset.
 fn read_into(
     reply: &mut FetchReply,
-    ids: PartitionIds,
+    partition_id: u32,
     log: &crate::partition::PartitionLog,
     position: Position,
     bytes_max: usize,
@@ -300,81 +330,102 @@ fn read_into(
     if offset >= log.visible_offset() {
         return offset;
     }
-    if reply.data.len() >= bytes_max {
+    if reply.records.size_bytes() >= bytes_max {
         reply.more = true;
         return offset;
     }
-    if reply.data.capacity() == 0 {
-        reply.data.reserve(bytes_max.min(FETCH_BUFFER_BYTES_INITIAL_MAX));
+    if reply.records.capacity() == 0 {
+        reply.records.reserve(bytes_max.min(FETCH_BUFFER_BYTES_INITIAL_MAX));
     }
     if offset < log.earliest_offset() {
-        write_truncated(&mut reply.data, ids.local, offset, log.earliest_offset());
-        reply.truncation_count += 1;
+        reply.records.push_truncated(partition_id, offset, log.earliest_offset());
         offset = log.earliest_offset();
     }
     if offset < log.cached_from() {
-        reply.disk_reads.push((ids.global, offset));
+        reply.disk_reads.push((partition_id, offset));
         return offset;
     }
-    let (next, written) = write_lines(&mut reply.data, ids.local, log, offset, bytes_max);
-    reply.event_count += written;
+    let next = copy_records(&mut reply.records, partition_id, log, offset, bytes_max);
     reply.more |= next < log.visible_offset();
     next
 }
 
-/// Writes subscriber lines for the events of `log` from `offset` on into
-/// `out`, until `out` would pass `bytes_max` (at least one event is written
-/// when there is one). Returns the next offset and the events written.
-pub fn write_lines(
-    out: &mut Vec<u8>,
-    local_partition: u32,
+/// Copies the visible records of `log` from `offset` on into `out` (one
+/// copy per tail-cache segment), until `out` would pass `bytes_max` (at
+/// least one record is copied when there is one). Returns the next offset.
+pub fn copy_records(
+    out: &mut FetchedRecords,
+    partition_id: u32,
     log: &crate::partition::PartitionLog,
     offset: u64,
     bytes_max: usize,
-) -> (u64, u64) {
-    let mut written = 0u64;
-    let next = log.read_cached(offset, |offset, record| {
-        let line_size = event_line_size_max(record.key, record.payload);
-        if written > 0 && out.len() + line_size > bytes_max {
-            return false;
-        }
-        write_event_line(out, local_partition, offset, record.key, record.payload);
-        written += 1;
-        true
-    });
-    (next, written)
+) -> u64 {
+    let room_bytes = bytes_max.saturating_sub(out.size_bytes() + ENTRY_HEADER_SIZE);
+    log.read_cached_spans(offset, room_bytes, |first_offset, record_count, log_records| {
+        out.push_records(partition_id, first_offset, record_count, log_records);
+    })
 }
 
-/// Writes subscriber lines for the records of whole frames in `frames`
-/// (read from a segment file) from `from_offset` on, until `out` would pass
-/// `bytes_max` (at least one event) or `below` is reached. Returns the next
-/// offset and the events written; stops at the first bytes that are not a
-/// whole valid frame (the caller read a bounded chunk).
-pub fn write_lines_from_frames(
-    out: &mut Vec<u8>,
-    local_partition: u32,
+/// Copies the records of whole frames in `frames` (read from a segment
+/// file) from `from_offset` on into `out`, one copy per frame, until `out`
+/// would pass `bytes_max` (at least one record) or `below` is reached.
+/// Returns the next offset and the records copied; stops at the first
+/// bytes that are not a whole valid frame (the caller read a bounded
+/// chunk).
+pub fn copy_from_frames(
+    out: &mut FetchedRecords,
+    partition_id: u32,
     frames: &[u8],
     from_offset: u64,
     below: u64,
     bytes_max: usize,
 ) -> (u64, u64) {
-    let (mut next, mut written, mut rest) = (from_offset, 0u64, frames);
-    while let Ok(frame) = crate::storage::format::decode_frame(rest) {
+    let (mut next, mut copied, mut rest) = (from_offset, 0u64, frames);
+    while let Ok(frame) = decode_frame(rest) {
         rest = &rest[frame.header.frame_size()..];
-        for record in frame.records() {
-            if record.offset < next {
-                continue;
-            }
-            let line_size = event_line_size_max(record.key, record.payload);
-            if record.offset != next || next >= below || (written > 0 && out.len() + line_size > bytes_max) {
-                return (next, written);
-            }
-            write_event_line(out, local_partition, record.offset, record.key, record.payload);
-            next += 1;
-            written += 1;
+        let room_bytes = bytes_max.saturating_sub(out.size_bytes() + ENTRY_HEADER_SIZE);
+        let (record_count, span, complete) = frame_span(&frame, next, below, room_bytes, copied == 0);
+        if record_count > 0 {
+            out.push_records(partition_id, next, record_count, span);
+            next += u64::from(record_count);
+            copied += u64::from(record_count);
+        }
+        if !complete {
+            break;
         }
     }
-    (next, written)
+    (next, copied)
+}
+
+/// The records of `frame` from `next` on, below `below` and within
+/// `room_bytes` (with `take_one`, at least one): how many, their bytes, and
+/// whether the frame was taken to its end (else reading stops here: the
+/// budget, `below`, or a gap in the offsets).
+fn frame_span<'a>(
+    frame: &DecodedFrame<'a>,
+    next: u64,
+    below: u64,
+    room_bytes: usize,
+    take_one: bool,
+) -> (u32, &'a [u8], bool) {
+    let (mut position, mut span_start, mut count) = (0, None, 0u32);
+    for record in frame.records() {
+        let size = record_size_of(record.key, record.payload);
+        if record.offset < next {
+            position += size;
+            continue;
+        }
+        let start = *span_start.get_or_insert(position);
+        let offset = next + u64::from(count);
+        let fits = position + size - start <= room_bytes || (take_one && count == 0);
+        if record.offset != offset || offset >= below || !fits {
+            return (count, &frame.body[start..position], false);
+        }
+        position += size;
+        count += 1;
+    }
+    let start = span_start.unwrap_or(position);
+    (count, &frame.body[start..position], true)
 }
 
 /// Fetches waiting at an owner for new events: (origin shard, request).
@@ -449,6 +500,7 @@ impl ParkedFetches {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition::records::Entry;
     use crate::partition::{Partition, PartitionLog};
     use crate::protocol::record::encode_batch_record;
 
@@ -464,6 +516,28 @@ mod tests {
             manager.get_mut(partition).unwrap().log.append(&batch[4..]);
         }
         manager
+    }
+
+    /// The reply's records as `<partition> <offset> <key> <payload>` lines
+    /// and notices as `TRUNCATED <partition> <requested> <earliest>`, for
+    /// reading the tests (the subscribe face renders the real lines).
+    fn text(reply: &FetchReply) -> String {
+        let mut text = String::new();
+        for entry in reply.records.entries() {
+            match entry {
+                Entry::Run(run) => {
+                    for (offset, record) in run.records() {
+                        let (key, payload) =
+                            (String::from_utf8_lossy(record.key), String::from_utf8_lossy(record.payload));
+                        text.push_str(&format!("{} {offset} {key} {payload}\n", run.partition));
+                    }
+                }
+                Entry::Truncated { partition, requested, earliest } => {
+                    text.push_str(&format!("TRUNCATED {partition} {requested} {earliest}\n"));
+                }
+            }
+        }
+        text
     }
 
     fn request(cursors: &[(u32, Position)]) -> FetchRequest {
@@ -483,18 +557,22 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_eq!(reply.data, b"0 0 k a\n0 1 k b\n");
+        assert_eq!(text(&reply), "0 0 k a\n0 1 k b\n");
         assert_eq!(reply.cursors, [(0, 2), (1, 1)]);
         assert_eq!(reply.moved, [2]);
-        assert_eq!(reply.event_count, 2);
+        assert_eq!(reply.records.record_count(), 2);
         assert!(
             serve_fetch(3, &manager, |_| false, &mut request(&[(0, Position::At(2)), (1, Position::At(1))]), false)
                 .is_none()
         );
         let tail = serve_fetch(3, &manager, |_| false, &mut request(&[(1, Position::At(0))]), false).unwrap();
-        assert_eq!(tail.data, b"1 0 k c\n");
+        assert_eq!(text(&tail), "1 0 k c\n");
         let forced = serve_fetch(3, &manager, |_| false, &mut request(&[(0, Position::At(2))]), true).unwrap();
-        assert_eq!((forced.cursors.as_slice(), forced.data.len()), (&[(0, 2)][..], 0), "forced: unchanged cursors");
+        assert_eq!(
+            (forced.cursors.as_slice(), forced.records.size_bytes()),
+            (&[(0, 2)][..], 0),
+            "forced: unchanged cursors"
+        );
         let incoming = |partition| partition == 3;
         assert!(
             serve_fetch(3, &manager, incoming, &mut request(&[(3, Position::At(0))]), false).is_none(),
@@ -517,7 +595,7 @@ mod tests {
         let mut largest = request(&[(1, Position::Requested(u64::MAX)), (0, Position::Requested(1))]);
         let reply = serve_fetch(0, &manager, |_| false, &mut largest, false).unwrap();
         assert_eq!(reply.out_of_range, [(1, 0)]);
-        assert_eq!((reply.cursors.as_slice(), reply.data.as_slice()), (&[(0, 2)][..], &b"0 1 k b\n"[..]));
+        assert_eq!((reply.cursors.as_slice(), text(&reply).as_str()), (&[(0, 2)][..], "0 1 k b\n"));
         let at_end = serve_fetch(0, &manager, |_| false, &mut request(&[(0, Position::Requested(2))]), false).unwrap();
         assert_eq!((at_end.cursors.as_slice(), at_end.out_of_range.len()), (&[(0, 2)][..], 0));
     }
@@ -572,10 +650,51 @@ mod tests {
         let earliest = manager.get(0).unwrap().log.earliest_offset();
         assert!(earliest > 0);
         let reply = serve_fetch(0, &manager, |_| false, &mut request(&[(0, Position::At(0))]), false).unwrap();
-        let text = String::from_utf8(reply.data).unwrap();
+        let text = text(&reply);
         assert!(text.starts_with(&format!("TRUNCATED 0 0 {earliest}\n0 {earliest} k ")), "{}", &text[..60]);
-        assert_eq!(reply.truncation_count, 1);
+        assert_eq!(reply.records.truncation_count(), 1);
         assert_eq!(reply.cursors, [(0, 100)]);
+    }
+
+    /// Frames of `per_frame` records each, `payload` then the offset, from
+    /// offset 0.
+    fn frames(frame_count: u64, per_frame: u64) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for frame in 0..frame_count {
+            let mut buffer = vec![0u8; 4096];
+            let mut encoder = crate::storage::format::FrameEncoder::new(&mut buffer).unwrap();
+            for offset in frame * per_frame..(frame + 1) * per_frame {
+                encoder.append(b"k", format!("p{offset}").as_bytes()).unwrap();
+            }
+            let sealed = encoder.seal(0, frame * per_frame, 0).unwrap();
+            bytes.extend_from_slice(&buffer[..sealed.frame_size]);
+        }
+        bytes
+    }
+
+    /// Records read from frames are copied from the cursor on, one run for
+    /// consecutive frames, up to the visible bound and within the budget
+    /// (at least one record); a cut-off frame at the end of a read stops the
+    /// copy cleanly.
+    #[test]
+    fn copies_from_frames_within_bounds() {
+        let bytes = frames(3, 4);
+        let copy = |from, below, bytes_max, frames: &[u8]| {
+            let mut reply = FetchReply::empty(0, 0);
+            let (next, copied) = copy_from_frames(&mut reply.records, 2, frames, from, below, bytes_max);
+            assert_eq!(copied, reply.records.record_count());
+            (next, text(&reply), reply.records.entries().count())
+        };
+        let (next, lines, entries) = copy(3, u64::MAX, usize::MAX, &bytes);
+        assert_eq!(next, 12);
+        let expected: String = (3..12).map(|offset| format!("2 {offset} k p{offset}\n")).collect();
+        assert_eq!((lines, entries), (expected, 1), "one run across frames");
+        assert_eq!(copy(3, 6, usize::MAX, &bytes).0, 6, "stops below the visible bound");
+        let record_size = crate::storage::format::record_size_of(b"k", b"p10");
+        let budget = ENTRY_HEADER_SIZE + 2 * record_size;
+        assert_eq!(copy(5, u64::MAX, budget, &bytes).0, 7, "two records in the budget");
+        assert_eq!(copy(5, u64::MAX, 1, &bytes).0, 6, "at least one record");
+        assert_eq!(copy(0, u64::MAX, usize::MAX, &bytes[..bytes.len() - 1]).0, 8, "a cut-off last frame");
     }
 
     /// The budget bounds a reply, but a reply always carries at least one
@@ -587,12 +706,13 @@ mod tests {
         let mut small = request(&[(0, Position::At(0))]);
         small.bytes_max = 1;
         let reply = serve_fetch(0, &manager, |_| false, &mut small, false).unwrap();
-        assert_eq!((reply.event_count, reply.cursors.as_slice()), (1, &[(0, 1)][..]));
+        assert_eq!((reply.records.record_count(), reply.cursors.as_slice()), (1, &[(0, 1)][..]));
         assert!(reply.more, "the budget cut it: more is readable now");
         let whole = serve_fetch(0, &manager, |_| false, &mut request(&[(0, Position::At(0))]), false).unwrap();
-        assert_eq!((whole.event_count, whole.more), (50, false));
+        assert_eq!((whole.records.record_count(), whole.more), (50, false));
         small.bytes_max = 100;
         let reply = serve_fetch(0, &manager, |_| false, &mut small, false).unwrap();
-        assert!(reply.data.len() <= 100 && reply.event_count >= 1, "{} bytes", reply.data.len());
+        let size_bytes = reply.records.size_bytes();
+        assert!(size_bytes <= 100 && reply.records.record_count() >= 1, "{size_bytes} bytes");
     }
 }

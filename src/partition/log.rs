@@ -187,6 +187,72 @@ impl MemoryLog {
         }
         offset
     }
+
+    /// Visits the records from `offset` up to `end` as spans of whole
+    /// records that lie back to back in memory (one per segment), in offset
+    /// order: `visit(first_offset, record_count, log_records)`. The first
+    /// record is always taken, whatever its size; after it, records are
+    /// taken while all taken stay within `bytes_max`. Returns the offset to
+    /// read next. `offset` must be readable, as for [`MemoryLog::read`], and
+    /// `end` at most [`MemoryLog::next_offset`].
+    pub fn read_spans(&self, offset: u64, end: u64, bytes_max: usize, mut visit: impl FnMut(u64, u32, &[u8])) -> u64 {
+        assert!(offset >= self.earliest_offset() && offset <= self.next_offset, "offset {offset} not readable");
+        assert!(end <= self.next_offset, "end {end} past the log");
+        let (mut offset, mut room_bytes, mut take_one) = (offset, bytes_max, true);
+        let first_segment = self.segments.partition_point(|segment| segment.next_offset() <= offset);
+        for segment in self.segments.range(first_segment..) {
+            if offset >= end {
+                break;
+            }
+            let first_index = (offset - segment.base_offset) as usize;
+            let end_index = (end.min(segment.next_offset()) - segment.base_offset) as usize;
+            let taken_index = segment.index_within(first_index, end_index, room_bytes, take_one);
+            if taken_index > first_index {
+                let span = segment.span(first_index, taken_index);
+                // Exact: a segment holds at most a u32 of records (its positions are u32).
+                visit(offset, (taken_index - first_index) as u32, span);
+                offset += (taken_index - first_index) as u64;
+                room_bytes = room_bytes.saturating_sub(span.len());
+                take_one = false;
+            }
+            if taken_index < end_index {
+                break;
+            }
+        }
+        offset
+    }
+}
+
+impl Segment {
+    /// Where record `index` starts (`data.len()` for one past the last).
+    fn start_of(&self, index: usize) -> usize {
+        self.positions.get(index).map_or(self.data.len(), |&position| position as usize)
+    }
+
+    /// The records `first_index .. end_index`, back to back.
+    fn span(&self, first_index: usize, end_index: usize) -> &[u8] {
+        &self.data[self.start_of(first_index)..self.start_of(end_index)]
+    }
+
+    /// The end of the longest run of records from `first_index` (below
+    /// `end_index`) whose bytes stay within `room_bytes`, found by binary
+    /// search over the positions; with `take_one`, at least one record.
+    fn index_within(&self, first_index: usize, end_index: usize, room_bytes: usize, take_one: bool) -> usize {
+        if first_index >= end_index {
+            return first_index;
+        }
+        let start = self.start_of(first_index);
+        let fits = |index: usize| self.start_of(index) - start <= room_bytes;
+        if fits(end_index) {
+            return end_index;
+        }
+        // Records first_index .. first_index + k fit for k up to the count of
+        // the positions after first_index that stay within the room.
+        let after = &self.positions[first_index + 1..end_index];
+        let fitting = after.partition_point(|&position| position as usize - start <= room_bytes);
+        let taken_index = first_index + fitting;
+        if taken_index == first_index && take_one { first_index + 1 } else { taken_index }
+    }
 }
 
 impl Drop for MemoryLog {
@@ -347,13 +413,14 @@ impl PartitionLog {
     }
 
     /// Visits visible records from `offset` (at least [`Self::cached_from`])
-    /// as [`MemoryLog::read`] does; returns the offset to read next.
-    pub fn read_cached(&self, offset: u64, mut visit: impl FnMut(u64, RecordRef<'_>) -> bool) -> u64 {
+    /// as spans, as [`MemoryLog::read_spans`] does; returns the offset to
+    /// read next.
+    pub fn read_cached_spans(&self, offset: u64, bytes_max: usize, visit: impl FnMut(u64, u32, &[u8])) -> u64 {
         let visible = self.visible_offset();
         if offset >= visible {
             return offset;
         }
-        self.memory.read(offset, |offset, record| offset < visible && visit(offset, record))
+        self.memory.read_spans(offset, visible, bytes_max, visit)
     }
 
     /// Bytes this log holds in memory.
@@ -485,6 +552,42 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// Spans cover the records from any start to the end bound once, in
+    /// order, one span per segment, within the byte budget (the first record
+    /// whatever its size), and say where to read next.
+    #[test]
+    fn spans_respect_segments_budget_and_end() {
+        let mut log = MemoryLog::new(1 << 20, 256);
+        for index in 0..1000u32 {
+            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
+        }
+        let record_size = log_record(b"k", b"00000").len();
+        let spans = |offset, end, bytes_max| {
+            let mut seen = Vec::new();
+            let next = log.read_spans(offset, end, bytes_max, |first, count, bytes| {
+                assert_eq!(bytes.len(), count as usize * record_size);
+                let payload = decode_log_record(bytes).unwrap().payload;
+                assert_eq!(payload, format!("{first:05}").as_bytes(), "a span starts at its first offset");
+                seen.push((first, count));
+            });
+            (next, seen)
+        };
+        let (next, seen) = spans(17, 1000, usize::MAX);
+        assert_eq!(next, 1000);
+        assert!(seen.len() > 1, "several segments");
+        let mut expected = 17;
+        for &(first, count) in &seen {
+            assert_eq!(first, expected);
+            expected += u64::from(count);
+        }
+        let (next, seen) = spans(17, 40, usize::MAX);
+        assert_eq!((next, seen[0], seen.iter().map(|&(_, count)| count).sum::<u32>()), (40, (17, 7), 23), "to the end");
+        assert_eq!(spans(17, 1000, 3 * record_size + 1).0, 20, "within the budget");
+        assert_eq!(spans(17, 1000, 1), (18, vec![(17, 1)]), "at least one record");
+        assert_eq!(spans(17, 17, usize::MAX), (17, vec![]), "nothing below the end");
+        assert_eq!(spans(1000, 1000, usize::MAX), (1000, vec![]));
     }
 
     /// Reads across segment boundaries see every offset once, from any start.

@@ -14,6 +14,8 @@
 //!   (`spate simulate` drives the same code).
 //! * [`fetch`]: serving a subscriber's fetch from the logs, and the fetches
 //!   parked until new events arrive.
+//! * [`records`]: what a fetch reply carries, records copied from the logs
+//!   a span at a time; the faces render them in their wire formats.
 //!
 //! A [`Partition`] is one owned partition (its log, counters and rates) and
 //! the [`PartitionManager`] holds the ones a shard owns.
@@ -24,13 +26,14 @@ pub mod fetch;
 pub mod log;
 pub mod migration;
 pub mod placement;
+pub mod records;
 
 pub use log::{MemoryLog, PartitionLog};
 pub use placement::{Placement, PlacementTable};
 
 use crate::aggregate::PartitionProcessor;
 use crate::balance::Ewma;
-use crate::protocol::RecordRef;
+use crate::protocol::record::RecordRef;
 
 /// One partition owned by this shard. Everything here moves with the
 /// partition when it migrates: the log, the counters and the rate history
@@ -38,8 +41,8 @@ use crate::protocol::RecordRef;
 #[derive(Debug)]
 pub struct Partition {
     pub log: PartitionLog,
-    /// The global id of its stream's first partition: subscriber lines
-    /// carry `global - stream_base`, the partition's number in its stream.
+    /// The global id of its stream's first partition: a client sees
+    /// `global - stream_base`, the partition's number in its stream.
     pub stream_base: u32,
     /// Its stream's id: a fetch names the stream it reads, so a fetch for a
     /// deleted stream whose partition ids a new stream reuses is answered

@@ -26,7 +26,7 @@ pub use hash::{key_hash, partition_of};
 pub use line::{KEY_SIZE_MAX, Line, LineBuffer, LineError, Next, parse_line, parse_line_with};
 pub use record::{BatchIter, RecordRef, batch_record_size, encode_batch_record};
 pub use subscribe::{
-    PartitionSelector, StartOffset, SubscribeError, SubscribeRequest, SubscriberLine, closing_positions,
-    parse_subscribe, parse_subscriber_line, unescape_key, write_closing_end, write_closing_entry, write_closing_start,
-    write_event_line, write_offset_out_of_range, write_truncated,
+    EventLinePrefix, PartitionSelector, StartOffset, SubscribeError, SubscribeRequest, SubscriberLine,
+    closing_positions, parse_subscribe, parse_subscriber_line, unescape_key, write_closing_end, write_closing_entry,
+    write_closing_start, write_event_line, write_offset_out_of_range, write_prefixed_event_line, write_truncated,
 };

@@ -127,11 +127,14 @@ pub fn parse_subscribe(line: &[u8]) -> Result<SubscribeRequest<'_>, SubscribeErr
 /// key escaped (see [`unescape_key`]).
 #[inline]
 pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u8], payload: &[u8]) {
-    let mut numbers = itoa::Buffer::new();
-    out.extend_from_slice(numbers.format(partition).as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(numbers.format(offset).as_bytes());
-    out.push(b' ');
+    write_prefixed_event_line(out, &EventLinePrefix::new(partition, offset), key, payload);
+}
+
+/// Appends one event line that starts with `prefix` (its partition and
+/// offset): the same bytes as [`write_event_line`].
+#[inline]
+pub fn write_prefixed_event_line(out: &mut Vec<u8>, prefix: &EventLinePrefix, key: &[u8], payload: &[u8]) {
+    out.extend_from_slice(prefix.as_bytes());
     if key.iter().any(|&byte| needs_escape(byte)) {
         write_escaped_key(out, key);
     } else {
@@ -140,6 +143,70 @@ pub fn write_event_line(out: &mut Vec<u8>, partition: u32, offset: u64, key: &[u
     out.push(b' ');
     out.extend_from_slice(payload);
     out.push(b'\n');
+}
+
+/// The longest `<partition> <offset> ` an event line starts with: a `u32`
+/// and a `u64` in decimal and two spaces.
+const EVENT_LINE_PREFIX_SIZE_MAX: usize = 10 + 1 + 20 + 1;
+
+/// The start of an event line, `<partition> <offset> `, kept as text so the
+/// lines of consecutive offsets of one partition (a run of dense offsets)
+/// format their numbers once: [`EventLinePrefix::advance`] counts the
+/// offset's digits up in place instead.
+#[derive(Debug, Clone, Copy)]
+pub struct EventLinePrefix {
+    bytes: [u8; EVENT_LINE_PREFIX_SIZE_MAX],
+    size: usize,
+    /// Where the offset's digits start.
+    offset_at: usize,
+}
+
+impl EventLinePrefix {
+    /// The prefix of `partition`'s line at `offset`, formatted once; later
+    /// offsets of the run are reached with [`EventLinePrefix::advance`].
+    pub fn new(partition: u32, offset: u64) -> EventLinePrefix {
+        let mut prefix = EventLinePrefix { bytes: [0; EVENT_LINE_PREFIX_SIZE_MAX], size: 0, offset_at: 0 };
+        let mut numbers = itoa::Buffer::new();
+        prefix.push(numbers.format(partition).as_bytes());
+        prefix.push(b" ");
+        prefix.offset_at = prefix.size;
+        prefix.push(numbers.format(offset).as_bytes());
+        prefix.push(b" ");
+        prefix
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.bytes[self.size..self.size + bytes.len()].copy_from_slice(bytes);
+        self.size += bytes.len();
+    }
+
+    /// Moves to the next offset. The offset must be below `u64::MAX`.
+    #[inline]
+    pub fn advance(&mut self) {
+        let last_digit = self.size - 2;
+        for at in (self.offset_at..=last_digit).rev() {
+            if self.bytes[at] != b'9' {
+                self.bytes[at] += 1;
+                return;
+            }
+            self.bytes[at] = b'0';
+        }
+        // All nines: one digit more (`99 ` to `100 `), which a `u64` below
+        // its maximum always has room for.
+        debug_assert!(self.size < EVENT_LINE_PREFIX_SIZE_MAX, "advanced past u64::MAX");
+        if self.size < EVENT_LINE_PREFIX_SIZE_MAX {
+            self.bytes[self.offset_at] = b'1';
+            self.bytes[self.size - 1] = b'0';
+            self.bytes[self.size] = b' ';
+            self.size += 1;
+        }
+    }
+
+    /// The prefix as the line starts: `<partition> <offset> `.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.size]
+    }
 }
 
 /// Bytes an event line takes besides its key and payload, at most (two
@@ -462,6 +529,31 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A prefix counted up from any offset is the prefix of that offset
+        /// written anew, across every carry (`9` to `10`, `99..9` to
+        /// `100..0`), up to the largest offset.
+        #[test]
+        fn prefixes_count_offsets_up(
+            partition in proptest::prelude::any::<u32>(),
+            digits in 1u32..=19,
+            below in 0u64..3,
+            steps in 0u64..300,
+        ) {
+            let start = (10u64.pow(digits) - 1).saturating_sub(below + steps / 2);
+            let mut prefix = EventLinePrefix::new(partition, start);
+            for step in 0..steps {
+                let expected = EventLinePrefix::new(partition, start + step);
+                proptest::prop_assert_eq!(prefix.as_bytes(), expected.as_bytes());
+                let written = format!("{partition} {} ", start + step);
+                proptest::prop_assert_eq!(prefix.as_bytes(), written.as_bytes());
+                prefix.advance();
+            }
+            let mut last = EventLinePrefix::new(partition, u64::MAX - 1);
+            last.advance();
+            let largest = format!("{partition} {} ", u64::MAX);
+            proptest::prop_assert_eq!(last.as_bytes(), largest.as_bytes());
+        }
+
         /// Any `SUB` line parses or fails without panicking; a well-formed one
         /// parses back to what was written, up to the largest offset, and a
         /// partition past the count is refused with its numbers.

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use glommio::channels::channel_mesh::FullMesh;
+use glommio::channels::channel_mesh::{FullMesh, Receivers};
 use glommio::net::TcpListener;
 
 use crate::config::Config;
@@ -44,26 +44,9 @@ pub async fn run_shard(context: ShardContext) {
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
-    if context.config.log_prefault_bytes > 0 {
-        // Before the shard serves anything: /stats answers once every
-        // shard's pool is written.
-        let segment_bytes = match context.config.storage {
-            crate::config::Storage::Memory => context.config.segment_bytes(),
-            crate::config::Storage::Disk => context.config.tail_cache_segment_bytes(),
-        };
-        crate::partition::log::prefault_segment_pool(context.config.log_prefault_bytes, segment_bytes);
-    }
-    if context.config.storage == crate::config::Storage::Disk {
-        let (stored, problems) = crate::group::store::load_all(&context.config.data_dir);
-        if id == 0 {
-            for problem in problems {
-                log::warn!("skipping a consumer group's offsets file: {problem}");
-            }
-        }
-        shard.load_groups(stored);
-    }
-    if let Some(committer) = &shard.committer {
-        committer.set_replay(context.wal_replay.clone());
+    prefault_and_load_groups(&context.config, &shard);
+    if shard.stores_on_disk() {
+        crate::shard::commit::set_replay(&shard, context.wal_replay.clone());
         let opened = open_storage(&shard).await;
         let replayed = crate::shard::commit::finish_replay(&shard, opened.is_err()).await;
         if let Err(failure) = opened {
@@ -77,36 +60,16 @@ pub async fn run_shard(context: ShardContext) {
         }
         glommio::spawn_local(crate::shard::commit::run_committer(shard.clone())).detach();
     }
-    for (peer, stream) in receivers.streams() {
-        let peer = u16::try_from(peer).expect("shard count is bounded by SHARD_COUNT_MAX");
-        let receiving = shard.clone();
-        glommio::spawn_local(async move {
-            while let Some(frame) = stream.recv().await {
-                receiving.handle_frame(peer, frame);
-            }
-        })
-        .detach();
-        glommio::spawn_local(outbox.clone().drain(peer)).detach();
-    }
-    let looping = shard.clone();
-    glommio::spawn_local(async move { looping.run_loopback().await }).detach();
+    spawn_mesh_tasks(&shard, &outbox, &mut receivers);
     spawn_shard_tasks(&shard);
-    if let Some(after_ms) = context.config.test_panic_after_ms
-        && usize::from(id) + 1 == context.config.shard_count()
-    {
-        glommio::spawn_local(async move {
-            glommio::timer::sleep(std::time::Duration::from_millis(after_ms)).await;
-            panic!("--test-panic-after-ms {after_ms}: shard {id} panics on purpose");
-        })
-        .detach();
-    }
+    spawn_test_panic(&context.config, id);
     let net = Rc::new(ShardNet {
         admission: context.admission.clone(),
         connections: Connections::new(&context.config),
         refusals: Rc::default(),
     });
     let sweeping = (net.clone(), shard.clone());
-    glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(&sweeping.1.lifecycle).await }).detach();
+    glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(sweeping.1.lifecycle()).await }).detach();
     match bind_listeners(&context.config) {
         Ok(Listeners { ingest, subscribe }) => {
             for (listener, format) in ingest {
@@ -120,10 +83,65 @@ pub async fn run_shard(context: ShardContext) {
             return;
         }
     }
-    let read_only = shard.committer.as_ref().and_then(|committer| committer.read_only_reason());
+    let read_only = shard.read_only_reason();
     let _ = context.events.send(ShardEvent::Started { shard: id, read_only });
     serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
     outbox.close();
+}
+
+/// Before the shard serves anything: writes its share of the segment pool
+/// (so `/stats` answers once every shard's pool is written) and, on disk,
+/// loads the consumer groups' committed offsets.
+fn prefault_and_load_groups(config: &Config, shard: &Shard) {
+    if config.log_prefault_bytes > 0 {
+        let segment_bytes = match config.storage {
+            crate::config::Storage::Memory => config.segment_bytes(),
+            crate::config::Storage::Disk => config.tail_cache_segment_bytes(),
+        };
+        crate::partition::log::prefault_segment_pool(config.log_prefault_bytes, segment_bytes);
+    }
+    if config.storage == crate::config::Storage::Disk {
+        let (stored, problems) = crate::group::store::load_all(&config.data_dir);
+        if shard.id() == 0 {
+            for problem in problems {
+                log::warn!("skipping a consumer group's offsets file: {problem}");
+            }
+        }
+        shard.load_groups(stored);
+    }
+}
+
+/// One task per peer hands its frames to the shard and one drains the
+/// outbox to it; the loopback task does both for the shard's frames to
+/// itself.
+fn spawn_mesh_tasks(shard: &Rc<Shard>, outbox: &Rc<Outbox>, receivers: &mut Receivers<MeshFrame>) {
+    for (peer, stream) in receivers.streams() {
+        let peer = u16::try_from(peer).expect("shard count is bounded by SHARD_COUNT_MAX");
+        let receiving = shard.clone();
+        glommio::spawn_local(async move {
+            while let Some(frame) = stream.recv().await {
+                receiving.handle_frame(peer, frame);
+            }
+        })
+        .detach();
+        glommio::spawn_local(outbox.clone().drain(peer)).detach();
+    }
+    let looping = shard.clone();
+    glommio::spawn_local(async move { looping.run_loopback().await }).detach();
+}
+
+/// `--test-panic-after-ms`: the last shard panics on purpose (the tests of
+/// the fail-fast panic policy).
+fn spawn_test_panic(config: &Config, id: u16) {
+    if let Some(after_ms) = config.test_panic_after_ms
+        && usize::from(id) + 1 == config.shard_count()
+    {
+        glommio::spawn_local(async move {
+            glommio::timer::sleep(std::time::Duration::from_millis(after_ms)).await;
+            panic!("--test-panic-after-ms {after_ms}: shard {id} panics on purpose");
+        })
+        .detach();
+    }
 }
 
 /// Opens (and recovers) the files of the partitions this shard owns, and
@@ -139,11 +157,11 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
             continue;
         }
         cut_count += 1;
-        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_truncations, 1);
-        crate::shard::metrics::ShardMetrics::add(&shard.metrics.recovery_discarded_bytes, recovery.discarded_bytes);
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics().recovery_truncations, 1);
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics().recovery_discarded_bytes, recovery.discarded_bytes);
         let deferred = if report.deferred.is_some() { "; the cut waits for disk space" } else { "" };
         log::info!(
-            shard = shard.id,
+            shard = shard.id(),
             "recovered {}: kept {} bytes (offsets up to {}), dropped {} bytes after them ({:?}{deferred})",
             path.display(),
             recovery.outcome.cursor.position,
@@ -153,7 +171,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
         );
     }
     log::info!(
-        shard = shard.id,
+        shard = shard.id(),
         "opened {} partitions on disk in {:.2}s ({} tails cut)",
         reports.len(),
         started.elapsed().as_secs_f64(),
@@ -165,7 +183,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
 /// The shard's own loops: flusher, applier, balancer, fetch servicer.
 fn spawn_shard_tasks(shard: &Rc<Shard>) {
     let flusher = shard.clone();
-    glommio::spawn_local(async move { flusher.ingress.run_flusher().await }).detach();
+    glommio::spawn_local(async move { flusher.ingress().run_flusher().await }).detach();
     let applier = shard.clone();
     glommio::spawn_local(async move { applier.run_applier().await }).detach();
     crate::shard::aggregates::spawn_tasks(shard);

@@ -168,12 +168,6 @@ impl Committer {
         }
     }
 
-    /// Hands the shard the frames the write-ahead logs held at start-up,
-    /// for [`Committer::take_replay_frames`] while its partitions open.
-    pub fn set_replay(&self, replay: std::sync::Arc<WalReplay>) {
-        self.wal.replay.replace(Some(replay));
-    }
-
     /// The frames of log `log_id` to replay, if any.
     pub fn take_replay_frames(&self, log_id: u64) -> Option<LogFrames> {
         self.wal.replay.borrow().as_ref()?.take(log_id)
@@ -626,6 +620,14 @@ async fn run_checkpoints(shard: Rc<Shard>) {
                 glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
             }
         }
+    }
+}
+
+/// Hands the shard the frames the write-ahead logs held at start-up, for
+/// [`Committer::take_replay_frames`] while its partitions open.
+pub fn set_replay(shard: &Shard, replay: std::sync::Arc<WalReplay>) {
+    if let Some(committer) = &shard.committer {
+        committer.wal.replay.replace(Some(replay));
     }
 }
 

@@ -73,6 +73,31 @@ impl Route<'_> {
     }
 }
 
+impl Route<'_> {
+    /// A `#SYNC`'s point in `owner`'s batch sequence: makes the open batch
+    /// (possibly an empty one) carry a sync request (disk storage) and ask
+    /// for its grant at once, sends it now if a batch slot is free (else the
+    /// flusher sends it when one returns), and returns its sequence. Every
+    /// event routed to `owner` before the call is in that batch or an
+    /// earlier one, and grants arrive in order, so once `owner` has granted
+    /// that sequence ([`Ingress::granted`]) those events are stored as the
+    /// storage promises. Unlike [`Ingress::sync_barrier`] nothing waits
+    /// here: a connection keeps reading while its `#SYNC`s are in flight.
+    pub fn sync_point(&mut self, owner: u16) -> u64 {
+        let Route { ingress, router, .. } = self;
+        if ingress.sync_requests {
+            router.request_sync(owner);
+        }
+        router.request_grant(owner);
+        let sequence = router.sequences(owner).0 + 1;
+        if let Some(batch) = router.take_batch(owner) {
+            debug_assert_eq!(batch.sequence, sequence);
+            ingress.deliver(owner, batch);
+        }
+        sequence
+    }
+}
+
 impl Drop for Route<'_> {
     fn drop(&mut self) {
         if self.router.pending_owners().next().is_some() {
@@ -236,6 +261,21 @@ impl Ingress {
         let stalled = started.elapsed();
         ShardMetrics::add(&self.metrics.group_hold_stall_seconds, stalled.as_secs_f64());
         stalled
+    }
+
+    /// Whether `owner` has granted back every batch up to `sequence` (see
+    /// [`Route::sync_point`]); sequence 0 is granted from the start.
+    pub fn granted(&self, owner: u16, sequence: u64) -> bool {
+        self.router.borrow().sequences(owner).1 >= sequence
+    }
+
+    /// Resolves once every owner has granted back its batch of `sequences`
+    /// (indexed by owner; 0 for an owner with nothing to wait for).
+    pub async fn wait_granted(&self, sequences: &[u64]) {
+        for (owner, &sequence) in sequences.iter().enumerate() {
+            let owner = owner as u16;
+            self.credit_waiters[usize::from(owner)].wait_until(|| self.granted(owner, sequence)).await;
+        }
     }
 
     /// Resolves once every event this shard accepted before the call for the

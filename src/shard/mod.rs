@@ -66,32 +66,107 @@ use subscriptions::Subscriptions;
 
 /// One shard's state. Borrow its cells briefly and never across an `.await`.
 pub struct Shard {
-    pub id: u16,
-    pub shard_count: u16,
-    pub config: Arc<Config>,
-    pub metrics: Rc<ShardMetrics>,
-    pub placement: RefCell<PlacementTable>,
-    pub ingress: Ingress,
-    pub partitions: RefCell<PartitionManager>,
-    pub migrations: RefCell<ShardMigrations<CreditGrant>>,
-    pub apply_queue: Rc<ApplyQueue>,
+    id: u16,
+    shard_count: u16,
+    config: Arc<Config>,
+    metrics: Rc<ShardMetrics>,
+    placement: RefCell<PlacementTable>,
+    ingress: Ingress,
+    partitions: RefCell<PartitionManager>,
+    migrations: RefCell<ShardMigrations<CreditGrant>>,
+    apply_queue: Rc<ApplyQueue>,
     /// Credit grants held to leave several in one frame.
-    pub pending_grants: grants::PendingGrants,
+    pending_grants: grants::PendingGrants,
     /// Group commit to the partitions' files; `None` with memory storage.
-    pub committer: Option<Committer>,
-    pub subscriptions: Subscriptions,
-    pub balancer: RefCell<Balancer>,
+    committer: Option<Committer>,
+    subscriptions: Subscriptions,
+    balancer: RefCell<Balancer>,
     /// Slows the gossip loop down while the whole process is idle.
-    pub gossip_pace: balancer::GossipPace,
-    pub lifecycle: Lifecycle,
-    pub outbox: Rc<Outbox>,
+    gossip_pace: balancer::GossipPace,
+    lifecycle: Lifecycle,
+    outbox: Rc<Outbox>,
     /// This shard's copy of the stream catalog.
-    pub streams: RefCell<ShardStreams>,
+    streams: RefCell<ShardStreams>,
     /// Emit queue, clock and checkpoints of keyed aggregates.
-    pub aggregates: aggregates::ShardAggregates,
+    aggregates: aggregates::ShardAggregates,
     /// Consumer groups: the ones it coordinates, its members' inboxes, and
     /// the hold floors.
-    pub groups: groups::Groups,
+    groups: groups::Groups,
+}
+
+/// What the faces (ingest, subscribe, groups' members) and start-up see of a
+/// shard. Its fields are private to `shard/`: a face reads the
+/// configuration and counters, routes through [`Ingress`], registers
+/// subscribers and members, and asks the stream catalog for a route; it
+/// never borrows the partitions, placement or migrations itself.
+impl Shard {
+    /// This shard's mesh peer id.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// How many shards the process runs.
+    pub fn shard_count(&self) -> u16 {
+        self.shard_count
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &ShardMetrics {
+        &self.metrics
+    }
+
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
+    }
+
+    /// Routing and credits for producer connections.
+    pub fn ingress(&self) -> &Ingress {
+        &self.ingress
+    }
+
+    /// Starts routing a run of events: holds the placement table and the
+    /// router until the route is dropped (never across an await).
+    pub fn begin_route(&self) -> ingress::Route<'_> {
+        self.ingress.begin(&self.placement)
+    }
+
+    /// Which shard owns a global partition now.
+    pub fn owner_of(&self, partition_id: u32) -> u16 {
+        self.placement.borrow().owner(partition_id)
+    }
+
+    /// The route of an active stream, by name.
+    pub fn route_for(&self, stream: &[u8]) -> Option<crate::stream::StreamRoute> {
+        self.streams.borrow().route_for(stream)
+    }
+
+    /// Whether a stream (by id) is still active: not deleted or being deleted.
+    pub fn stream_is_active(&self, stream_id: u32) -> bool {
+        self.streams.borrow().is_active(stream_id)
+    }
+
+    /// Why the shard refuses writes (a full disk at start-up), if it does.
+    pub fn read_only_reason(&self) -> Option<String> {
+        self.committer.as_ref().and_then(Committer::read_only_reason)
+    }
+
+    /// Whether partitions live on disk (a committer runs).
+    pub fn stores_on_disk(&self) -> bool {
+        self.committer.is_some()
+    }
+
+    /// Subscriber registrations: where fetch replies and deletion notices go.
+    pub fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
+    }
+
+    /// Consumer groups: member inboxes.
+    pub fn groups(&self) -> &groups::Groups {
+        &self.groups
+    }
 }
 
 impl Shard {
@@ -472,7 +547,7 @@ impl Shard {
                 if could_stand && reply.is_tail_only() {
                     reply.standing = true;
                     if let Some(window) = request.window.as_mut() {
-                        window.spend(reply.data.len());
+                        window.spend(reply.records.size_bytes());
                     }
                     self.subscriptions.park(origin, request);
                     if reply.more {

@@ -55,7 +55,7 @@ pub async fn serve_member(
             return;
         }
     };
-    let Some(route) = shard.streams.borrow().route_for(join.stream.as_bytes()) else {
+    let Some(route) = shard.route_for(join.stream.as_bytes()) else {
         let mut message = Vec::new();
         write_group_error(&mut message, &GroupError::UnknownStream { stream: join.stream });
         write_goodbye(stream, &message).await;
@@ -64,7 +64,7 @@ pub async fn serve_member(
     if !connection.greet_subscriber() {
         return;
     }
-    let inbox_capacity = usize::from(shard.shard_count) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
+    let inbox_capacity = usize::from(shard.shard_count()) + 1 + crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender, route.id);
     let member = registration.subscription_id;
@@ -120,8 +120,8 @@ impl<'a> Membership<'a> {
         join: &JoinRequest<'_>,
         (base, partitions): (u32, u32),
     ) -> Membership<'a> {
-        let inbox = shard.groups.register_member(member);
-        let gauge = &shard.metrics.group_members;
+        let inbox = shard.groups().register_member(member);
+        let gauge = &shard.metrics().group_members;
         gauge.set(gauge.get() + 1);
         let coordinator = shard.group_coordinator(&key);
         let frame = GroupFrame::Join {
@@ -144,8 +144,8 @@ impl<'a> Membership<'a> {
 
 impl Drop for Membership<'_> {
     fn drop(&mut self) {
-        self.shard.groups.unregister_member(self.member);
-        let gauge = &self.shard.metrics.group_members;
+        self.shard.groups().unregister_member(self.member);
+        let gauge = &self.shard.metrics().group_members;
         gauge.set(gauge.get() - 1);
         self.send(GroupFrame::Leave { member: self.member, key: self.key.clone() });
     }
@@ -180,7 +180,7 @@ impl Shared<'_> {
         match parse_group_request(line) {
             Ok(GroupRequest::Commit { partition, next_offset }) => {
                 if let Err(error) = self.check_commit(partition, next_offset) {
-                    ShardMetrics::add(&self.membership.shard.metrics.group_commits_refused, 1);
+                    ShardMetrics::add(&self.membership.shard.metrics().group_commits_refused, 1);
                     self.push_error(&error);
                     return;
                 }
@@ -276,31 +276,16 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
     writer: &mut W,
     inbox: &local_channel::LocalReceiver<FetchReply>,
 ) -> Option<Vec<u8>> {
-    let shard = shared.membership.shard;
     // Revocations not yet finished, in the order they came.
     let mut revocations: Vec<(u64, Vec<u32>)> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     loop {
         glommio::yield_if_needed().await;
-        if let Some((generation, partitions)) = revocations.first()
+        if let Some((_, partitions)) = revocations.first()
             && revocation_ready(shared, partitions)
         {
-            write_replies(shared, writer).await.ok()?;
-            write_revoked(&mut out, *generation, partitions);
-            {
-                let mut session = shared.session.borrow_mut();
-                for &local in partitions {
-                    let cursor = &mut session.cursors[local as usize];
-                    cursor.active = false;
-                    cursor.revoking = false;
-                }
-            }
-            writer.write_all(&out).await.ok()?;
-            out.clear();
             let (generation, partitions) = revocations.remove(0);
-            let _ = generation;
-            let key = shared.membership.key.clone();
-            shared.membership.send(GroupFrame::RevokeDone { member: shared.membership.member, key, partitions });
+            finish_revocation(shared, writer, &mut out, generation, partitions).await.ok()?;
             continue;
         }
         shared.session.borrow_mut().send_fetches();
@@ -312,33 +297,14 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
             let _ = writer.flush().await;
             return None;
         }
-        let wake = {
-            let member = shared.membership.inbox.wait();
-            let shutdown = shard.lifecycle.shutdown_requested();
-            let control = shared.control_notify.notified();
-            match first(inbox.recv(), first(member, first(shutdown, control))).await {
-                Either::Left(reply) => Wake::Reply(reply),
-                Either::Right(Either::Left(())) => Wake::Member,
-                Either::Right(Either::Right(Either::Left(()))) => Wake::Shutdown,
-                Either::Right(Either::Right(Either::Right(()))) => Wake::Control,
-            }
-        };
-        match wake {
+        match wait_for_wake(shared, inbox).await {
             Wake::Reply(None) => return None,
             Wake::Reply(Some(reply)) => {
                 if !reply.deleted.is_empty() {
                     let _ = writer.write_all(b"ERR stream_deleted: the stream of this group was deleted\n").await;
                     return None;
                 }
-                let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
-                report_starts(shared, &reply);
-                shared.session.borrow_mut().apply_reply(reply);
-                write_replies(shared, writer).await.ok()?;
-                if in_flight_between_owners {
-                    // As for SUB: ask again shortly, not at once.
-                    let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
-                    let _ = first(glommio::timer::sleep(delay), shard.lifecycle.shutdown_requested()).await;
-                }
+                on_reply(shared, writer, reply).await.ok()?;
             }
             Wake::Member => {
                 while let Some(event) = shared.membership.inbox.pop() {
@@ -363,18 +329,77 @@ async fn write_loop<W: futures_lite::AsyncWrite + Unpin>(
     }
 }
 
+/// Waits for what the writer acts on next.
+async fn wait_for_wake(shared: &Shared<'_>, inbox: &local_channel::LocalReceiver<FetchReply>) -> Wake {
+    let member = shared.membership.inbox.wait();
+    let shutdown = shared.membership.shard.lifecycle().shutdown_requested();
+    let control = shared.control_notify.notified();
+    match first(inbox.recv(), first(member, first(shutdown, control))).await {
+        Either::Left(reply) => Wake::Reply(reply),
+        Either::Right(Either::Left(())) => Wake::Member,
+        Either::Right(Either::Right(Either::Left(()))) => Wake::Shutdown,
+        Either::Right(Either::Right(Either::Right(()))) => Wake::Control,
+    }
+}
+
+/// Takes in a fetch reply and writes what it brought.
+async fn on_reply<W: futures_lite::AsyncWrite + Unpin>(
+    shared: &Shared<'_>,
+    writer: &mut W,
+    reply: FetchReply,
+) -> std::io::Result<()> {
+    let in_flight_between_owners = !reply.moved.is_empty() || !reply.waiting.is_empty();
+    report_starts(shared, &reply);
+    shared.session.borrow_mut().apply_reply(reply);
+    write_replies(shared, writer).await?;
+    if in_flight_between_owners {
+        // As for SUB: ask again shortly, not at once.
+        let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
+        let shutdown = shared.membership.shard.lifecycle().shutdown_requested();
+        let _ = first(glommio::timer::sleep(delay), shutdown).await;
+    }
+    Ok(())
+}
+
+/// Ends a revocation whose partitions have nothing in flight: writes what
+/// was fetched for them, then `REVOKED`, stops their cursors and tells the
+/// coordinator.
+async fn finish_revocation<W: futures_lite::AsyncWrite + Unpin>(
+    shared: &Shared<'_>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+    generation: u64,
+    partitions: Vec<u32>,
+) -> std::io::Result<()> {
+    write_replies(shared, writer).await?;
+    write_revoked(out, generation, &partitions);
+    {
+        let mut session = shared.session.borrow_mut();
+        for &local in &partitions {
+            let cursor = &mut session.cursors[local as usize];
+            cursor.active = false;
+            cursor.revoking = false;
+        }
+    }
+    writer.write_all(out).await?;
+    out.clear();
+    let key = shared.membership.key.clone();
+    shared.membership.send(GroupFrame::RevokeDone { member: shared.membership.member, key, partitions });
+    Ok(())
+}
+
 /// Ends the session when the member has sent no line for the session
 /// timeout or its coordinator expelled it, even while the writer is stuck on a member that does not read
 /// (its partitions must not be held by a process that stopped). Returns the
 /// last line.
 async fn watchdog(shared: &Shared<'_>) -> Vec<u8> {
     let shard = shared.membership.shard;
-    let session_timeout_ms = shard.config.group_session_timeout_ms;
+    let session_timeout_ms = shard.config().group_session_timeout_ms;
     let timeout = Duration::from_millis(session_timeout_ms);
     loop {
         let idle = shared.last_line.get().elapsed();
         if idle >= timeout {
-            ShardMetrics::add(&shard.metrics.group_members_expelled, 1);
+            ShardMetrics::add(&shard.metrics().group_members_expelled, 1);
             let mut last = Vec::new();
             write_group_error(&mut last, &GroupError::SessionTimeout { session_timeout_ms });
             return last;
@@ -399,18 +424,15 @@ async fn write_replies<W: futures_lite::AsyncWrite + Unpin>(
     shared: &Shared<'_>,
     writer: &mut W,
 ) -> std::io::Result<()> {
-    let replies = std::mem::take(&mut shared.session.borrow_mut().held);
-    let metrics = &shared.membership.shard.metrics;
-    for reply in replies {
-        if reply.data.is_empty() {
-            continue;
-        }
-        writer.write_all(&reply.data).await?;
-        ShardMetrics::add(&metrics.events_delivered, reply.event_count);
-        ShardMetrics::add(&metrics.bytes_delivered, reply.data.len() as u64);
-        ShardMetrics::add(&metrics.truncation_notices, reply.truncation_count);
-    }
-    Ok(())
+    let (replies, mut out, base) = {
+        let mut session = shared.session.borrow_mut();
+        (std::mem::take(&mut session.held), std::mem::take(&mut session.out), session.base)
+    };
+    let shard = shared.membership.shard;
+    let chunk_bytes = shard.config().fetch_bytes_max;
+    let written = super::render::write_replies(writer, &mut out, replies, base, chunk_bytes, shard.metrics()).await;
+    shared.session.borrow_mut().out = out;
+    written
 }
 
 /// Tells the coordinator where partitions the group never committed
@@ -419,10 +441,10 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
     let base = shared.session.borrow().base;
     for &(partition, committed, end, resumed) in &reply.resumed_past_end {
         let shard = shared.session.borrow().shard.clone();
-        ShardMetrics::add(&shard.metrics.group_offsets_past_end, 1);
+        ShardMetrics::add(&shard.metrics().group_offsets_past_end, 1);
         let (stream_id, group) = &shared.membership.key;
         log::warn!(
-            shard = shard.id,
+            shard = shard.id(),
             "group {group} of stream id {stream_id}: committed offset {committed} of partition {} is past its end \
              {end}: the log lost events the group had read; reading resumes at {resumed}, where this run opened \
              the partition",
@@ -435,7 +457,7 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
         if std::mem::take(&mut report_start[local as usize]) {
             // Where reading started: the first event's offset, or the
             // cursor's when the reply has none.
-            let offset = first_offset_of(&reply.data, local).unwrap_or_else(|| {
+            let offset = reply.records.first_offset_of(partition).unwrap_or_else(|| {
                 reply.cursors.iter().find(|(p, _)| *p == partition).map_or(0, |(_, offset)| *offset)
             });
             let key = shared.membership.key.clone();
@@ -444,17 +466,46 @@ fn report_starts(shared: &Shared<'_>, reply: &FetchReply) {
     }
 }
 
-/// The offset of the first event line of `local` in a reply's data.
-fn first_offset_of(data: &[u8], local: u32) -> Option<u64> {
-    for line in data.split(|&byte| byte == b'\n') {
-        if let Ok(crate::protocol::SubscriberLine::Event { partition, offset, .. }) =
-            crate::protocol::parse_subscriber_line(line)
-            && partition == local
-        {
-            return Some(offset);
+/// Starts the cursors of newly assigned partitions where the group said
+/// (a committed offset, or the reset policy).
+fn start_cursors(shared: &Shared<'_>, partitions: &[u32], starts: Vec<crate::group::Start>) {
+    let mut session = shared.session.borrow_mut();
+    let mut report_start = shared.report_start.borrow_mut();
+    for (&local, start) in partitions.iter().zip(starts) {
+        let cursor = &mut session.cursors[local as usize];
+        if cursor.active {
+            continue;
+        }
+        cursor.active = true;
+        cursor.revoking = false;
+        cursor.resolved = false;
+        cursor.position = match start {
+            crate::group::Start::Committed(offset) => Position::Resume(offset),
+            crate::group::Start::Reset(OffsetReset::Earliest) => Position::Earliest,
+            crate::group::Start::Reset(OffsetReset::Latest) => Position::Latest,
+        };
+        report_start[local as usize] = matches!(start, crate::group::Start::Reset(_));
+    }
+}
+
+/// Marks revoked partitions' cursors and has every fetch parked at an owner
+/// that may carry them answered, so the revocation can finish.
+fn begin_revocation(shared: &Shared<'_>, partitions: &[u32]) {
+    let mut session = shared.session.borrow_mut();
+    for &local in partitions {
+        session.cursors[local as usize].revoking = true;
+    }
+    let owners: Vec<u16> = partitions
+        .iter()
+        .filter(|&&local| session.cursors[local as usize].in_flight())
+        .map(|&local| session.shard.owner_of(session.base + local))
+        .collect();
+    for owner in owners {
+        if session.outstanding[usize::from(owner)] == Outstanding::Out {
+            session.outstanding[usize::from(owner)] = Outstanding::Woken;
+            session.shard.send_fetch_wake(owner, session.subscription_id);
         }
     }
-    None
 }
 
 /// Applies one event from the coordinator; returns the last lines to write
@@ -468,44 +519,10 @@ fn on_member_event(
     match event {
         MemberEvent::Assigned { generation, partitions, starts } => {
             write_assigned(out, generation, &partitions);
-            let mut session = shared.session.borrow_mut();
-            let mut report_start = shared.report_start.borrow_mut();
-            for (&local, start) in partitions.iter().zip(starts) {
-                let cursor = &mut session.cursors[local as usize];
-                if cursor.active {
-                    continue;
-                }
-                cursor.active = true;
-                cursor.revoking = false;
-                cursor.resolved = false;
-                cursor.position = match start {
-                    crate::group::Start::Committed(offset) => Position::Resume(offset),
-                    crate::group::Start::Reset(OffsetReset::Earliest) => Position::Earliest,
-                    crate::group::Start::Reset(OffsetReset::Latest) => Position::Latest,
-                };
-                report_start[local as usize] = matches!(start, crate::group::Start::Reset(_));
-            }
+            start_cursors(shared, &partitions, starts);
         }
         MemberEvent::Revoke { generation, partitions } => {
-            let mut session = shared.session.borrow_mut();
-            for &local in &partitions {
-                session.cursors[local as usize].revoking = true;
-            }
-            // A fetch parked at an owner may carry them: have it answered.
-            let owners: Vec<u16> = {
-                let placement = session.shard.placement.borrow();
-                partitions
-                    .iter()
-                    .filter(|&&local| session.cursors[local as usize].in_flight())
-                    .map(|&local| placement.owner(session.base + local))
-                    .collect()
-            };
-            for owner in owners {
-                if session.outstanding[usize::from(owner)] == Outstanding::Out {
-                    session.outstanding[usize::from(owner)] = Outstanding::Woken;
-                    session.shard.send_fetch_wake(owner, session.subscription_id);
-                }
-            }
+            begin_revocation(shared, &partitions);
             revocations.push((generation, partitions));
         }
         MemberEvent::CommitOk { partition, next_offset } => {
@@ -526,7 +543,7 @@ fn on_member_event(
             return Some(last);
         }
         MemberEvent::Expelled => {
-            let revoke_timeout_ms = shared.membership.shard.config.group_session_timeout_ms;
+            let revoke_timeout_ms = shared.membership.shard.config().group_session_timeout_ms;
             let mut last = std::mem::take(out);
             write_group_error(&mut last, &GroupError::RevokeTimeout { revoke_timeout_ms });
             return Some(last);

@@ -8,7 +8,8 @@
 //! (carrying the cursors of the partitions that owner holds) with a byte
 //! budget. The owner answers at once with what its logs have, or parks the
 //! request until one of those partitions is appended to
-//! ([`crate::partition::fetch`] is the owner's side). So:
+//! ([`crate::partition::fetch`] is the owner's side). Owners reply with
+//! records; [`render`] turns them into lines on this shard. So:
 //!
 //! * a slow subscriber only delays its own next fetch: the log keeps the
 //!   events (up to retention), ingest never waits for a subscriber;
@@ -33,6 +34,7 @@
 
 mod member;
 mod overlong;
+pub mod render;
 mod session;
 
 use std::rc::Rc;
@@ -53,8 +55,8 @@ const FETCH_RETRY_DELAY_MS: u64 = 1;
 /// Accepts subscriber connections until shutdown, within the process-wide
 /// subscriber limit.
 pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener) {
-    let metrics = &shard.metrics;
-    let mut acceptor = Acceptor::new(listener, "subscribe", shard.id, &shard.lifecycle, &net.connections, metrics);
+    let metrics = &shard.metrics();
+    let mut acceptor = Acceptor::new(listener, "subscribe", shard.id(), shard.lifecycle(), &net.connections, metrics);
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
@@ -75,7 +77,7 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
                 continue;
             }
         };
-        shard.lifecycle.session_opened();
+        shard.lifecycle().session_opened();
         let connection = net.connections.register_subscriber(slot);
         let shard = shard.clone();
         glommio::spawn_local(async move {
@@ -83,7 +85,7 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
             // Frees the slot, or lets it be taken over again if this
             // connection was shed from it.
             drop(connection);
-            shard.lifecycle.session_closed();
+            shard.lifecycle().session_closed();
         })
         .detach();
     }

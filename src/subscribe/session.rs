@@ -24,6 +24,7 @@ use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
 use crate::subscribe::overlong::{Overlong, SUBSCRIBE_REQUEST_SKIP_BYTES_MAX};
+use crate::subscribe::render::write_replies;
 
 pub(super) struct Cursor {
     pub(super) partition: u32,
@@ -69,16 +70,16 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
         },
         Either::Right(reason) => reason,
     };
-    let config = &shard.config;
+    let config = &shard.config();
     let message = match reason {
         CloseReason::RequestTimeout => {
-            ShardMetrics::add(&shard.metrics.connections_timed_out_request, 1);
+            ShardMetrics::add(&shard.metrics().connections_timed_out_request, 1);
             let timeout_ms = config.subscribe_request_timeout_ms;
             format!("ERR request_timeout: no SUB or GROUP line within {timeout_ms} ms of connecting\n")
         }
         CloseReason::Shed => "ERR shed: the server ran out of file descriptors and closed this connection\n".into(),
         CloseReason::ShedAtLimit => {
-            let limit = usize::from(shard.shard_count) * config.subscribers_per_shard_max;
+            let limit = usize::from(shard.shard_count()) * config.subscribers_per_shard_max;
             format!(
                 "ERR shed: the server reached its subscriber limit ({limit}) and closed this connection, the oldest \
                  without a SUB or GROUP line, to admit a newer one\n"
@@ -90,7 +91,7 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
 }
 
 async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) {
-    let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle.shutdown_requested()).await {
+    let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle().shutdown_requested()).await {
         Either::Left(Some(read)) => read,
         Either::Left(None) => return,
         Either::Right(()) => {
@@ -103,7 +104,7 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         return;
     }
     let resolved = parse_subscribe(&request_line).and_then(|request| {
-        let route = shard.streams.borrow().route_for(request.stream.as_bytes());
+        let route = shard.route_for(request.stream.as_bytes());
         let route = route.ok_or_else(|| SubscribeError::UnknownStream { stream: request.stream.to_string() })?;
         request.check(route.partitions)?;
         Ok((request, route))
@@ -132,10 +133,10 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
     // Per owner: up to STANDING_FETCH_REPLIES_MAX replies of a standing
     // fetch and the final one that may follow them; and one being written.
     let inbox_capacity =
-        usize::from(shard.shard_count) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1 + DELETION_NOTICE_SLOTS;
+        usize::from(shard.shard_count()) * (STANDING_FETCH_REPLIES_MAX as usize + 1) + 1 + DELETION_NOTICE_SLOTS;
     let (inbox_sender, inbox) = local_channel::new_bounded(inbox_capacity);
     let registration = Registration::new(shard, inbox_sender, route.id);
-    let window = FetchWindow { bytes: shard.config.fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
+    let window = FetchWindow { bytes: shard.config().fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
     let mut session = Session::new(shard, route, registration.subscription_id, cursors, Some(window));
     let _ = session.run(stream, &inbox).await;
 }
@@ -153,15 +154,15 @@ impl<'a> Registration<'a> {
         inbox: local_channel::LocalSender<FetchReply>,
         stream_id: u32,
     ) -> Registration<'a> {
-        ShardMetrics::add(&shard.metrics.subscribers_open, 1);
-        Registration { shard, subscription_id: shard.subscriptions.register(inbox, stream_id) }
+        ShardMetrics::add(&shard.metrics().subscribers_open, 1);
+        Registration { shard, subscription_id: shard.subscriptions().register(inbox, stream_id) }
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.shard.unregister_subscription(self.subscription_id);
-        let gauge = &self.shard.metrics.subscribers_open;
+        let gauge = &self.shard.metrics().subscribers_open;
         gauge.set(gauge.get() - 1);
     }
 }
@@ -231,8 +232,9 @@ pub(super) struct Session<'a> {
     /// fairly among partitions over time.
     pub(super) rotation: usize,
     /// Replies applied but not yet written (while cursors are unresolved).
-    /// Their data is within each owner's window: the (S + 1) fetch budgets
-    /// of the formula.
+    /// Their records are within each owner's window, and the lines being
+    /// written within one more budget: the (S + 1) fetch budgets of the
+    /// formula.
     pub(super) held: Vec<FetchReply>,
     /// The window each fetch offers its owner to stand with (`None`: one
     /// reply per fetch, as group members read).
@@ -240,6 +242,9 @@ pub(super) struct Session<'a> {
     /// Per owner: what its standing fetch has sent and this session has
     /// written out since the window was last given back.
     pub(super) used: Vec<FetchWindow>,
+    /// Lines rendered from replies, being written; kept (empty) between
+    /// writes so rendering allocates nothing ([`super::render`]).
+    pub(super) out: Vec<u8>,
 }
 
 /// What a subscriber session waited for.
@@ -260,7 +265,7 @@ impl<'a> Session<'a> {
         cursors: Vec<Cursor>,
         window: Option<FetchWindow>,
     ) -> Session<'a> {
-        let shard_count = usize::from(shard.shard_count);
+        let shard_count = usize::from(shard.shard_count());
         Session {
             shard,
             base: stream.base,
@@ -273,6 +278,7 @@ impl<'a> Session<'a> {
             held: Vec::new(),
             window,
             used: vec![FetchWindow::default(); shard_count],
+            out: Vec::new(),
         }
     }
 }
@@ -289,7 +295,7 @@ impl Session<'_> {
             // same poll: never run past the task's time slice on them.
             glommio::yield_if_needed().await;
             self.send_fetches();
-            let shutdown = self.shard.lifecycle.shutdown_requested();
+            let shutdown = self.shard.lifecycle().shutdown_requested();
             let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
                 Either::Left(reply) => Wake::Reply(reply),
                 Either::Right(Either::Left(())) => Wake::Shutdown,
@@ -313,7 +319,7 @@ impl Session<'_> {
                         // that finish the move (a livelock seen with 4
                         // shards on 2 CPUs).
                         let delay = Duration::from_millis(super::FETCH_RETRY_DELAY_MS);
-                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle.shutdown_requested()).await;
+                        let _ = first(glommio::timer::sleep(delay), self.shard.lifecycle().shutdown_requested()).await;
                     }
                 }
             }
@@ -350,7 +356,7 @@ impl Session<'_> {
         write_closing_end(&mut notice);
         stream.write_all(&notice).await?;
         stream.flush().await?;
-        ShardMetrics::add(&self.shard.metrics.closing_notices, 1);
+        ShardMetrics::add(&self.shard.metrics().closing_notices, 1);
         Ok(())
     }
 
@@ -388,7 +394,7 @@ impl Session<'_> {
             return true;
         }
         let Some(&(partition, next_offset)) = reply.out_of_range.first() else { return false };
-        ShardMetrics::add(&self.shard.metrics.subscribe_offsets_out_of_range, 1);
+        ShardMetrics::add(&self.shard.metrics().subscribe_offsets_out_of_range, 1);
         let mut message = Vec::new();
         write_offset_out_of_range(&mut message, partition - self.base, next_offset);
         write_goodbye(stream, &message).await;
@@ -404,33 +410,16 @@ impl Session<'_> {
         if self.unresolved > 0 && !force {
             return Ok(());
         }
-        // One write for all of them (each write wakes the reader): the
-        // first reply's buffer takes the others' lines, which are within
-        // the same windows.
-        let mut out: Option<Vec<u8>> = None;
-        let (mut events, mut truncations) = (0, 0);
-        for reply in std::mem::take(&mut self.held) {
+        let held = std::mem::take(&mut self.held);
+        for reply in &held {
             let owner = usize::from(reply.owner);
             if reply.standing && self.outstanding[owner] != Outstanding::None {
-                self.used[owner].bytes += reply.data.len();
+                self.used[owner].bytes += reply.records.size_bytes();
                 self.used[owner].replies += 1;
             }
-            events += reply.event_count;
-            truncations += reply.truncation_count;
-            match out.as_mut() {
-                Some(out) => out.extend_from_slice(&reply.data),
-                None if !reply.data.is_empty() => out = Some(reply.data),
-                None => {}
-            }
         }
-        if let Some(out) = out {
-            stream.write_all(&out).await?;
-            let metrics = &self.shard.metrics;
-            ShardMetrics::add(&metrics.events_delivered, events);
-            ShardMetrics::add(&metrics.bytes_delivered, out.len() as u64);
-            ShardMetrics::add(&metrics.truncation_notices, truncations);
-        }
-        Ok(())
+        let chunk_bytes = self.shard.config().fetch_bytes_max;
+        write_replies(stream, &mut self.out, held, self.base, chunk_bytes, self.shard.metrics()).await
     }
 
     /// Sends one fetch to every owner that has none out and holds cursors
@@ -439,13 +428,12 @@ impl Session<'_> {
     /// does not carry is asked to answer early, so the cursor is not stuck
     /// behind a fetch that may wait forever.
     pub(super) fn send_fetches(&mut self) {
-        let placement = self.shard.placement.borrow();
         let mut requests: Vec<Option<FetchRequest>> = (0..self.outstanding.len()).map(|_| None).collect();
         let cursor_count = self.cursors.len();
         self.rotation = (self.rotation + 1) % cursor_count;
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
-            let owner = usize::from(placement.owner(cursor.partition));
+            let owner = usize::from(self.shard.owner_of(cursor.partition));
             if cursor.in_flight() || !cursor.active || cursor.revoking {
                 continue;
             }
@@ -462,13 +450,12 @@ impl Session<'_> {
                     subscription_id: self.subscription_id,
                     stream_id: self.stream_id,
                     cursors: Vec::new(),
-                    bytes_max: self.shard.config.fetch_bytes_max,
+                    bytes_max: self.shard.config().fetch_bytes_max,
                     window: self.window,
                 })
                 .cursors
                 .push((cursor.partition, cursor.position));
         }
-        drop(placement);
         for (owner, request) in requests.into_iter().enumerate() {
             if let Some(request) = request {
                 self.outstanding[owner] = Outstanding::Out;
