@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::small_fs::SmallFs;
 use common::{Server, Subscriber};
 use serde_json::json;
 
@@ -219,14 +220,7 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
     let args =
         ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--fsync", fsync, "--wal-checkpoint-ms", "600000"];
     let mut server = Server::start(&args);
-    let mut producer = server.producer();
-    for round in 0..20 {
-        for index in 0..200 {
-            producer.send(format!("k r{round}-{index}-{}\n", "x".repeat(100)).as_bytes());
-        }
-        producer.sync();
-    }
-    drop(producer);
+    write_4000_synced(&server);
     let written = server.stream_end("default");
     assert_eq!(written, 4000);
     server.crash();
@@ -299,20 +293,9 @@ fn a_corrupt_last_frame_is_cut() {
 /// freed. Needs root to mount the tmpfs; skipped with a message otherwise.
 #[test]
 fn a_full_disk_pushes_back_and_recovers() {
-    let mount = std::env::temp_dir().join(format!("spate-enospc-{}", std::process::id()));
-    std::fs::create_dir_all(&mount).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-        .arg(&mount)
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", mount.display());
-        return;
-    }
-    let filler = mount.join("filler");
-    std::fs::write(&filler, vec![1u8; 12 << 20]).unwrap();
-    let data = mount.join("data").display().to_string();
+    let Some(fs) = SmallFs::tmpfs("enospc") else { return };
+    std::fs::write(fs.filler(), vec![1u8; 12 << 20]).unwrap();
+    let data = fs.mount.join("data").display().to_string();
     let segment = (1 << 20).to_string();
     let server = Server::start(&[
         "--shards",
@@ -355,7 +338,7 @@ fn a_full_disk_pushes_back_and_recovers() {
     assert!(!producer.is_finished(), "the producer is pushed back");
     assert!(server.log().contains("disk full"), "{}", server.log());
 
-    std::fs::remove_file(&filler).unwrap();
+    fs.free();
     producer.join().expect("the producer finishes once space is back");
     assert_eq!(server.stream_end("default"), EVENTS, "every event stored: {}", server.log());
     let mut subscriber = Subscriber::connect(server.subscribe, "SUB * earliest");
@@ -375,8 +358,6 @@ fn a_full_disk_pushes_back_and_recovers() {
     }
     assert_eq!(seen.len() as u64, EVENTS);
     drop(server);
-    let _ = std::process::Command::new("umount").arg(&mount).status();
-    let _ = std::fs::remove_dir_all(&mount);
 }
 
 /// The write-ahead log's records in `wal_file` from its start (a first
@@ -414,6 +395,18 @@ fn empty_segments(data_dir: &std::path::Path, stream: &str) -> usize {
     emptied
 }
 
+/// Writes 4000 events of about 120 bytes to `default` in 20 rounds of 200,
+/// each round acknowledged by a `#SYNC`.
+fn write_4000_synced(server: &Server) {
+    let mut producer = server.producer();
+    for round in 0..20 {
+        for index in 0..200 {
+            producer.send(format!("k r{round}-{index}-{}\n", "x".repeat(100)).as_bytes());
+        }
+        producer.sync();
+    }
+}
+
 /// Writes 4000 acknowledged events to one partition, kills the server,
 /// empties its segment (as a power cut before any checkpoint may), damages
 /// the write-ahead log's last record with `damage`, restarts, and checks
@@ -425,14 +418,7 @@ fn wal_damage(damage: impl Fn(&std::path::Path, usize, usize), name: &str, logge
     let data = data_dir.display().to_string();
     let args = ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"];
     let mut server = Server::start(&args);
-    let mut producer = server.producer();
-    for round in 0..20 {
-        for index in 0..200 {
-            producer.send(format!("k r{round}-{index}-{}\n", "x".repeat(100)).as_bytes());
-        }
-        producer.sync();
-    }
-    drop(producer);
+    write_4000_synced(&server);
     assert_eq!(server.stream_end("default"), 4000);
     server.crash();
     let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");

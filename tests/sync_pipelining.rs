@@ -12,73 +12,22 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::small_fs::SmallFs;
 use common::{Server, Subscriber};
 
 /// `#SYNC`s one connection may have in flight (`SYNCS_IN_FLIGHT_MAX`).
 const SYNCS_IN_FLIGHT_MAX: u64 = 64;
 
-/// A 16 MiB tmpfs, full, with an empty data directory on it; unmounted when
-/// dropped.
-struct FullDisk {
-    mount: PathBuf,
-}
-
-impl FullDisk {
-    /// Mounts and fills it, or `None` (with a message) without root.
-    fn new(name: &str) -> Option<FullDisk> {
-        let mount = std::env::temp_dir().join(format!("spate-sync-{name}-{}", std::process::id()));
-        let _ = Command::new("umount").arg(&mount).output();
-        let _ = std::fs::remove_dir_all(&mount);
-        std::fs::create_dir_all(&mount).unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-            .arg(&mount)
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !mounted {
-            eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", mount.display());
-            let _ = std::fs::remove_dir(&mount);
-            return None;
-        }
-        let disk = FullDisk { mount };
-        std::fs::create_dir_all(disk.data_dir()).unwrap();
-        let mut filler = std::fs::File::create(disk.filler()).unwrap();
-        for chunk_size in [1 << 20, 64 << 10, 4 << 10, 512, 1] {
-            let chunk = vec![7u8; chunk_size];
-            while filler.write_all(&chunk).is_ok() {}
-        }
-        Some(disk)
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.mount.join("data")
-    }
-
-    fn filler(&self) -> PathBuf {
-        self.mount.join("filler")
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.filler()).unwrap();
-    }
-}
-
-impl Drop for FullDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_dir_all(&self.mount);
-    }
-}
-
 /// A server started on a full disk (read-only until space returns: every
 /// `#SYNC` that covers an event waits).
-fn full_disk_server(name: &str) -> Option<(FullDisk, Server)> {
-    let disk = FullDisk::new(name)?;
-    let data = disk.data_dir().display().to_string();
+fn full_disk_server(name: &str) -> Option<(SmallFs, Server)> {
+    let disk = SmallFs::tmpfs(&format!("sync-{name}"))?;
+    let data_dir = disk.mount.join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    disk.fill();
+    let data = data_dir.display().to_string();
     let server = Server::start(&["--shards", "2", "--partitions", "4", "--fsync", "always", "--data-dir", &data]);
     assert_eq!(server.stats()["storage"]["read_only"], true, "started read-only: {}", server.stats());
     Some((disk, server))

@@ -2,6 +2,8 @@
 //! talks to it over TCP and HTTP like a user would.
 #![allow(dead_code)]
 
+pub mod small_fs;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
