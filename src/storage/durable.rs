@@ -167,13 +167,7 @@ mod tests {
     #[test]
     fn a_full_disk_keeps_the_old_file_and_leaves_no_temporary_file() {
         let dir = scratch_dir("full");
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-            .arg(&dir)
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !mounted {
-            eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", dir.display());
+        if !crate::storage::mount_tmpfs(&dir, "64k") {
             return;
         }
         let path = dir.join("offsets.json");

@@ -164,3 +164,19 @@ pub mod index;
 pub mod recovery;
 pub mod segment;
 pub mod wal;
+
+/// Mounts a tmpfs of `size` (mount's syntax: `64k`, `1m`) on `dir` for a
+/// test of a full disk; without root it says the test is skipped and
+/// returns false.
+#[cfg(test)]
+pub(crate) fn mount_tmpfs(dir: &std::path::Path, size: &str) -> bool {
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a {size} tmpfs on {} (needs root)", dir.display());
+    }
+    mounted
+}

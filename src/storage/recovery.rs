@@ -423,13 +423,7 @@ mod tests {
     #[test]
     fn disk_full_is_an_error_and_retryable() {
         let dir = scratch_dir("enospc");
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(&dir)
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !mounted {
-            eprintln!("skipped: cannot mount a 1 MiB tmpfs on {} (needs root)", dir.display());
+        if !crate::storage::mount_tmpfs(&dir, "1m") {
             return;
         }
         let filler = dir.join("filler");

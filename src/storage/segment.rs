@@ -1191,13 +1191,7 @@ pub(crate) mod tests {
     #[test]
     fn a_full_disk_leaves_no_probe_file() {
         let dir = scratch_dir("probe-full");
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
-            .arg(&dir)
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !mounted {
-            eprintln!("skipped: cannot mount a tmpfs on {} (needs root)", dir.display());
+        if !crate::storage::mount_tmpfs(&dir, "256k") {
             return;
         }
         let partition = dir.join("streams").join("default").join("0");
