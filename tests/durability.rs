@@ -227,8 +227,11 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
     let segment = last_segment(&data_dir);
     let frames = frames_of(&std::fs::read(&segment).unwrap());
     assert!(frames.len() >= 2, "several frames: {frames:?}");
-    assert_eq!(frames.last().unwrap().2, written);
     let with_wal = fsync != "never";
+    // With the log, segments are written behind it: the file may end
+    // before the last events (the log has them).
+    let segment_end = frames.last().unwrap().2;
+    assert!(segment_end == written || (with_wal && segment_end < written), "{segment_end} of {written}");
     let kept = if with_wal { written } else { frames[frames.len() - 2].2 };
     damage(&segment, &frames);
 
@@ -238,7 +241,7 @@ fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), nam
     assert!(server.metric("spate_recovery_discarded_bytes_total") > 0.0);
     let log = server.log();
     assert!(log.contains(&format!("recovered {}", segment.display())) && log.contains("dropped"), "{log}");
-    assert_eq!(log.contains("replayed 1 frames from the write-ahead logs"), with_wal, "{log}");
+    assert_eq!(log.contains("frames from the write-ahead logs"), with_wal, "{log}");
     let mut producer = server.producer();
     producer.send(b"k after-recovery\n");
     producer.sync();

@@ -116,6 +116,8 @@ pub struct OpenReport {
     /// Why a write of the open was deferred (the disk is full): the
     /// partition is read-only until [`DiskLog::next_deferred`] is done.
     pub deferred: Option<String>,
+    /// Frames appended from the write-ahead logs after the segments.
+    pub replayed_frames: usize,
 }
 
 /// The active segment while the disk is too full to open it for writing.
@@ -243,8 +245,14 @@ impl DiskLog {
     /// for lack of space is deferred (see the module doc), never fatal.
     pub async fn open(dir: &Path, log_id: u64, config: DiskConfig) -> Result<(DiskLog, OpenReport), SegmentError> {
         remove_stale_probe_files(dir);
-        let mut report =
-            OpenReport { dir: dir.to_path_buf(), sealed_count: 0, recovery: None, indexes_rebuilt: 0, deferred: None };
+        let mut report = OpenReport {
+            dir: dir.to_path_buf(),
+            sealed_count: 0,
+            recovery: None,
+            indexes_rebuilt: 0,
+            deferred: None,
+            replayed_frames: 0,
+        };
         if let Err(source) = std::fs::create_dir_all(dir) {
             let error =
                 SegmentError::Io { op: "create partition directory", path: dir.to_path_buf(), position: 0, source };
@@ -411,13 +419,25 @@ impl DiskLog {
     pub fn put_writer(&mut self, writer: SegmentWriter) {
         assert!(self.writer.is_none(), "one writer per partition");
         assert_eq!(writer.path(), self.active_path, "the writer of the active segment");
+        self.writer = Some(writer);
+        self.record_progress();
+    }
+
+    /// The active segment's writer, to append to it in place (a write-behind
+    /// goes on without taking it out, see [`SegmentWriter::start_write_behind`]).
+    pub fn writer_mut(&mut self) -> Option<&mut SegmentWriter> {
+        self.writer.as_mut()
+    }
+
+    /// Records how far the writer (here) got: after a write-behind was reaped.
+    pub fn record_progress(&mut self) {
+        let Some(writer) = &self.writer else { return };
         let (written_end, written_offset) = writer.written();
         let (_, durable_offset) = writer.durable();
         assert!(written_offset >= self.written_offset && durable_offset >= self.durable_offset.min(written_offset));
         self.written_offset = written_offset;
         self.durable_offset = self.durable_offset.max(durable_offset);
         self.active_size = written_end;
-        self.writer = Some(writer);
     }
 
     /// Marks everything written as durable without an fdatasync (`--fsync
@@ -426,9 +446,12 @@ impl DiskLog {
         self.durable_offset = self.written_offset;
     }
 
-    /// Readers see offsets below `offset` (never more than is written).
+    /// Readers see offsets below `offset`: never more than the files have
+    /// (written, or still in the writer's buffer with the write-ahead log
+    /// holding them: the tail cache keeps every record not written, so a
+    /// read past `written_offset` never goes to the file).
     pub fn set_visible(&mut self, offset: u64) {
-        assert!(offset <= self.written_offset && offset >= self.visible_offset, "visible {offset}");
+        assert!(offset <= self.next_offset() && offset >= self.visible_offset, "visible {offset}");
         self.visible_offset = offset;
     }
 
@@ -451,7 +474,7 @@ impl DiskLog {
         };
         match active {
             Some((index, readable_end)) => match index.lookup(offset) {
-                Some(position) if offset < self.visible_offset => {
+                Some(position) if offset < self.visible_offset.min(self.written_offset) => {
                     Located::File { path: self.active_path.clone(), position, readable_end }
                 }
                 _ => Located::Busy,
@@ -466,7 +489,7 @@ impl DiskLog {
         segment_path(&self.dir, base_offset)
     }
 
-    /// The active segment's file (a checkpoint fdatasyncs it by path).
+    /// The active segment's file.
     pub fn active_path(&self) -> &Path {
         &self.active_path
     }

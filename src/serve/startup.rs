@@ -151,6 +151,7 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
     let reports = shard.open_partitions().await.map_err(|error| ShardFailure::Storage { error })?;
     let mut cut_count = 0;
     for report in &reports {
+        crate::shard::metrics::ShardMetrics::add(&shard.metrics().wal_replayed_frames, report.replayed_frames as u64);
         let Some((path, recovery)) = &report.recovery else { continue };
         // Zeros after the last frame are the normal end of a segment.
         if recovery.outcome.stop.is_clean() {

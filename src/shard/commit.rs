@@ -58,35 +58,37 @@ use crate::storage::wal::{CheckpointFile, LogFrames, ReplayProgress, Wal, WalErr
 
 /// How often the committer applies retention (deletes expired segments), in ms.
 const RETENTION_CHECK_MS: u64 = 1000;
-/// Segment files a checkpoint fdatasyncs at once (each holds a file
-/// descriptor meanwhile: `FDS_PER_SHARD_FIXED` has room for them).
-const CHECKPOINT_SYNCS_IN_FLIGHT_MAX: usize = 8;
 /// How often a shard waiting for the others to replay the write-ahead
 /// logs at start-up looks again, in ms.
 const REPLAY_WAIT_POLL_MS: u64 = 2;
 
-/// The shard's write-ahead log and its checkpoint ([`crate::storage::wal`]).
+/// The shard's write-ahead log and its checkpoint ([`crate::storage::wal`],
+/// [`super::checkpoint`]).
 #[derive(Default)]
-struct WalState {
+pub(super) struct WalState {
     /// Whether the shard has a log (`--fsync always` or `interval`, once it
     /// opened): then every round appends its frames to it.
-    enabled: Cell<bool>,
+    pub(super) enabled: Cell<bool>,
     /// The writer; out of the cell while a round writes it.
-    wal: RefCell<Option<Wal>>,
+    pub(super) wal: RefCell<Option<Wal>>,
     /// The checkpoint; out of the cell while one is written.
-    checkpoint: RefCell<Option<CheckpointFile>>,
+    pub(super) checkpoint: RefCell<Option<CheckpointFile>>,
     /// The log position before which every frame is durable in segments.
-    checkpoint_lsn: Cell<u64>,
-    /// The log position before which every frame is written to its
-    /// segment file (what the next checkpoint may claim once it synced).
-    segments_written_lsn: Cell<u64>,
-    /// Partitions whose segment files were written since the last
-    /// checkpoint took its list.
-    dirty: RefCell<Vec<u32>>,
-    running: Cell<bool>,
-    ended: WaitList,
-    notify: Notify,
-    interval: Duration,
+    pub(super) checkpoint_lsn: Cell<u64>,
+    /// The log's end after the last round (what a checkpoint could cover).
+    pub(super) logged_lsn: Cell<u64>,
+    /// Partitions whose writers took frames since the last checkpoint's
+    /// snapshot.
+    pub(super) dirty: RefCell<Vec<u32>>,
+    /// Partitions with a write-behind running, to reap.
+    pub(super) behind: RefCell<Vec<u32>>,
+    /// A checkpoint asks for a snapshot, taken between rounds.
+    pub(super) snapshot_requested: Cell<bool>,
+    pub(super) snapshot: RefCell<Option<super::checkpoint::Snapshot>>,
+    pub(super) running: Cell<bool>,
+    pub(super) ended: WaitList,
+    pub(super) notify: Notify,
+    pub(super) interval: Duration,
     /// The start-up replay, until this shard has done its part.
     replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
 }
@@ -96,7 +98,7 @@ pub struct Committer {
     policy: FsyncPolicy,
     interval: Duration,
     unsynced_bytes_max: usize,
-    notify: Notify,
+    pub(super) notify: Notify,
     /// Grants of applied batches, in apply order: each goes back after the
     /// first round that starts after it was queued (after the first synced
     /// one when its batch carried a `#SYNC`). One FIFO for all, because a
@@ -107,7 +109,7 @@ pub struct Committer {
     /// Rounds completed, and the last one that synced.
     rounds: Cell<u64>,
     synced_round: Cell<u64>,
-    round_waiters: WaitList,
+    pub(super) round_waiters: WaitList,
     /// Rounds ended, successful or not ([`Committer::round_ended`]).
     round_ends: Cell<u64>,
     last_sync: Cell<Instant>,
@@ -115,7 +117,7 @@ pub struct Committer {
     unsynced_bytes: Cell<usize>,
     failing: Cell<bool>,
     /// A round is running (between its start and its end).
-    in_round: Cell<bool>,
+    pub(super) in_round: Cell<bool>,
     /// Partitions whose write failed, for the next round.
     retry: RefCell<Vec<u32>>,
     /// Partitions written since the last round finished (their visible
@@ -136,7 +138,7 @@ pub struct Committer {
     /// Where a probe file could not be written: writing one there again is
     /// the check that space is back.
     space_check_dir: RefCell<Option<PathBuf>>,
-    wal: WalState,
+    pub(super) wal: WalState,
 }
 
 impl Committer {
@@ -285,10 +287,12 @@ impl Committer {
 pub async fn run_committer(shard: Rc<Shard>) {
     let committer = shard.committer.as_ref().expect("a committer on disk storage");
     if committer.wal.enabled.get() {
-        glommio::spawn_local(run_checkpoints(shard.clone())).detach();
+        glommio::spawn_local(super::checkpoint::run_checkpoints(shard.clone())).detach();
     }
     loop {
+        // Between rounds: every writer is in its partition.
         detach_requested(&shard);
+        super::checkpoint::take_snapshot_if_requested(&shard);
         if !has_work(&shard) {
             let idle_with_unsynced = committer.policy == FsyncPolicy::Interval && committer.unsynced_bytes.get() > 0;
             if idle_with_unsynced {
@@ -301,12 +305,11 @@ pub async fn run_committer(shard: Rc<Shard>) {
                 let _ = crate::runtime::notify::first(committer.notify.notified(), check).await;
                 if !has_work(&shard) {
                     expire_if_due(&shard);
-                    continue;
                 }
+                continue;
             }
+            detach_requested(&shard);
         }
-        // Between rounds: every writer is in its partition.
-        detach_requested(&shard);
         // What this round covers is fixed at its start: the grants queued
         // so far, and whether a sync was asked for so far. Later ones wait
         // for the next round.
@@ -368,13 +371,14 @@ fn has_work(shard: &Shard) -> bool {
         committer.grants.borrow().front().is_some_and(|(_, grant)| !grant.sync || !committer.waits_for_sync());
     releasable
         || committer.sync_requested.get()
+        || committer.wal.snapshot_requested.get()
         || committer.is_read_only()
         || !committer.retry.borrow().is_empty()
         || shard.partitions.borrow().has_dirty()
 }
 
 /// Writes every dirty partition (concurrently), then syncs if due. Returns
-/// whether it synced.
+/// whether it synced. With the write-ahead log, see [`commit_round_logged`].
 async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     if committer.is_read_only() {
@@ -385,49 +389,13 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     dirty.append(&mut committer.retry.borrow_mut());
     dirty.sort_unstable();
     dirty.dedup();
-    let writes: Vec<_> =
-        dirty.iter().map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition))).collect();
-    let early_wal_writes = start_wal_writes(shard).await;
-    let mut first_error = None;
-    let mut written_bytes = 0;
-    for (write, partition) in writes.into_iter().zip(&dirty) {
-        match write.await {
-            Ok(written) => written_bytes += written,
-            Err(error) => {
-                committer.retry.borrow_mut().push(*partition);
-                first_error = first_error.or(Some(error));
-            }
-        }
-    }
-    committer.written.borrow_mut().extend_from_slice(&dirty);
-    if committer.policy != FsyncPolicy::Never {
-        committer.unsynced.borrow_mut().extend_from_slice(&dirty);
-    }
     if committer.wal.enabled.get() {
-        committer.wal.dirty.borrow_mut().extend_from_slice(&dirty);
+        return commit_round_logged(shard, dirty, sync_requested).await;
     }
-    committer.unsynced_bytes.set(committer.unsynced_bytes.get() + written_bytes);
-    ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes as u64);
-    if let Some(error) = first_error {
-        if let Some(early) = early_wal_writes {
-            let (done, _) = early.await.unwrap_or_default();
-            finish_wal_writes(shard, &done);
-        }
-        return Err(error);
-    }
+    write_partitions(shard, &dirty).await?;
     if committer.policy == FsyncPolicy::Never {
         forget_written(shard);
         return Ok(false);
-    }
-    if let Some(early) = early_wal_writes {
-        let (done, failed) = early.await.unwrap_or_default();
-        finish_wal_writes(shard, &done);
-        if let Some(error) = failed {
-            return Err(error);
-        }
-    }
-    if committer.wal.enabled.get() {
-        return commit_to_wal(shard, sync_requested).await;
     }
     if !committer.sync_due(sync_requested) {
         return Ok(false);
@@ -436,32 +404,157 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     Ok(true)
 }
 
-/// Starts writing the log's records while the round's segment writes go
-/// on: once the partition tasks have encoded (they copy their frames into
-/// the log before their first await), their records go out in one task.
-/// Frames encoded later in the round (a full write buffer, a roll) go with
-/// the round's second write. `None` without a log, or when it is full (the
-/// round then syncs the segments directly).
-async fn start_wal_writes(shard: &Rc<Shard>) -> Option<glommio::task::JoinHandle<(Vec<u64>, Option<SegmentError>)>> {
-    let state = &shard.committer.as_ref()?.wal;
-    if !state.enabled.get() {
-        return None;
-    }
-    futures_lite::future::yield_now().await;
-    let io = state.wal.borrow_mut().as_mut()?.start_writes(state.checkpoint_lsn.get());
-    match io {
-        Ok(io) => Some(glommio::spawn_local(io.run()).detach()),
-        Err(_) => {
-            finish_wal_writes(shard, &[]);
-            None
+/// Writes `partitions` concurrently, each taken out of its partition for
+/// the awaits ([`write_partition`]); a partition that fails is retried by
+/// the next round.
+async fn write_partitions(shard: &Rc<Shard>, partitions: &[u32]) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let writes: Vec<_> =
+        partitions.iter().map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition))).collect();
+    let mut first_error = None;
+    let mut written_bytes = 0;
+    for (write, partition) in writes.into_iter().zip(partitions) {
+        match write.await {
+            Ok(written) => written_bytes += written,
+            Err(error) => {
+                committer.retry.borrow_mut().push(*partition);
+                first_error = first_error.or(Some(error));
+            }
         }
     }
+    committer.written.borrow_mut().extend_from_slice(partitions);
+    if committer.policy != FsyncPolicy::Never && !committer.wal.enabled.get() {
+        committer.unsynced.borrow_mut().extend_from_slice(partitions);
+    }
+    committer.unsynced_bytes.set(committer.unsynced_bytes.get() + written_bytes);
+    ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes as u64);
+    first_error.map_or(Ok(()), Err)
 }
 
-fn finish_wal_writes(shard: &Shard, done: &[u64]) {
-    let state = &shard.committer.as_ref().expect("disk storage").wal;
-    if let Some(wal) = state.wal.borrow_mut().as_mut() {
-        wal.finish_writes(done);
+/// A round with the write-ahead log: every dirty partition's new records
+/// are encoded into its writer's buffer and copied into the log, in place
+/// and without I/O; the log is written (and synced when due) once for all
+/// of them; and segment files are written *behind* the log, off the
+/// round's path: a writer whose buffer holds [`WRITE_BEHIND_BYTES`] starts
+/// a write-behind task and stays in its partition meanwhile
+/// ([`crate::storage::segment`]). So a round costs one log write and one
+/// fdatasync however many partitions it touches. Only a partition whose
+/// records do not fit its writer (a full buffer with writes pending, a
+/// full segment) is written the old way, before the log.
+async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested: bool) -> Result<bool, SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    reap_write_behinds(shard);
+    let mut slow = Vec::new();
+    let mut first_error = None;
+    for &partition_id in &dirty {
+        match encode_in_place(shard, partition_id) {
+            Ok(true) => {}
+            Ok(false) => slow.push(partition_id),
+            Err(error) => {
+                committer.retry.borrow_mut().push(partition_id);
+                first_error = first_error.or(Some(error));
+            }
+        }
+    }
+    let slow_written = write_partitions(shard, &slow).await;
+    committer.written.borrow_mut().extend_from_slice(&dirty);
+    committer.wal.dirty.borrow_mut().extend_from_slice(&dirty);
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    slow_written?;
+    commit_to_wal(shard, sync_requested).await
+}
+
+/// Bytes a writer buffers before it writes them behind the log: large
+/// enough that segment writes are few and sequential, small enough that
+/// the tail cache (which keeps every record not written) grows by little.
+pub const WRITE_BEHIND_BYTES: usize = 128 * 1024;
+
+/// Encodes a partition's new records into its writer in place and copies
+/// the frames into the log; starts a write-behind when enough is buffered.
+/// `Ok(false)` when they do not all fit without I/O (the caller writes it
+/// with [`write_partition`]).
+fn encode_in_place(shard: &Shard, partition_id: u32) -> Result<bool, SegmentError> {
+    let mut partitions = shard.partitions.borrow_mut();
+    let Some(partition) = partitions.get_mut(partition_id) else { return Ok(true) };
+    let (cache, disk) = partition.log.parts_mut();
+    let Some(disk) = disk else { return Ok(true) };
+    let Some(writer) = disk.writer_mut() else { return Ok(false) };
+    loop {
+        let before = writer.end();
+        let encoded = encode_pending(cache, writer, now_unix_ms())?;
+        append_to_wal(shard, writer, before)?;
+        match encoded {
+            Encoded::All => break,
+            // A full buffer becomes a write (no I/O yet) and encoding goes
+            // on; with too many writes pending, the slow path waits.
+            Encoded::BufferFull => {
+                if writer.seal_buffered().is_err() {
+                    return Ok(false);
+                }
+            }
+            Encoded::SegmentFull => return Ok(false),
+        }
+    }
+    if writer.buffered_bytes() >= WRITE_BEHIND_BYTES {
+        // With too many writes pending this waits for the next round.
+        let _ = writer.seal_buffered();
+    }
+    if writer.start_write_behind() {
+        shard.committer.as_ref().expect("disk storage").wal.behind.borrow_mut().push(partition_id);
+    }
+    Ok(true)
+}
+
+/// Takes the outcome of every write-behind that has ended.
+pub(super) fn reap_write_behinds(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let running = std::mem::take(&mut *committer.wal.behind.borrow_mut());
+    let mut still = Vec::with_capacity(running.len());
+    for partition_id in running {
+        match reap_write_behind(shard, partition_id) {
+            Reaped::Running => still.push(partition_id),
+            Reaped::Done => {}
+            Reaped::Failed(error) => report_error(shard, &error),
+        }
+    }
+    committer.wal.behind.borrow_mut().extend(still);
+}
+
+pub(super) enum Reaped {
+    Running,
+    Done,
+    Failed(SegmentError),
+}
+
+/// Takes the outcome of a partition's write-behind, if it has ended: the
+/// writer counts its writes, forgets the buffers (the log holds their
+/// frames; a checkpoint syncs the file), and the tail cache may drop what
+/// is now in the file.
+pub(super) fn reap_write_behind(shard: &Shard, partition_id: u32) -> Reaped {
+    let mut partitions = shard.partitions.borrow_mut();
+    let Some(partition) = partitions.get_mut(partition_id) else { return Reaped::Done };
+    let (cache, disk) = partition.log.parts_mut();
+    let Some(disk) = disk else { return Reaped::Done };
+    // Out for a roll or a slow write: that one waits for the write-behind.
+    let Some(writer) = disk.writer_mut() else { return Reaped::Done };
+    if writer.write_behind().is_none() {
+        return Reaped::Done;
+    }
+    let before = writer.written().0;
+    let failed = writer.reap_write_behind();
+    if writer.write_behind().is_some() {
+        return Reaped::Running;
+    }
+    let written_bytes = writer.written().0.saturating_sub(before);
+    writer.forget_written();
+    disk.record_progress();
+    cache.keep_from(disk.written_offset());
+    ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes);
+    match failed {
+        Some(error) => Reaped::Failed(error),
+        None => Reaped::Done,
     }
 }
 
@@ -473,21 +566,22 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+    let written_before = wal.written_lsn();
     let written = wal.write(state.checkpoint_lsn.get()).await;
+    ShardMetrics::add(&shard.metrics.wal_written_bytes, wal.written_lsn().saturating_sub(written_before));
+    // Under `interval` the log's unsynced bytes bound the wait for a sync.
+    committer.unsynced_bytes.set(wal.written_lsn().saturating_sub(wal.synced_lsn()) as usize);
     let outcome = match written {
         Ok(_) if committer.sync_due(sync_requested) => wal.sync().await.map(|_| true),
         Ok(_) => Ok(false),
         Err(WalError::Io(error)) => Err(error),
-        Err(WalError::Full) => sync_segments_directly(shard, &mut wal).await.map(|()| true),
+        Err(WalError::Full) => super::checkpoint::sync_segments_directly(shard, &mut wal).await.map(|()| true),
     };
-    let written_lsn = wal.written_lsn();
     let used_bytes = wal.end_lsn() - state.checkpoint_lsn.get();
     let capacity_bytes = wal.geometry().file_bytes * wal.geometry().file_count;
+    state.logged_lsn.set(wal.end_lsn());
     state.wal.replace(Some(wal));
     let synced = outcome?;
-    if committer.retry.borrow().is_empty() {
-        state.segments_written_lsn.set(state.segments_written_lsn.get().max(written_lsn));
-    }
     if used_bytes > capacity_bytes / 2 {
         state.notify.notify();
     }
@@ -498,129 +592,6 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
         ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
     }
     Ok(synced)
-}
-
-/// The log is full: waits for a running checkpoint, then fdatasyncs every
-/// segment file written since the last one (this round's included) and
-/// starts the log again at its next file.
-async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> Result<(), SegmentError> {
-    let committer = shard.committer.as_ref().expect("disk storage");
-    let state = &committer.wal;
-    state.ended.wait_until(|| !state.running.get()).await;
-    state.running.set(true);
-    let synced = async {
-        sync_dirty_segments(shard).await?;
-        let restart_lsn = wal.restart_after_direct_sync();
-        write_checkpoint(shard, restart_lsn).await?;
-        state.segments_written_lsn.set(restart_lsn);
-        Ok(())
-    }
-    .await;
-    state.running.set(false);
-    state.ended.wake_all();
-    synced
-}
-
-/// Writes the checkpoint at `lsn` and frees the log behind it.
-async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
-    let state = &shard.committer.as_ref().expect("disk storage").wal;
-    let mut checkpoint = state.checkpoint.borrow_mut().take().expect("one checkpoint writer at a time");
-    let written = checkpoint.write(lsn).await;
-    state.checkpoint.replace(Some(checkpoint));
-    written?;
-    state.checkpoint_lsn.set(lsn);
-    Ok(())
-}
-
-/// fdatasyncs the active segment file of every partition written since the
-/// last checkpoint took the list, by path (a round may have the writer
-/// out), a few at a time. A sealed segment was synced when it was sealed;
-/// a file gone (its stream deleted) needs nothing. On an error the
-/// partitions go back on the list.
-async fn sync_dirty_segments(shard: &Rc<Shard>) -> Result<(), SegmentError> {
-    let state = &shard.committer.as_ref().expect("disk storage").wal;
-    let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
-    dirty.sort_unstable();
-    dirty.dedup();
-    let paths: Vec<PathBuf> = {
-        let partitions = shard.partitions.borrow();
-        let disk_of = |id: u32| partitions.get(id).and_then(|partition| partition.log.disk());
-        dirty.iter().filter_map(|&id| disk_of(id).map(|disk| disk.active_path().to_path_buf())).collect()
-    };
-    for chunk in paths.chunks(CHECKPOINT_SYNCS_IN_FLIGHT_MAX) {
-        let syncs: Vec<_> = chunk.iter().cloned().map(|path| glommio::spawn_local(sync_file(path))).collect();
-        let mut first_error = None;
-        for sync in syncs {
-            if let Err(error) = sync.await {
-                first_error = first_error.or(Some(error));
-            }
-        }
-        if let Some(error) = first_error {
-            state.dirty.borrow_mut().extend_from_slice(&dirty);
-            return Err(error);
-        }
-    }
-    Ok(())
-}
-
-async fn sync_file(path: PathBuf) -> Result<(), SegmentError> {
-    let file = match glommio::io::DmaFile::open(&path).await {
-        Ok(file) => file,
-        Err(error) => {
-            let error = crate::storage::segment::io_error_of(error);
-            if error.kind() == std::io::ErrorKind::NotFound {
-                return Ok(());
-            }
-            return Err(SegmentError::Io { op: "open segment to sync", path, position: 0, source: error });
-        }
-    };
-    let synced = file.fdatasync().await;
-    let _ = file.close().await;
-    crate::storage::segment::io_context(synced, "fdatasync segment", &path, 0)
-}
-
-/// The checkpointer of a shard with a write-ahead log: every
-/// `--wal-checkpoint-ms`, or as soon as a round finds half the log used,
-/// it fdatasyncs the segment files written since the last checkpoint
-/// (while rounds go on) and records the log position they cover, which
-/// frees the log's files before it.
-async fn run_checkpoints(shard: Rc<Shard>) {
-    let committer = shard.committer.as_ref().expect("disk storage");
-    let state = &committer.wal;
-    let mut failing = false;
-    loop {
-        let timer = glommio::timer::sleep(state.interval);
-        let _ = crate::runtime::notify::first(state.notify.notified(), timer).await;
-        if state.running.get() || state.segments_written_lsn.get() <= state.checkpoint_lsn.get() {
-            continue;
-        }
-        state.running.set(true);
-        let target_lsn = state.segments_written_lsn.get();
-        let checkpointed = async {
-            sync_dirty_segments(&shard).await?;
-            write_checkpoint(&shard, target_lsn).await
-        }
-        .await;
-        state.running.set(false);
-        state.ended.wake_all();
-        match checkpointed {
-            Ok(()) => {
-                if std::mem::replace(&mut failing, false) {
-                    log::info!(shard = shard.id, "write-ahead log checkpoints succeed again");
-                }
-            }
-            Err(error) => {
-                ShardMetrics::add(&shard.metrics.storage_errors, 1);
-                if !std::mem::replace(&mut failing, true) {
-                    log::warn!(
-                        shard = shard.id,
-                        "write-ahead log checkpoint: {error}; the log keeps what it holds, retrying"
-                    );
-                }
-                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
-            }
-        }
-    }
 }
 
 /// Hands the shard the frames the write-ahead logs held at start-up, for
@@ -663,7 +634,7 @@ pub async fn finish_replay(shard: &Shard, failed: bool) -> Result<(), ()> {
         Ok((wal, checkpoint)) => {
             let state = &committer.wal;
             state.checkpoint_lsn.set(checkpoint.lsn());
-            state.segments_written_lsn.set(checkpoint.lsn());
+            state.logged_lsn.set(checkpoint.lsn());
             state.wal.replace(Some(wal));
             state.checkpoint.replace(Some(checkpoint));
             state.enabled.set(true);
@@ -956,6 +927,19 @@ async fn sync_all(shard: &Rc<Shard>) -> Result<(), SegmentError> {
     Ok(())
 }
 
+/// Writes everything a partition's writer holds and fdatasyncs its file
+/// (the log was full: [`super::checkpoint::sync_segments_directly`]).
+pub(super) async fn sync_partition(shard: Rc<Shard>, partition_id: u32) -> Result<(), SegmentError> {
+    let writer = {
+        let mut partitions = shard.partitions.borrow_mut();
+        let Some(partition) = partitions.get_mut(partition_id) else { return Ok(()) };
+        let Some(disk) = partition.log.parts_mut().1 else { return Ok(()) };
+        let Some(writer) = disk.take_writer() else { return Ok(()) };
+        writer
+    };
+    sync_writer(shard, partition_id, writer).await
+}
+
 async fn sync_writer(shard: Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -> Result<(), SegmentError> {
     let synced = writer.sync().await;
     put_back(&shard, partition_id, writer);
@@ -986,6 +970,7 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
     {
         let mut partitions = shard.partitions.borrow_mut();
         let durable_only = committer.policy == FsyncPolicy::Always;
+        let logged = committer.wal.enabled.get();
         let mut touched = std::mem::take(&mut *committer.written.borrow_mut());
         touched.sort_unstable();
         touched.dedup();
@@ -993,7 +978,15 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
             let Some(partition) = partitions.get_mut(partition_id) else { continue };
             let (_, disk) = partition.log.parts_mut();
             if let Some(disk) = disk {
-                let visible = if durable_only { disk.durable_offset() } else { disk.written_offset() };
+                // With the log, what it holds (written, or synced under
+                // `always`) is visible: the tail cache serves what the
+                // segment file does not have yet.
+                let visible = match (logged, durable_only) {
+                    (true, true) if !synced => disk.visible_offset(),
+                    (true, _) => disk.next_offset(),
+                    (false, true) => disk.durable_offset(),
+                    (false, false) => disk.written_offset(),
+                };
                 if visible > disk.visible_offset() {
                     disk.set_visible(visible);
                 }

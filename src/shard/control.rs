@@ -149,6 +149,7 @@ pub async fn serve_control(
                 let events = events.clone();
                 glommio::spawn_local(async move {
                     let complete = drain(&shard, deadline).await;
+                    crate::shard::checkpoint::checkpoint_at_stop(&shard).await;
                     let _ = events.send(ShardEvent::Drained { complete });
                 })
                 .detach();

@@ -23,6 +23,7 @@
 pub mod aggregates;
 pub mod apply_queue;
 pub mod balancer;
+pub mod checkpoint;
 pub mod commit;
 pub mod control;
 pub mod disk_read;
@@ -420,16 +421,16 @@ impl Shard {
             let mut partition =
                 detached.unwrap_or_else(|| panic!("shard {} hands over {partition_id}, not owned", shard.id));
             let writer = partition.log.parts_mut().1.and_then(|disk| disk.take_writer());
-            let writer = writer.expect("a detached partition has its writer (it leaves only between rounds)");
-            let index = writer.index().clone();
+            let mut writer = writer.expect("a detached partition has its writer (it leaves only between rounds)");
             // With a write-ahead log the round made the events durable in
-            // this shard's log: the thief must not need it.
-            if let Err(error) = writer.fdatasync().await {
-                log::warn!(
-                    shard = shard.id,
-                    "syncing partition {partition_id} for a move: {error} (this shard's write-ahead log keeps it)"
-                );
-            }
+            // this shard's log, and the writer may still hold some behind
+            // it: the thief must need neither, so the files get all of it,
+            // durably, before they move (retried until the disk allows).
+            sync_for_handoff(&shard, partition_id, &mut writer).await;
+            let disk = partition.log.parts_mut().1.expect("a disk partition");
+            disk.put_writer(writer);
+            let writer = disk.take_writer().expect("just put back");
+            let index = writer.index().clone();
             if let Err(error) = writer.close().await {
                 // Its data is durable already (the round synced it): the
                 // thief opens the file again either way.
@@ -732,9 +733,10 @@ async fn open_partition(
         let source = std::io::Error::other(error.to_string());
         SegmentError::Io { op: "partition directory", path: config.data_dir.clone(), position: 0, source }
     })?;
-    let (mut disk, report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
+    let (mut disk, mut report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
     if let Some(frames) = frames {
         let appended = commit::replay_frames(&mut disk, frames).await?;
+        report.replayed_frames = appended;
         if appended > 0 {
             log::info!("replayed {appended} frames from the write-ahead logs into {}", dir.display());
         }
@@ -771,4 +773,20 @@ fn install_memory_partitions(
 /// The global ids of `spec`'s partitions that shard `id` owns.
 fn owned_partitions_of(placement: &PlacementTable, id: u16, spec: &StreamSpec) -> Vec<u32> {
     (0..spec.partitions).map(|local| spec.global(local)).filter(|&global| placement.owner(global) == id).collect()
+}
+
+/// Writes and fdatasyncs a partition's files before a handoff, retrying
+/// every [`crate::config::STORAGE_RETRY_MS`] until it succeeds: the thief
+/// reopens them at the end its index names.
+async fn sync_for_handoff(shard: &Shard, partition_id: u32, writer: &mut crate::storage::segment::SegmentWriter) {
+    let mut logged = false;
+    while let Err(error) = writer.sync().await {
+        if !std::mem::replace(&mut logged, true) {
+            log::warn!(shard = shard.id, "syncing partition {partition_id} for a move: {error}; retrying");
+        }
+        glommio::timer::sleep(std::time::Duration::from_millis(crate::config::STORAGE_RETRY_MS)).await;
+    }
+    if logged {
+        log::info!(shard = shard.id, "partition {partition_id} synced for its move");
+    }
 }

@@ -29,6 +29,20 @@
 //! and syncs them all (retrying only the fdatasync could report success for
 //! data the kernel already dropped).
 //!
+//! # Write-behind
+//!
+//! With the shard's write-ahead log ([`crate::storage::wal`]) a segment
+//! file no longer has to be written in the round that makes its frames
+//! durable: the committer encodes frames into `active`, copies them into the
+//! log, and writes the segment *behind* it ([`SegmentWriter::start_write_behind`]):
+//! the sealed buffers go out in a task of their own that holds only the
+//! file and the buffers, so the writer stays in its partition and keeps
+//! taking frames while they are written. One write-behind runs at a time
+//! per writer (consecutive writes overlap by the rewritten partial block, so
+//! they must not be in flight together); [`SegmentWriter::reap_write_behind`]
+//! takes its outcome, and every operation that writes itself (flush, sync,
+//! close) waits for it first.
+//!
 //! # Memory
 //!
 //! A writer holds `(unsynced_buffers_max + 1) * buffer_bytes` at most, plus
@@ -291,9 +305,34 @@ impl fmt::Debug for SegmentWriter {
     }
 }
 
+/// What a write-behind task reports, shared with the writer that started
+/// it: how many of its writes were done, in order, and the error that
+/// stopped it (`None` while it runs).
+#[derive(Default)]
+struct BehindState {
+    outcome: std::cell::RefCell<Option<(usize, Option<SegmentError>)>>,
+    ended: crate::runtime::notify::WaitList,
+}
+
+/// A handle to wait for a writer's write-behind without borrowing the
+/// writer across the await.
+#[derive(Clone)]
+pub struct WriteBehind(Rc<BehindState>);
+
+impl WriteBehind {
+    /// Waits until the write-behind task has ended (successfully or not).
+    pub async fn ended(&self) {
+        self.0.ended.wait_until(|| self.0.outcome.borrow().is_some()).await;
+    }
+}
+
 /// Appends frames of one log to one segment file.
 pub struct SegmentWriter {
-    file: DmaFile,
+    /// Shared with a running write-behind task and with a checkpoint that
+    /// fdatasyncs it ([`SegmentWriter::file_handle`]).
+    file: Rc<DmaFile>,
+    /// The write-behind running now, if any.
+    behind: Option<Rc<BehindState>>,
     path: PathBuf,
     log_id: u64,
     config: SegmentConfig,
@@ -411,6 +450,7 @@ impl SegmentWriter {
     pub(crate) fn start(start: WriterStart) -> SegmentWriter {
         let WriterStart { file, path, log_id, config, index, tail_block } = start;
         config.check();
+        let file = Rc::new(file);
         let end = index.log_size();
         assert_eq!(tail_block.len() as u64, end - align_down(end, BLOCK_SIZE));
         let mut active = file.alloc_dma_buffer(config.buffer_bytes);
@@ -418,6 +458,7 @@ impl SegmentWriter {
         let next_offset = index.next_offset();
         SegmentWriter {
             file,
+            behind: None,
             path,
             log_id,
             config,
@@ -614,6 +655,7 @@ impl SegmentWriter {
     /// [`SegmentWriter::sync`]) and returns the written end. On error
     /// nothing is lost: call it again to retry the same writes.
     pub async fn flush(&mut self) -> Result<u64, SegmentError> {
+        self.settle_write_behind().await;
         self.seal_active()?;
         self.write_pending().await
     }
@@ -639,6 +681,7 @@ impl SegmentWriter {
     /// Flushes, then fdatasyncs: every frame appended before the call is
     /// durable when it returns `Ok`. Returns the durable end.
     pub async fn sync(&mut self) -> Result<u64, SegmentError> {
+        self.settle_write_behind().await;
         if self.unsynced.len() >= self.config.unsynced_buffers_max {
             // No room to flush the active buffer: make the pending ones
             // durable first.
@@ -692,15 +735,127 @@ impl SegmentWriter {
     /// The second half of [`SegmentWriter::seal`]: closes the file and hands
     /// back its index. After [`SegmentWriter::write_seal`] the segment is
     /// durable and indexed, so the index comes back even if the close fails.
-    pub async fn close_sealed(self) -> (SegmentIndex, Result<(), SegmentError>) {
-        let closed = self.file.close().await;
+    pub async fn close_sealed(mut self) -> (SegmentIndex, Result<(), SegmentError>) {
+        self.settle_write_behind().await;
+        let closed = close_shared(self.file).await;
         (self.index, io_context(closed, "close segment", &self.path, self.durable_end))
     }
 
     /// Closes the file without syncing: what was not synced may be lost.
-    pub async fn close(self) -> Result<(), SegmentError> {
+    pub async fn close(mut self) -> Result<(), SegmentError> {
+        self.settle_write_behind().await;
         let end = self.durable_end;
-        io_context(self.file.close().await, "close segment", &self.path, end)
+        io_context(close_shared(self.file).await, "close segment", &self.path, end)
+    }
+
+    /// Bytes of frames appended and not yet sealed into a write.
+    pub fn buffered_bytes(&self) -> usize {
+        self.active_used - self.active_carried
+    }
+
+    /// Moves the buffered frames into a write (no I/O): what
+    /// [`SegmentWriter::start_write_behind`] then writes. Fails with
+    /// [`SegmentError::TooManyUnsynced`] when the writer holds as many
+    /// unwritten buffers as it may.
+    pub fn seal_buffered(&mut self) -> Result<(), SegmentError> {
+        self.seal_active()
+    }
+
+    /// Whether a sealed buffer waits to be written.
+    pub fn has_unwritten(&self) -> bool {
+        self.unsynced.iter().any(|pending| !pending.written)
+    }
+
+    /// Starts writing the sealed buffers not written yet in a task of its
+    /// own (see the module doc), unless one runs already or there is none.
+    /// Returns whether it started one.
+    pub fn start_write_behind(&mut self) -> bool {
+        if self.behind.is_some() {
+            return false;
+        }
+        let writes: Vec<(u64, Rc<DmaBuffer>)> = self
+            .unsynced
+            .iter()
+            .filter(|pending| !pending.written)
+            .map(|pending| (pending.position, pending.buffer.clone()))
+            .collect();
+        if writes.is_empty() {
+            return false;
+        }
+        let state = Rc::new(BehindState::default());
+        let task = write_behind(self.file.clone(), self.path.clone(), writes, state.clone());
+        glommio::spawn_local(task).detach();
+        self.behind = Some(state);
+        true
+    }
+
+    /// The running write-behind, to wait for it.
+    pub fn write_behind(&self) -> Option<WriteBehind> {
+        self.behind.as_ref().map(|state| WriteBehind(state.clone()))
+    }
+
+    /// Takes the outcome of a write-behind that has ended: its writes count
+    /// as written; one that failed is written again by the next flush or
+    /// write-behind. Returns its error, if any; nothing while it runs.
+    pub fn reap_write_behind(&mut self) -> Option<SegmentError> {
+        let state = self.behind.as_ref()?;
+        let (done, error) = state.outcome.borrow_mut().take()?;
+        self.behind = None;
+        // The task wrote the first `done` buffers that were unwritten when
+        // it started, in order; buffers sealed since come after them.
+        for pending in self.unsynced.iter_mut().filter(|pending| !pending.written).take(done) {
+            pending.written = true;
+            self.written_end = pending.end;
+            self.written_next_offset = pending.next_offset;
+        }
+        error
+    }
+
+    /// Waits for a running write-behind and takes its outcome (an error is
+    /// dropped: the caller writes the same buffers again itself).
+    async fn settle_write_behind(&mut self) {
+        if let Some(state) = self.behind.clone() {
+            WriteBehind(state).ended().await;
+            let _ = self.reap_write_behind();
+        }
+    }
+
+    /// The file, for an fdatasync that must not wait for the writer (a
+    /// checkpoint): it covers every write done before it starts.
+    pub fn file_handle(&self) -> Rc<DmaFile> {
+        self.file.clone()
+    }
+}
+
+/// Writes `writes` in order (they overlap by a rewritten block) and reports
+/// how many were done, and why it stopped, into `state`.
+async fn write_behind(file: Rc<DmaFile>, path: PathBuf, writes: Vec<(u64, Rc<DmaBuffer>)>, state: Rc<BehindState>) {
+    let mut done = 0;
+    let mut failed = None;
+    for (position, buffer) in writes {
+        let expected = buffer.len();
+        match io_context(file.write_rc_at(buffer, position).await, "write segment", &path, position) {
+            Ok(written) if written == expected => done += 1,
+            Ok(written) => {
+                failed = Some(SegmentError::ShortWrite { path: path.clone(), position, written, expected });
+                break;
+            }
+            Err(error) => {
+                failed = Some(error);
+                break;
+            }
+        }
+    }
+    state.outcome.replace(Some((done, failed)));
+    state.ended.wake_all();
+}
+
+/// Closes a file that a checkpoint's fdatasync may still share: the last
+/// owner's drop closes it then.
+async fn close_shared(file: Rc<DmaFile>) -> Result<(), GlommioError<()>> {
+    match Rc::try_unwrap(file) {
+        Ok(file) => file.close().await,
+        Err(_) => Ok(()),
     }
 }
 

@@ -1,0 +1,304 @@
+//! Checkpoints of a shard's write-ahead log: the segment files catch up
+//! with the log in bulk, so the log's files can be reused.
+//!
+//! Commit rounds write segment files *behind* the log
+//! ([`super::commit::WRITE_BEHIND_BYTES`] at a time), never sync them, and
+//! leave the last part of each partition's frames in its writer's buffer.
+//! Every `--wal-checkpoint-ms`, or as soon as a round finds half the log
+//! used, a checkpoint:
+//!
+//! 1. asks the committer for a *snapshot*, taken between two rounds (every
+//!    writer is then in its partition): the log's end, and each partition
+//!    written since the last snapshot with the offset its writer reached;
+//! 2. gets each of those partitions' frames up to that offset into the
+//!    file (sealing the writer's buffer into a write-behind, waiting for
+//!    it), and fdatasyncs the file through the writer's own file handle,
+//!    a few partitions at a time, while rounds go on;
+//! 3. writes the checkpoint at the snapshot's log end: every frame before
+//!    it is now in synced segment files, so recovery starts the log there
+//!    and the files wholly before it are free.
+//!
+//! A failure (ENOSPC, EIO) leaves the checkpoint where it was: the log
+//! keeps everything since, and the next attempt comes after
+//! [`STORAGE_RETRY_MS`]. A log that fills up meanwhile makes a round sync
+//! the segments directly ([`sync_segments_directly`]).
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::config::STORAGE_RETRY_MS;
+use crate::runtime::log;
+use crate::shard::Shard;
+use crate::shard::commit::{Reaped, reap_write_behind};
+use crate::shard::metrics::ShardMetrics;
+use crate::storage::segment::{SegmentError, WriteBehind, io_context};
+use crate::storage::wal::Wal;
+
+/// Partitions a checkpoint makes durable at once (each fdatasync and
+/// write-behind is one request in flight).
+const CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX: usize = 16;
+
+/// What a checkpoint makes durable: taken between two rounds.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The log's end: every frame before it is in a writer or a file.
+    lsn: u64,
+    /// Each partition that took frames since the last snapshot, with the
+    /// offset its writer had reached.
+    targets: Vec<(u32, u64)>,
+}
+
+/// Takes the snapshot a checkpoint asked for (call between rounds).
+pub(super) fn take_snapshot_if_requested(shard: &Shard) {
+    let Some(committer) = &shard.committer else { return };
+    let state = &committer.wal;
+    if !state.snapshot_requested.replace(false) {
+        return;
+    }
+    let Some(lsn) = state.wal.borrow().as_ref().map(Wal::end_lsn) else { return };
+    let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
+    dirty.sort_unstable();
+    dirty.dedup();
+    let partitions = shard.partitions.borrow();
+    let targets = dirty
+        .into_iter()
+        .filter_map(|id| {
+            let disk = partitions.get(id)?.log.disk()?;
+            Some((id, disk.writer()?.next_offset()))
+        })
+        .collect();
+    state.snapshot.replace(Some(Snapshot { lsn, targets }));
+    committer.round_waiters.wake_all();
+}
+
+/// The checkpointer of a shard with a write-ahead log (see the module doc).
+pub(super) async fn run_checkpoints(shard: Rc<Shard>) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    let mut failing = false;
+    loop {
+        let timer = glommio::timer::sleep(state.interval);
+        let _ = crate::runtime::notify::first(state.notify.notified(), timer).await;
+        if state.running.get() || state.logged_lsn.get() <= state.checkpoint_lsn.get() {
+            continue;
+        }
+        state.running.set(true);
+        let checkpointed = checkpoint(&shard).await;
+        state.running.set(false);
+        state.ended.wake_all();
+        match checkpointed {
+            Ok(()) => {
+                ShardMetrics::add(&shard.metrics.wal_checkpoints, 1);
+                if std::mem::replace(&mut failing, false) {
+                    log::info!(shard = shard.id, "write-ahead log checkpoints succeed again");
+                }
+            }
+            Err(error) => {
+                ShardMetrics::add(&shard.metrics.storage_errors, 1);
+                if !std::mem::replace(&mut failing, true) {
+                    log::warn!(
+                        shard = shard.id,
+                        "write-ahead log checkpoint: {error}; the log keeps what it holds, retrying"
+                    );
+                }
+                glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
+            }
+        }
+    }
+}
+
+/// A last checkpoint at a clean stop, after the drain: the segment files
+/// then hold everything, so the next start replays nothing (and a start
+/// on a full disk needs no space for it). Bounded by
+/// [`STOP_CHECKPOINT_MS`]; past it, or on an error, the log keeps what the
+/// files lack and the next start replays it.
+pub async fn checkpoint_at_stop(shard: &Rc<Shard>) {
+    let Some(committer) = &shard.committer else { return };
+    let state = &committer.wal;
+    if !state.enabled.get() {
+        return;
+    }
+    let last = async {
+        state.ended.wait_until(|| !state.running.get()).await;
+        if state.logged_lsn.get() <= state.checkpoint_lsn.get() {
+            return;
+        }
+        state.running.set(true);
+        let checkpointed = checkpoint(shard).await;
+        state.running.set(false);
+        state.ended.wake_all();
+        if let Err(error) = checkpointed {
+            log::warn!(shard = shard.id, "last write-ahead log checkpoint: {error}; the next start replays the log");
+        }
+    };
+    let bound = glommio::timer::sleep(Duration::from_millis(STOP_CHECKPOINT_MS));
+    if let crate::runtime::notify::Either::Right(()) = crate::runtime::notify::first(last, bound).await {
+        log::warn!(
+            shard = shard.id,
+            "last write-ahead log checkpoint: not done in {STOP_CHECKPOINT_MS} ms; the next start replays the log"
+        );
+    }
+}
+
+/// How long a clean stop waits for its last checkpoint, in ms.
+const STOP_CHECKPOINT_MS: u64 = 5000;
+
+/// One checkpoint: snapshot, partitions durable, checkpoint written.
+async fn checkpoint(shard: &Rc<Shard>) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    state.snapshot_requested.set(true);
+    committer.notify.notify();
+    committer.round_waiters.wait_until(|| state.snapshot.borrow().is_some()).await;
+    let snapshot = state.snapshot.take().expect("just taken");
+    if let Err(error) = make_durable(shard, &snapshot.targets).await {
+        // The next snapshot covers them again.
+        state.dirty.borrow_mut().extend(snapshot.targets.iter().map(|&(id, _)| id));
+        return Err(error);
+    }
+    write_checkpoint(shard, snapshot.lsn).await
+}
+
+/// Makes every partition's frames below its target offset durable in its
+/// files, a few partitions at a time.
+async fn make_durable(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), SegmentError> {
+    for chunk in targets.chunks(CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|&(partition_id, offset)| glommio::spawn_local(partition_durable(shard.clone(), partition_id, offset)))
+            .collect();
+        let mut first_error = None;
+        for task in tasks {
+            if let Err(error) = task.await {
+                first_error = first_error.or(Some(error));
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// What a partition needs next on its way to durable.
+enum Step {
+    /// Gone (deleted, handed off: a handoff syncs it) or without a writer
+    /// that could hold frames: nothing to do.
+    Nothing,
+    /// Its writer is out for a round: wait for the round's end.
+    WriterOut,
+    /// A write-behind runs: wait for it.
+    Writing(WriteBehind),
+    /// Everything up to the target is written: fdatasync this file.
+    Sync(Rc<glommio::io::DmaFile>, std::path::PathBuf),
+}
+
+async fn partition_durable(shard: Rc<Shard>, partition_id: u32, target_offset: u64) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    loop {
+        match next_step(&shard, partition_id, target_offset)? {
+            Step::Nothing => return Ok(()),
+            Step::WriterOut => committer.round_ended().await,
+            Step::Writing(behind) => behind.ended().await,
+            Step::Sync(file, path) => {
+                return io_context(file.fdatasync().await, "fdatasync segment", &path, 0);
+            }
+        }
+    }
+}
+
+fn next_step(shard: &Shard, partition_id: u32, target_offset: u64) -> Result<Step, SegmentError> {
+    if let Reaped::Failed(error) = reap_write_behind(shard, partition_id) {
+        return Err(error);
+    }
+    let mut partitions = shard.partitions.borrow_mut();
+    let Some(partition) = partitions.get_mut(partition_id) else { return Ok(Step::Nothing) };
+    let (_, disk) = partition.log.parts_mut();
+    let Some(disk) = disk else { return Ok(Step::Nothing) };
+    let Some(writer) = disk.writer_mut() else {
+        // Out for a round, or deferred (a full disk at start: such a
+        // partition took no frames).
+        let in_round = shard.committer.as_ref().is_some_and(|committer| committer.in_round.get());
+        return Ok(if in_round { Step::WriterOut } else { Step::Nothing });
+    };
+    if let Some(behind) = writer.write_behind() {
+        return Ok(Step::Writing(behind));
+    }
+    // A writer that rolled since the snapshot starts at or past the
+    // target: its predecessor was synced when it was sealed.
+    if writer.written().1 >= target_offset {
+        return Ok(Step::Sync(writer.file_handle(), writer.path().to_path_buf()));
+    }
+    // Too many writes pending cannot be: none runs, so they are written
+    // next; the buffer then joins them at the next step.
+    let _ = writer.seal_buffered();
+    if !writer.start_write_behind() {
+        return Err(SegmentError::Io {
+            op: "checkpoint segment",
+            path: writer.path().to_path_buf(),
+            position: writer.written().0,
+            source: std::io::Error::other("frames below the checkpoint are neither written nor writable"),
+        });
+    }
+    Ok(Step::Writing(writer.write_behind().expect("just started")))
+}
+
+/// Writes the checkpoint at `lsn` and frees the log behind it.
+async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let mut checkpoint = state.checkpoint.borrow_mut().take().expect("one checkpoint writer at a time");
+    let written = checkpoint.write(lsn).await;
+    state.checkpoint.replace(Some(checkpoint));
+    written?;
+    state.checkpoint_lsn.set(lsn);
+    Ok(())
+}
+
+/// The log is full (a checkpoint could not keep up): inside a round, with
+/// every writer in its partition, waits for a running checkpoint, then
+/// writes and fdatasyncs every partition written since the last snapshot
+/// and starts the log again at its next file.
+pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    state.ended.wait_until(|| !state.running.get()).await;
+    state.running.set(true);
+    ShardMetrics::add(&shard.metrics.wal_direct_syncs, 1);
+    let synced = async {
+        let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
+        dirty.sort_unstable();
+        dirty.dedup();
+        let targets: Vec<(u32, u64)> = dirty.iter().map(|&id| (id, u64::MAX)).collect();
+        if let Err(error) = sync_writers(shard, &targets).await {
+            state.dirty.borrow_mut().extend(dirty);
+            return Err(error);
+        }
+        let restart_lsn = wal.restart_after_direct_sync();
+        write_checkpoint(shard, restart_lsn).await
+    }
+    .await;
+    state.running.set(false);
+    state.ended.wake_all();
+    synced
+}
+
+/// Writes and fdatasyncs each partition's writer in full, taking it out
+/// for the awaits (only inside a round, where rounds cannot collide).
+async fn sync_writers(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), SegmentError> {
+    for chunk in targets.chunks(CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|&(id, _)| glommio::spawn_local(super::commit::sync_partition(shard.clone(), id)))
+            .collect();
+        let mut first_error = None;
+        for task in tasks {
+            if let Err(error) = task.await {
+                first_error = first_error.or(Some(error));
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
