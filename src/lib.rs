@@ -58,6 +58,7 @@ pub mod cli;
 pub mod config;
 pub mod group;
 mod ingest;
+pub mod kafka;
 mod net;
 pub mod partition;
 pub mod protocol;

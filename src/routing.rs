@@ -31,7 +31,7 @@ use crate::config::BATCH_SPARE_BUFFERS_MAX;
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::protocol::partition_of;
-use crate::protocol::record::{batch_record_size, encode_batch_record};
+use crate::protocol::record::{ExtendedRecord, batch_record_size, encode_batch_record, encode_extended_batch_record};
 use crate::stream::StreamRoute;
 
 /// Places one event of `stream` by its key (the stream's partition
@@ -60,6 +60,34 @@ pub fn route(
         deliver(owner, batch);
     }
     let batch_full = router.try_push(owner, partition, key, payload)?;
+    if batch_full && let Some(batch) = router.take_batch(owner) {
+        deliver(owner, batch);
+    }
+    Ok(owner)
+}
+
+/// Places one Kafka record in the partition its producer chose (`partition`,
+/// a global id the caller checked is in the stream) and encodes it as an
+/// extended record into its owner's open batch: the same batches, credits,
+/// holds and backpressure as [`route`], only the partition is not hashed.
+#[inline]
+pub fn route_extended(
+    placement: &PlacementTable,
+    router: &mut Router,
+    partition: u32,
+    record: &ExtendedRecord<'_>,
+    mut deliver: impl FnMut(u16, DataBatch),
+) -> Result<u16, Blocked> {
+    let owner = placement.owner(partition);
+    if router.is_held(partition) {
+        return Err(Blocked { owner, credit_bytes_needed: 0, held: Some(partition) });
+    }
+    if router.would_overflow(owner, record.batch_size())
+        && let Some(batch) = router.take_batch(owner)
+    {
+        deliver(owner, batch);
+    }
+    let batch_full = router.try_push_extended(owner, partition, record)?;
     if batch_full && let Some(batch) = router.take_batch(owner) {
         deliver(owner, batch);
     }
@@ -169,6 +197,25 @@ impl Router {
         }
         destination.credit_bytes -= size;
         encode_batch_record(&mut destination.batch, partition, key, payload);
+        destination.batch_event_count += 1;
+        Ok(destination.batch.len() >= self.batch_bytes)
+    }
+
+    /// [`Router::try_push`] for an extended (Kafka) record.
+    #[inline]
+    pub fn try_push_extended(
+        &mut self,
+        owner: u16,
+        partition: u32,
+        record: &ExtendedRecord<'_>,
+    ) -> Result<bool, Blocked> {
+        let size = record.batch_size();
+        let destination = &mut self.destinations[usize::from(owner)];
+        if destination.credit_bytes < size {
+            return Err(Blocked { owner, credit_bytes_needed: size, held: None });
+        }
+        destination.credit_bytes -= size;
+        encode_extended_batch_record(&mut destination.batch, partition, record);
         destination.batch_event_count += 1;
         Ok(destination.batch.len() >= self.batch_bytes)
     }

@@ -137,7 +137,7 @@ fn second_server_on_same_port_is_refused() {
     let server = Server::start(&["--shards", "1"]);
     let output = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["serve", "--shards", "1", "--ingest", &server.ingest.to_string()])
-        .args(["--subscribe", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(["--subscribe", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--ingest-kafka", "off"])
         .output()
         .unwrap();
     assert!(!output.status.success());

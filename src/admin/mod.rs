@@ -29,6 +29,8 @@ mod render;
 mod routes;
 mod streams;
 
+pub use streams::{Failure as StreamFailure, StreamCommand};
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::thread::JoinHandle;
@@ -60,6 +62,8 @@ pub struct AdminState {
     pub fences: std::sync::Mutex<Vec<streams::Fence>>,
     /// Set while the catalog created at start-up waits for disk space.
     pub catalog_unsaved: crate::stream::UnsavedCatalog,
+    /// Stream changes the shards ask for (Kafka's CreateTopics, ...).
+    pub stream_commands: flume::Receiver<StreamCommand>,
 }
 
 /// What the admin server counts about itself.
@@ -129,6 +133,7 @@ impl AdminServer {
             .name("spate-admin".into())
             .spawn(move || {
                 runtime.block_on(async move {
+                    tokio::spawn(streams::serve_commands(state.clone(), state.stream_commands.clone()));
                     if state.catalog_unsaved.reason().is_some() {
                         tokio::spawn(save_deferred_catalog(state.clone()));
                     }

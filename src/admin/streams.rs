@@ -43,6 +43,7 @@ const FENCE_WAIT: Duration = Duration::from_secs(5);
 const SLOW_DELETE: Duration = Duration::from_secs(1);
 
 /// What went wrong with a stream request, and its HTTP status.
+#[derive(Debug)]
 pub struct Failure {
     pub status: u16,
     pub message: String,
@@ -111,6 +112,31 @@ async fn release_fenced(state: &AdminState, catalog: &mut Catalog, wait: bool) -
     let released = fences.len() < before;
     state.fences.lock().unwrap_or_else(|poison| poison.into_inner()).extend(fences);
     released
+}
+
+/// A stream change asked for by a shard (a Kafka client's CreateTopics,
+/// DeleteTopics or auto-creation): carried out by the same code as `POST
+/// /streams` and `DELETE /streams/NAME`, on the admin thread, which holds the
+/// catalog.
+pub enum StreamCommand {
+    Create { name: String, partitions: u32, reply: flume::Sender<Result<(), Failure>> },
+    Delete { name: String, reply: flume::Sender<Result<(), Failure>> },
+}
+
+/// Serves shards' stream commands until every sender is gone, one at a time
+/// (each holds the catalog lock anyway).
+pub async fn serve_commands(state: std::sync::Arc<AdminState>, commands: flume::Receiver<StreamCommand>) {
+    while let Ok(command) = commands.recv_async().await {
+        match command {
+            StreamCommand::Create { name, partitions, reply } => {
+                let body = json!({ "name": name, "partitions": partitions }).to_string();
+                let _ = reply.send(create(&state, body.as_bytes()).await.map(drop));
+            }
+            StreamCommand::Delete { name, reply } => {
+                let _ = reply.send(delete(&state, &name).await.map(drop));
+            }
+        }
+    }
 }
 
 /// `POST /streams`: creates a stream from a JSON body.

@@ -62,7 +62,7 @@ impl ServerProcess {
         }
         // The other ingest listeners are off unless asked for: their default
         // ports would collide between servers started side by side.
-        for flag in ["--ingest-json", "--ingest-ilp"] {
+        for flag in ["--ingest-json", "--ingest-ilp", "--ingest-kafka"] {
             if !extra_args.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}="))) {
                 args.extend([flag.to_string(), "off".to_string()]);
             }

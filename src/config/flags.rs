@@ -50,6 +50,32 @@ pub struct Config {
     #[arg(long, default_value = "0.0.0.0:9009")]
     pub ingest_ilp: Listen,
 
+    /// Kafka wire-protocol address, or `off`: Kafka producers and consumers
+    /// (librdkafka, kcat, kafka-python, the Java client) use spate as a
+    /// broker; topics are streams (README, "Kafka").
+    #[arg(long, default_value = "0.0.0.0:9092")]
+    pub ingest_kafka: Listen,
+
+    /// The `host:port` Kafka clients are told to connect to (Metadata).
+    /// Default: the --ingest-kafka address, with 127.0.0.1 for an
+    /// unspecified one (0.0.0.0).
+    #[arg(long)]
+    pub kafka_advertise: Option<String>,
+
+    /// Kafka clients may create a stream by naming it (Metadata with
+    /// auto-creation, Produce): `off`, or the partition count such a stream
+    /// gets. Off by default: a stream takes partitions from
+    /// --partitions-max, and a typo should not.
+    #[arg(long, default_value = "off", value_parser = parse_auto_create)]
+    pub kafka_auto_create: AutoCreate,
+
+    /// Largest Kafka request (and Fetch response) in bytes; a larger size
+    /// prefix closes the connection, counted. Each Kafka connection holds
+    /// at most one request and one response of this size (the memory
+    /// formula's Kafka term).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub kafka_request_size_max: usize,
+
     /// The field of a JSON line that holds its key: a top-level name
     /// (`user_id`) or an RFC 6901 pointer (`/user/id`).
     #[arg(long, default_value = "key", value_parser = parse_json_key)]
@@ -349,6 +375,21 @@ impl std::fmt::Display for Listen {
             Some(address) => write!(f, "{address}"),
             None => write!(f, "off"),
         }
+    }
+}
+
+/// `--kafka-auto-create`: off, or the partitions a stream created by a
+/// Kafka client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoCreate(pub Option<u32>);
+
+fn parse_auto_create(text: &str) -> Result<AutoCreate, String> {
+    if text == "off" {
+        return Ok(AutoCreate(None));
+    }
+    match text.parse::<u32>() {
+        Ok(partitions) if partitions > 0 => Ok(AutoCreate(Some(partitions))),
+        _ => Err(format!("expected `off` or a partition count of at least 1, got {text:?}")),
     }
 }
 

@@ -363,6 +363,16 @@ pub const FORMULA: &[FormulaLine] = &[
             product(&[connections(config), growth])
         },
     },
+    FormulaLine {
+        term: Term::LongLineWorstCase,
+        storage: None,
+        expression: || "C * 2 * kafka_request_size_max".to_string(),
+        what: "Kafka connections each holding a request and a response of the largest size",
+        bytes: |config| {
+            let kafka_on = config.ingest_kafka.0.is_some();
+            if kafka_on { product(&[connections(config), 2, config.kafka_request_size_max]) } else { 0 }
+        },
+    },
 ];
 
 /// `C`: ingest connections, counted process-wide.
@@ -430,7 +440,7 @@ pub fn memory_formula_text() -> String {
         push_line(&mut text, &format!("{lead}{}", (line.expression)()), line.what);
         first = false;
     }
-    text += "plus, only if every ingest connection holds a line of line_size_max at once:\n";
+    text += "plus, only if every ingest connection holds a line of line_size_max (or a Kafka request of\nkafka_request_size_max) at once:\n";
     for (index, line) in FORMULA.iter().filter(|line| line.term == Term::LongLineWorstCase).enumerate() {
         let lead = if index == 0 { "    " } else { "  + " };
         push_line(&mut text, &format!("{lead}{}", (line.expression)()), line.what);
@@ -1011,6 +1021,7 @@ mod tests {
                 "read_buffer_bytes" => config.read_buffer_bytes,
                 "key_size_max" => config.key_size_max,
                 "line_size_max" => config.line_size_max,
+                "kafka_request_size_max" => config.kafka_request_size_max,
                 "fetch_bytes_max" => config.fetch_bytes_max,
                 "batch_bytes" => config.batch_bytes,
                 "credit_window_bytes" => config.credit_window_bytes(),

@@ -132,6 +132,7 @@ pub fn check_addresses(config: &Config) -> Result<(), ServeError> {
         ("ingest", Some(config.ingest)),
         ("ingest-json", config.ingest_json.0),
         ("ingest-ilp", config.ingest_ilp.0),
+        ("ingest-kafka", config.ingest_kafka.0),
         ("subscribe", Some(config.subscribe)),
         ("admin", Some(config.admin)),
     ];

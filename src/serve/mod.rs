@@ -145,6 +145,9 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
     let (controls, control_receivers): (Vec<_>, Vec<_>) =
         (0..shard_count).map(|_| flume::bounded(CONTROL_CHANNEL_CAPACITY)).unzip();
+    // Each Kafka connection waits for its command's answer before it sends
+    // another: at most one command per connection is queued.
+    let (stream_commands_sender, stream_commands) = flume::bounded(shard_count * config.connections_per_shard_max);
     let context = ShardContext {
         config: config.clone(),
         mesh: MeshBuilder::full(shard_count, config.mesh_channel_frames()),
@@ -153,13 +156,14 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         admission: Arc::new(Admission::new(&config)),
         catalog: Arc::new(catalog.running()),
         wal_replay: Arc::new(wal_replay),
+        stream_commands: stream_commands_sender,
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
     let admin = startup.and_then(|read_only| {
-        let admin = start_admin(&controls, &config, started, catalog, catalog_unsaved.clone())?;
+        let admin = start_admin(&controls, &config, started, (catalog, stream_commands), catalog_unsaved.clone())?;
         Ok((admin, read_only))
     });
     let (admin, read_only) = match admin {
@@ -239,7 +243,7 @@ fn start_admin(
     controls: &[flume::Sender<ControlRequest>],
     config: &Arc<Config>,
     started: Instant,
-    catalog: crate::stream::Catalog,
+    (catalog, stream_commands): (crate::stream::Catalog, flume::Receiver<crate::admin::StreamCommand>),
     catalog_unsaved: crate::stream::UnsavedCatalog,
 ) -> Result<AdminServer, ServeError> {
     AdminServer::start(AdminState {
@@ -251,6 +255,7 @@ fn start_admin(
         catalog: tokio::sync::Mutex::new(catalog),
         fences: std::sync::Mutex::default(),
         catalog_unsaved,
+        stream_commands,
     })
     .map_err(ServeError::Admin)
 }
@@ -376,12 +381,13 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
 fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
     let bound = config.memory_bound();
     log::info!(
-        "{shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
+        "{shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, kafka {}, subscribe {}, admin http://{}",
         if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
         config.partitions,
         config.ingest,
         config.ingest_json,
         config.ingest_ilp,
+        config.ingest_kafka,
         config.subscribe,
         config.admin
     );

@@ -32,6 +32,8 @@ pub struct ShardContext {
     pub catalog: Arc<crate::stream::Catalog>,
     /// What the write-ahead logs held at start, for the shards to replay.
     pub wal_replay: Arc<crate::storage::wal::WalReplay>,
+    /// Stream changes for the admin thread (the Kafka face's topics).
+    pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
 }
 
 /// The body of one shard's executor.
@@ -71,10 +73,15 @@ pub async fn run_shard(context: ShardContext) {
     let sweeping = (net.clone(), shard.clone());
     glommio::spawn_local(async move { sweeping.0.connections.run_sweeper(sweeping.1.lifecycle()).await }).detach();
     match bind_listeners(&context.config) {
-        Ok(Listeners { ingest, subscribe }) => {
+        Ok(Listeners { ingest, subscribe, kafka }) => {
             for (listener, format) in ingest {
                 let (shard, net) = (shard.clone(), net.clone());
                 glommio::spawn_local(crate::ingest::accept_loop(shard, net, listener, format)).detach();
+            }
+            if let Some(listener) = kafka {
+                let face = crate::kafka::KafkaFace::new(&context.config, context.stream_commands.clone());
+                let (shard, net) = (shard.clone(), net.clone());
+                glommio::spawn_local(crate::kafka::accept_loop(shard, net, listener, face)).detach();
             }
             glommio::spawn_local(crate::subscribe::accept_subscribers(shard.clone(), net, subscribe)).detach();
         }
@@ -203,6 +210,7 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
 struct Listeners {
     ingest: Vec<(TcpListener, Format)>,
     subscribe: TcpListener,
+    kafka: Option<TcpListener>,
 }
 
 fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
@@ -220,5 +228,9 @@ fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
             ingest.push((bind(name, address)?, format));
         }
     }
-    Ok(Listeners { ingest, subscribe: bind("subscribe", config.subscribe)? })
+    let kafka = match config.ingest_kafka.0 {
+        Some(address) => Some(bind("ingest-kafka", address)?),
+        None => None,
+    };
+    Ok(Listeners { ingest, subscribe: bind("subscribe", config.subscribe)?, kafka })
 }

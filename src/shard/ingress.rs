@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
-use crate::routing::{Blocked, CreditGrant, DataBatch, Router, route};
+use crate::protocol::record::ExtendedRecord;
+use crate::routing::{Blocked, CreditGrant, DataBatch, Router, route, route_extended};
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
@@ -74,6 +75,29 @@ impl Route<'_> {
 }
 
 impl Route<'_> {
+    /// Routes one Kafka record to the partition its producer chose; see
+    /// [`crate::routing::route_extended`].
+    #[inline]
+    pub fn route_extended(&mut self, partition: u32, record: &ExtendedRecord<'_>) -> Result<u16, Blocked> {
+        let Route { ingress, placement, router, .. } = self;
+        route_extended(placement, router, partition, record, |owner, batch| ingress.deliver(owner, batch))
+    }
+
+    /// Like [`Route::sync_point`], but without asking for durability: once
+    /// `owner` granted the returned sequence, the events before it are
+    /// applied (stored and visible to subscribers), as Kafka's `acks=1`
+    /// promises.
+    pub fn applied_point(&mut self, owner: u16) -> u64 {
+        let Route { ingress, router, .. } = self;
+        router.request_grant(owner);
+        let sequence = router.sequences(owner).0 + 1;
+        if let Some(batch) = router.take_batch(owner) {
+            debug_assert_eq!(batch.sequence, sequence);
+            ingress.deliver(owner, batch);
+        }
+        sequence
+    }
+
     /// A `#SYNC`'s point in `owner`'s batch sequence: makes the open batch
     /// (possibly an empty one) carry a sync request (disk storage) and ask
     /// for its grant at once, sends it now if a batch slot is free (else the

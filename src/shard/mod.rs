@@ -144,6 +144,13 @@ impl Shard {
         self.streams.borrow().route_for(stream)
     }
 
+    /// The names of the active streams (what Kafka's Metadata lists).
+    pub fn stream_names(&self) -> Vec<String> {
+        let streams = self.streams.borrow();
+        let active = streams.catalog().streams().iter().filter(|spec| streams.is_active(spec.id));
+        active.map(|spec| spec.name.clone()).collect()
+    }
+
     /// Whether a stream (by id) is still active: not deleted or being deleted.
     pub fn stream_is_active(&self, stream_id: u32) -> bool {
         self.streams.borrow().is_active(stream_id)

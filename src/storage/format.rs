@@ -27,7 +27,12 @@
 //!      4    4 crc32c        u32 LE, CRC32C (Castagnoli) of the header with
 //!                           this field zeroed, then of the body
 //!      8    1 version       u8, 1
-//!      9    1 flags         u8, 0 (reserved: a v1 reader rejects others)
+//!      9    1 flags         u8: bit 0 (FLAG_EXTENDED_RECORDS) says the body
+//!                           holds extended (Kafka) records (see
+//!                           `protocol::record`); other bits are reserved
+//!                           and a reader rejects them. A spate that predates
+//!                           extended records rejects bit 0 too, rather than
+//!                           show a Kafka record's parts as a payload
 //!     10    2 header_size   u16 LE, bytes of the header (44 in version 1;
 //!                           a later version may grow it, up to 4096)
 //!     12    4 record_count  u32 LE, at least 1
@@ -73,6 +78,8 @@ const _: () = assert!(RECORD_KEY_SIZE_MAX == crate::protocol::record::KEY_SIZE_L
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"SPTF");
 /// The frame version this code writes and reads.
 pub const FRAME_VERSION: u8 = 1;
+/// Frame flag: the body holds at least one extended record.
+pub const FLAG_EXTENDED_RECORDS: u8 = 1;
 /// Bytes of a version 1 frame header.
 pub const FRAME_HEADER_SIZE: usize = 44;
 /// The largest header a reader accepts (a later version may grow it).
@@ -240,7 +247,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
         return Err(FrameError::UnsupportedVersion { version });
     }
     let flags = bytes[field::FLAGS];
-    if flags != 0 {
+    if flags & !FLAG_EXTENDED_RECORDS != 0 {
         return Err(FrameError::UnsupportedFlags { flags });
     }
     let header_size = u16_at(bytes, field::HEADER_SIZE);
@@ -414,6 +421,8 @@ pub struct FrameEncoder<'a> {
     /// Bytes of the frame so far, header space included.
     size: usize,
     record_count: u32,
+    /// An extended record was appended: the frame says so in its flags.
+    extended: bool,
 }
 
 impl<'a> FrameEncoder<'a> {
@@ -425,7 +434,7 @@ impl<'a> FrameEncoder<'a> {
             return Err(FrameError::FrameFull { needed, available: buffer.len() });
         }
         let size_max = buffer.len().min(FRAME_HEADER_SIZE + FRAME_BODY_SIZE_MAX);
-        Ok(FrameEncoder { buffer: &mut buffer[..size_max], size: FRAME_HEADER_SIZE, record_count: 0 })
+        Ok(FrameEncoder { buffer: &mut buffer[..size_max], size: FRAME_HEADER_SIZE, record_count: 0, extended: false })
     }
 
     /// Records appended so far.
@@ -466,6 +475,8 @@ impl<'a> FrameEncoder<'a> {
             return Err(FrameError::NotOneRecord { size: record.len() });
         }
         self.reserve(record.len())?.copy_from_slice(record);
+        // A key size of 0 marks an extended record (a plain key is never empty).
+        self.extended |= record[..2] == [0, 0];
         Ok(())
     }
 
@@ -494,7 +505,7 @@ impl<'a> FrameEncoder<'a> {
         header[field::MAGIC..field::MAGIC + 4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
         header[field::CRC32C..field::CRC32C + 4].fill(0);
         header[field::VERSION] = FRAME_VERSION;
-        header[field::FLAGS] = 0;
+        header[field::FLAGS] = if self.extended { FLAG_EXTENDED_RECORDS } else { 0 };
         header[field::HEADER_SIZE..field::HEADER_SIZE + 2].copy_from_slice(&(FRAME_HEADER_SIZE as u16).to_le_bytes());
         header[field::RECORD_COUNT..field::RECORD_COUNT + 4].copy_from_slice(&self.record_count.to_le_bytes());
         header[field::BASE_OFFSET..field::BASE_OFFSET + 8].copy_from_slice(&base_offset.to_le_bytes());

@@ -16,6 +16,7 @@ pub struct Server {
     pub ingest: SocketAddr,
     pub ingest_json: SocketAddr,
     pub ingest_ilp: SocketAddr,
+    pub ingest_kafka: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
     pub log_path: std::path::PathBuf,
@@ -56,6 +57,7 @@ pub struct Addresses {
     pub ingest: SocketAddr,
     pub ingest_json: SocketAddr,
     pub ingest_ilp: SocketAddr,
+    pub ingest_kafka: SocketAddr,
     pub subscribe: SocketAddr,
     pub admin: SocketAddr,
 }
@@ -68,6 +70,7 @@ impl Addresses {
             ingest: address(),
             ingest_json: address(),
             ingest_ilp: address(),
+            ingest_kafka: address(),
             subscribe: address(),
             admin: address(),
         }
@@ -89,7 +92,7 @@ impl Server {
 
     /// The server of [`Server::start_on`], not started yet.
     fn start_on_unspawned(addresses: Addresses, args: &[&str]) -> Server {
-        let Addresses { ingest, ingest_json, ingest_ilp, subscribe, admin } = addresses;
+        let Addresses { ingest, ingest_json, ingest_ilp, ingest_kafka, subscribe, admin } = addresses;
         let log_path = std::env::temp_dir().join(format!("spate-test-{}-{}.log", std::process::id(), ingest.port()));
         let given = args.iter().position(|arg| *arg == "--data-dir").map(|at| std::path::PathBuf::from(args[at + 1]));
         let owns_data_dir = given.is_none();
@@ -103,6 +106,7 @@ impl Server {
             ingest,
             ingest_json,
             ingest_ilp,
+            ingest_kafka,
             subscribe,
             admin,
             log_path,
@@ -156,6 +160,8 @@ impl Server {
                 &addresses.ingest_json.to_string(),
                 "--ingest-ilp",
                 &addresses.ingest_ilp.to_string(),
+                "--ingest-kafka",
+                &addresses.ingest_kafka.to_string(),
             ])
             .args(["--admin", &addresses.admin.to_string()])
             .args(args);
@@ -167,6 +173,7 @@ impl Server {
             ingest: self.ingest,
             ingest_json: self.ingest_json,
             ingest_ilp: self.ingest_ilp,
+            ingest_kafka: self.ingest_kafka,
             subscribe: self.subscribe,
             admin: self.admin,
         }

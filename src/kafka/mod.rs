@@ -1,0 +1,230 @@
+//! The Kafka face: the Kafka wire protocol over the same engine, so Kafka
+//! clients (librdkafka and kcat, kafka-python, the Java client) produce to
+//! and consume from spate unchanged.
+//!
+//! Topics are streams, Kafka partitions are a stream's partitions, offsets
+//! are spate's. Every shard listens on `--ingest-kafka` (SO_REUSEPORT, like
+//! the other ingest listeners) and Metadata names one broker, node 0 at
+//! `--kafka-advertise`, as the leader of every partition: whichever shard
+//! the kernel gives a connection, it routes each record to the partition's
+//! owner through the shard's ingress, with the same batches, credits,
+//! backpressure (the connection stops reading while it waits for credits)
+//! and durability as a line ([`produce`]), and reads through the same owner
+//! fetches as a `SUB` subscriber ([`fetch`]).
+//!
+//! Requests and responses are decoded and encoded by the `kafka-protocol`
+//! crate; record batches by [`batch`]. A connection handles one request at
+//! a time, in order (Kafka answers a connection's requests in order): it
+//! reads the 4-byte size, refuses a size over `--kafka-request-size-max` by
+//! closing (Kafka's own broker does the same: the frame cannot be skipped
+//! without reading it), reads the request, answers it, reads the next.
+//! ApiVersions answers exactly the versions [`api::SUPPORTED`] lists; a
+//! request of another version or API key gets UNSUPPORTED_VERSION where its
+//! response can be encoded, and otherwise closes the connection (counted in
+//! `spate_kafka_errors_total`).
+
+mod api;
+pub mod batch;
+pub mod codes;
+mod fetch;
+mod produce;
+mod topics;
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+
+use crate::config::Config;
+use crate::net::accept::Acceptor;
+use crate::net::socket::tune_accepted;
+use crate::net::{Connection, Face, ShardNet};
+use crate::runtime::notify::{Either, first};
+use crate::shard::Shard;
+use crate::shard::metrics::ShardMetrics;
+
+/// What every Kafka connection of a shard shares: the flags it needs,
+/// resolved once.
+pub struct KafkaFace {
+    /// What Metadata names as the broker.
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    /// Partitions of a stream a Kafka client creates by naming it, if on.
+    pub auto_create_partitions: Option<u32>,
+    pub request_size_max: usize,
+    /// The largest record a Produce may carry (its stored size): the line
+    /// size limit, so a Kafka record is bounded like a line.
+    pub record_size_max: usize,
+    pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
+}
+
+impl KafkaFace {
+    pub fn new(config: &Config, stream_commands: flume::Sender<crate::admin::StreamCommand>) -> KafkaFace {
+        let listen = config.ingest_kafka.0.unwrap_or_else(|| ([127, 0, 0, 1], 9092).into());
+        let (advertised_host, advertised_port) = match &config.kafka_advertise {
+            Some(advertise) => split_host_port(advertise, listen.port()),
+            None if listen.ip().is_unspecified() => ("127.0.0.1".to_string(), i32::from(listen.port())),
+            None => (listen.ip().to_string(), i32::from(listen.port())),
+        };
+        KafkaFace {
+            advertised_host,
+            advertised_port,
+            auto_create_partitions: config.kafka_auto_create.0,
+            request_size_max: config.kafka_request_size_max,
+            record_size_max: config.line_size_max + crate::protocol::record::EXTENDED_FIXED_SIZE + 1024,
+            stream_commands,
+        }
+    }
+}
+
+/// `host:port` (or `host`, with the listener's port).
+fn split_host_port(advertise: &str, default_port: u16) -> (String, i32) {
+    match advertise.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            (host.trim_matches(['[', ']']).to_string(), port.parse::<i32>().unwrap_or(i32::from(default_port)))
+        }
+        _ => (advertise.to_string(), i32::from(default_port)),
+    }
+}
+
+/// Accepts Kafka connections until shutdown, within the process-wide ingest
+/// connection limit (shared with the line formats).
+pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListener, face: KafkaFace) {
+    let face = Rc::new(face);
+    let metrics = &shard.metrics();
+    let mut acceptor =
+        Acceptor::new(listener, "ingest-kafka", shard.id(), shard.lifecycle(), &net.connections, metrics);
+    while let Some(stream) = acceptor.next().await {
+        let _ = tune_accepted(&stream);
+        let Some(slot) = net.admission.ingest.try_acquire() else {
+            // Kafka has no greeting to refuse with: the close is the answer.
+            ShardMetrics::add(&metrics.connections_refused, 1);
+            drop(stream);
+            continue;
+        };
+        ShardMetrics::add(&metrics.connections_accepted, 1);
+        shard.lifecycle().connection_opened();
+        let connection = net.connections.register(Face::Ingest);
+        let (shard, face) = (shard.clone(), face.clone());
+        glommio::spawn_local(async move {
+            let served = serve_connection(&shard, &face, stream, &connection);
+            let _ = first(served, connection.close_requested()).await;
+            drop((connection, slot));
+            shard.lifecycle().connection_closed();
+        })
+        .detach();
+    }
+}
+
+/// A decoded request frame: its header fields and the body after them.
+pub struct Frame {
+    pub api_key: i16,
+    pub api_version: i16,
+    pub correlation_id: i32,
+    pub body: Bytes,
+}
+
+/// Why a connection is closed rather than answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FrameError {
+    TooLarge { size: i64, size_max: usize },
+    Malformed(String),
+}
+
+/// Splits a request (the bytes after the size prefix) into its header and
+/// body. Pure and total over any input: the fuzz target's entry point.
+pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
+    use kafka_protocol::messages::{ApiKey, RequestHeader};
+    use kafka_protocol::protocol::Decodable;
+    if request.len() < 8 {
+        return Err(FrameError::Malformed(format!("a request of {} bytes has no header", request.len())));
+    }
+    let api_key = i16::from_be_bytes([request[0], request[1]]);
+    let api_version = i16::from_be_bytes([request[2], request[3]]);
+    let correlation_id = i32::from_be_bytes([request[4], request[5], request[6], request[7]]);
+    let header_version = match ApiKey::try_from(api_key) {
+        Ok(key) if api::is_supported(api_key, api_version) => key.request_header_version(api_version),
+        // Unknown keys and versions: only the fixed fields are read.
+        _ => return Ok(Frame { api_key, api_version, correlation_id, body: Bytes::new() }),
+    };
+    RequestHeader::decode(&mut request, header_version)
+        .map_err(|error| FrameError::Malformed(format!("request header: {error}")))?;
+    Ok(Frame { api_key, api_version, correlation_id, body: request })
+}
+
+/// Reads one request: the size prefix, then that many bytes. `None` at a
+/// clean EOF between requests.
+async fn read_request(
+    stream: &mut TcpStream,
+    connection: &Connection,
+    request_size_max: usize,
+) -> std::io::Result<Result<Option<Bytes>, FrameError>> {
+    let mut size = [0u8; 4];
+    connection.set_reading(Some(Instant::now()));
+    let read = stream.read(&mut size[..1]).await;
+    connection.set_reading(None);
+    if read? == 0 {
+        return Ok(Ok(None));
+    }
+    // A request has begun: the rest must come within --line-timeout-ms.
+    connection.set_partial_line(Some(1), Instant::now());
+    connection.set_reading(Some(Instant::now()));
+    stream.read_exact(&mut size[1..]).await?;
+    let size = i32::from_be_bytes(size);
+    let Some(size) = usize::try_from(size).ok().filter(|&size| size <= request_size_max) else {
+        connection.set_reading(None);
+        return Ok(Err(FrameError::TooLarge { size: i64::from(size), size_max: request_size_max }));
+    };
+    let mut body = vec![0u8; size];
+    stream.read_exact(&mut body).await?;
+    connection.set_reading(None);
+    connection.set_partial_line(None, Instant::now());
+    Ok(Ok(Some(Bytes::from(body))))
+}
+
+/// Serves one connection's requests in order until it closes, sends a
+/// frame that cannot be answered, or the server shuts down.
+async fn serve_connection(shard: &Shard, face: &KafkaFace, mut stream: TcpStream, connection: &Connection) {
+    let mut response = Vec::new();
+    loop {
+        let read = read_request(&mut stream, connection, face.request_size_max);
+        let request = match first(read, shard.lifecycle().shutdown_requested()).await {
+            Either::Left(Ok(Ok(Some(request)))) => request,
+            Either::Left(Ok(Err(error))) => return refuse_frame(shard, error),
+            Either::Left(Ok(Ok(None)) | Err(_)) | Either::Right(()) => return,
+        };
+        connection.greet();
+        let frame = match decode_frame(request) {
+            Ok(frame) => frame,
+            Err(error) => return refuse_frame(shard, error),
+        };
+        response.clear();
+        ShardMetrics::add(&shard.metrics().kafka_requests, 1);
+        match api::handle(shard, face, frame, &mut response).await {
+            Ok(true) => {
+                if stream.write_all(&response).await.is_err() {
+                    return;
+                }
+            }
+            Ok(false) => {}
+            Err(error) => return refuse_frame(shard, error),
+        }
+        if response.capacity() > face.request_size_max {
+            response = Vec::new();
+        }
+    }
+}
+
+/// Counts and logs a request the connection cannot go on after.
+fn refuse_frame(shard: &Shard, error: FrameError) {
+    let metrics = shard.metrics();
+    match &error {
+        FrameError::TooLarge { .. } => ShardMetrics::add(&metrics.kafka_errors_frame_too_large, 1),
+        FrameError::Malformed(_) => ShardMetrics::add(&metrics.kafka_errors_malformed, 1),
+    }
+    // Counted, not logged: a client that sends garbage is not an operator's
+    // problem, and a log line per connection would let it flood the log.
+    let _ = error;
+}
