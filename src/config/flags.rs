@@ -77,6 +77,26 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9402")]
     pub admin: SocketAddr,
 
+    /// This node's internode address (UDP gossip now; the node-to-node
+    /// TCP transport will share the port). A node binds it only when this
+    /// flag or --join is given [default with --join: 0.0.0.0:9404]; without
+    /// either, the node is a cluster of one that binds nothing more than
+    /// before, so two single nodes on one machine never clash on it.
+    #[arg(long)]
+    pub cluster: Option<SocketAddr>,
+
+    /// Members to join through (comma-separated `host:port` cluster
+    /// addresses; any live member will do). Implies --cluster.
+    #[arg(long, value_delimiter = ',', value_parser = parse_socket_address)]
+    pub join: Vec<SocketAddr>,
+
+    /// The cluster address other nodes should use for this one [default:
+    /// --cluster when its IP is specific, else the local IP that routes to
+    /// the first --join address, else 127.0.0.1]. Listeners bound to
+    /// 0.0.0.0 are advertised on this IP.
+    #[arg(long, value_parser = parse_socket_address)]
+    pub advertise: Option<SocketAddr>,
+
     /// Longest accepted line in bytes (without CR LF). Longer lines get
     /// `ERR <line> line_too_long` and are skipped.
     #[arg(long, default_value_t = MIB)]
@@ -352,6 +372,13 @@ impl std::fmt::Display for Listen {
     }
 }
 
+/// `host:port` or `ip:port`, resolved once at start-up.
+fn parse_socket_address(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let mut resolved = text.to_socket_addrs().map_err(|error| format!("{text}: {error}"))?;
+    resolved.next().ok_or_else(|| format!("{text}: resolves to no address"))
+}
+
 fn parse_json_key(text: &str) -> Result<crate::protocol::json::JsonKeySpec, String> {
     crate::protocol::json::JsonKeySpec::parse(text).map_err(|error| error.to_string())
 }
@@ -372,9 +399,16 @@ pub enum Rebalance {
     Off,
 }
 
+/// The internode address a node binds once `--join` is given without
+/// `--cluster`.
+pub const CLUSTER_ADDRESS_DEFAULT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9404);
+
 /// A configuration that cannot work, with the numbers involved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
+    /// `--advertise` on a node that is not in a cluster (no `--cluster`, no `--join`).
+    AdvertiseWithoutCluster,
     ShardCount {
         shard_count: usize,
         shard_count_max: usize,
@@ -452,6 +486,9 @@ impl std::fmt::Display for ConfigError {
                  {read_buffer_bytes}"
             ),
             ConfigError::Zero { name } => write!(f, "{name} must be greater than zero"),
+            ConfigError::AdvertiseWithoutCluster => {
+                write!(f, "--advertise needs --cluster or --join: a node without them is a cluster of one")
+            }
             ConfigError::TooLarge { name, value, max, why } => {
                 write!(f, "{name} {value} is above its maximum {max} ({why})")
             }
@@ -474,6 +511,12 @@ impl Config {
     /// Shards to run: --shards, or one per online CPU.
     pub fn shard_count(&self) -> usize {
         self.shards.unwrap_or_else(|| std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1))
+    }
+
+    /// The internode address this node binds, or `None` for a cluster of
+    /// one (no `--cluster`, no `--join`).
+    pub fn cluster_address(&self) -> Option<SocketAddr> {
+        self.cluster.or_else(|| (!self.join.is_empty()).then_some(CLUSTER_ADDRESS_DEFAULT))
     }
 
     /// Checks that the flags fit together, one by one and in pairs; the
@@ -549,6 +592,9 @@ impl Config {
     }
 
     fn validate_relations(&self) -> Result<(), ConfigError> {
+        if self.advertise.is_some() && self.cluster_address().is_none() {
+            return Err(ConfigError::AdvertiseWithoutCluster);
+        }
         let line_record_size_max = self.line_record_size_max();
         if self.credit_window_bytes() < line_record_size_max {
             return Err(ConfigError::CreditWindowBelowLine {
@@ -700,7 +746,7 @@ impl Config {
 
 /// Parses `spate serve` flags for tests, as clap does at start-up.
 #[cfg(test)]
-pub(super) mod parse {
+pub(crate) mod parse {
     use clap::Parser;
 
     use super::Config;
