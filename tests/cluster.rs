@@ -221,3 +221,43 @@ fn a_single_node_is_a_cluster_of_one() {
     assert!(log.contains("a cluster of one"), "{log}");
     assert!(!log.contains("cluster gossip on udp"), "{log}");
 }
+
+/// The CPUs the shard threads of `server` (and the helper threads they
+/// start, which inherit their affinity) may run on, as the kernel lists
+/// them (`Cpus_allowed_list`), once each.
+fn shard_cpus(server: &Server) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", server.pid())).unwrap();
+    let mut cpus = Vec::new();
+    for task in tasks.flatten() {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !name.starts_with("spate-shard") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let allowed = status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:"));
+        cpus.push(allowed.unwrap_or_default().trim().to_string());
+    }
+    cpus.sort();
+    cpus.dedup();
+    cpus
+}
+
+/// Nodes on one machine do not stack their shards on the same CPUs:
+/// `--cpus` pins each node where it says, and `--cpus auto` with another
+/// spate server running leaves the shards unpinned (and says so).
+#[test]
+fn nodes_on_one_machine_place_their_shards_apart() {
+    let first = Server::start(&["--shards", "1", "--partitions", "4", "--storage", "memory", "--cpus", "0"]);
+    assert_eq!(shard_cpus(&first), ["0"], "{}", first.log());
+    let auto = Server::start(&["--shards", "1", "--partitions", "4", "--storage", "memory"]);
+    let log = auto.log();
+    assert!(log.contains("unpinned: another spate server"), "{log}");
+    let all = std::fs::read_to_string("/proc/self/status").unwrap();
+    let all = all.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    assert_eq!(shard_cpus(&auto), [all], "an unpinned shard may run anywhere this process may");
+    let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
+    if cpus > 1 {
+        let second = Server::start(&["--shards", "1", "--partitions", "4", "--storage", "memory", "--cpus", "1"]);
+        assert_eq!(shard_cpus(&second), ["1"], "{}", second.log());
+    }
+}

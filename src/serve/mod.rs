@@ -3,6 +3,7 @@
 
 mod checks;
 mod cluster;
+mod placement;
 mod ports;
 mod startup;
 
@@ -79,6 +80,11 @@ pub enum ServeError {
     /// The data directory cannot be used (another server holds it, or it
     /// cannot be created).
     DataDir(crate::storage::dir::DirError),
+    /// A `--cpus` CPU this process may not run on.
+    CpuNotAllowed {
+        cpu: usize,
+        allowed: Vec<usize>,
+    },
     /// The node identity in the data directory cannot be read or saved.
     Identity(crate::cluster::identity::IdentityError),
     /// A helper thread (signals) could not start.
@@ -122,6 +128,10 @@ impl std::fmt::Display for ServeError {
             ServeError::Catalog(error) => write!(f, "{error}"),
             ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
             ServeError::Identity(error) => write!(f, "{error} (--data-dir)"),
+            ServeError::CpuNotAllowed { cpu, allowed } => {
+                let allowed: Vec<String> = allowed.iter().map(usize::to_string).collect();
+                write!(f, "--cpus: CPU {cpu} is not one this process may run on ({})", allowed.join(","))
+            }
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
     }
@@ -163,8 +173,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         catalog: Arc::new(catalog.running()),
         wal_replay: Arc::new(wal_replay),
     };
-    let pinned = shard_count <= cpu_count();
-    let pool = start_shards(&config, shard_count, pinned, context)?;
+    let placement = placement::decide(&config, shard_count)?;
+    let pool = start_shards(&config, placement.placement, context)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
     let cluster_banner = cluster::describe(&config, &cluster_start);
@@ -186,7 +196,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
             return Err(error);
         }
     };
-    print_banner(&config, shard_count, pinned);
+    print_banner(&config, shard_count, &placement.description);
     log::info!("{cluster_banner}");
     print_read_only(&read_only, catalog_unsaved.reason().as_deref());
     spawn_signal_thread(&controls, &cluster, Duration::from_millis(config.shutdown_timeout_ms))?;
@@ -228,22 +238,13 @@ fn lock_data_dir(config: &Config) -> Result<Option<crate::storage::dir::DataDirL
     }
 }
 
-/// CPUs this process may run on (1 if unknown).
-fn cpu_count() -> usize {
-    std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1)
-}
-
-/// Starts one executor per shard, each running [`run_shard`]: spread over
-/// the CPUs, one shard per CPU, when `pinned` (there are enough CPUs), else
-/// left to the kernel's scheduler.
+/// Starts one executor per shard, each running [`run_shard`], where
+/// [`placement::decide`] put them.
 fn start_shards(
     config: &Config,
-    shard_count: usize,
-    pinned: bool,
+    placement: PoolPlacement,
     context: ShardContext,
 ) -> Result<PoolThreadHandles<()>, ServeError> {
-    let placement =
-        if pinned { PoolPlacement::MaxSpread(shard_count, None) } else { PoolPlacement::Unbound(shard_count) };
     LocalExecutorPoolBuilder::new(placement)
         .name("spate-shard")
         .io_memory(config.io_memory_bytes)
@@ -409,11 +410,11 @@ fn leave_cluster(cluster: &flume::Sender<ClusterRequest>) {
     }
 }
 
-fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
+fn print_banner(config: &Config, shard_count: usize, placement: &str) {
     let bound = config.memory_bound();
     log::info!(
         "{shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, subscribe {}, admin http://{}",
-        if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
+        placement,
         config.partitions,
         config.ingest,
         config.ingest_json,
