@@ -92,8 +92,14 @@ fn all_alive(count: usize) -> impl Fn(&Value) -> bool {
 fn three_nodes_join_through_one_seed_and_gossip_their_load() {
     let nodes = start_three(&["--storage", "memory"]);
     let all: Vec<&Node> = nodes.iter().collect();
-    let took = wait_for(&all, JOIN_WITHIN, "three alive members", all_alive(3));
-    eprintln!("three nodes saw each other alive after {took:?}");
+    let with_loads = |view: &Value| {
+        all_alive(3)(view)
+            && view["members"]
+                .as_array()
+                .is_some_and(|members| members.iter().all(|member| member["load"]["partitions_owned"] == 16))
+    };
+    let took = wait_for(&all, JOIN_WITHIN, "three alive members with their loads", with_loads);
+    eprintln!("three nodes saw each other alive with their loads after {took:?}");
     for observer in &nodes {
         let view = cluster_of(&observer.server);
         assert_eq!(view["gossip"], true);

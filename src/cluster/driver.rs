@@ -8,8 +8,9 @@
 //! one fires foca's timers when they are due, one asks every shard for its
 //! stats each [`LOAD_REFRESH_MS`] (the `ControlRequest::Stats` that
 //! `/stats` uses) and publishes the summary. A cluster of one (no
-//! `--cluster`, no `--join`) has no socket: only the load task runs, so
-//! `GET /cluster` shows this node and its load.
+//! `--cluster`, no `--join`) has no socket and runs none of these: it reads
+//! its shards' load when `GET /cluster` asks, so an idle single node wakes
+//! no more than before.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -165,17 +166,24 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
         glommio::spawn_local(send_datagrams(node.clone())).detach();
         glommio::spawn_local(fire_timers(node.clone())).detach();
+        glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
         node.membership.borrow_mut().join(node.now(), &setup.join);
         node.after_interaction();
     }
-    glommio::spawn_local(refresh_load(node.clone(), setup.controls)).detach();
-    serve_requests(&node, requests).await;
+    serve_requests(&node, &setup.controls, requests).await;
 }
 
-async fn serve_requests(node: &Rc<Node>, requests: flume::Receiver<ClusterRequest>) {
+async fn serve_requests(
+    node: &Rc<Node>,
+    controls: &[flume::Sender<ControlRequest>],
+    requests: flume::Receiver<ClusterRequest>,
+) {
     while let Ok(request) = requests.recv_async().await {
         match request {
             ClusterRequest::View(reply) => {
+                if node.socket.is_none() {
+                    publish_load(node, controls).await;
+                }
                 let _ = reply.send(node.view());
             }
             ClusterRequest::Leave(reply) => {
@@ -238,11 +246,16 @@ async fn fire_timers(node: Rc<Node>) {
 
 async fn refresh_load(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
     loop {
-        if let Some(stats) = shard_stats(&controls).await {
-            node.membership.borrow_mut().publish_load(node.now(), LoadSummary::of(&stats));
-            node.after_interaction();
-        }
+        publish_load(&node, &controls).await;
         glommio::timer::sleep(Duration::from_millis(LOAD_REFRESH_MS)).await;
+    }
+}
+
+/// Reads the shards' load and publishes it (when it changed).
+async fn publish_load(node: &Node, controls: &[flume::Sender<ControlRequest>]) {
+    if let Some(stats) = shard_stats(controls).await {
+        node.membership.borrow_mut().publish_load(node.now(), LoadSummary::of(&stats));
+        node.after_interaction();
     }
 }
 
