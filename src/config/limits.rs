@@ -99,6 +99,18 @@ pub const WAL_BYTES_MAX_DEFAULT: usize = 256 * MIB;
 pub const STORAGE_RETRY_MS: u64 = 100;
 
 // ---------------------------------------------------------------------------
+// Kafka.
+
+/// (producer id, partition) entries the idempotent-producer table holds
+/// (`kafka::producers`), process-wide; a full table evicts its least
+/// recently used eighth. Each costs about [`KAFKA_PRODUCER_STATE_BYTES`]: a
+/// term of the memory formula.
+pub const KAFKA_PRODUCER_STATES_MAX: usize = 16_384;
+/// One entry of the producer table: its key, epoch and sequence, the last
+/// five batches' sequences, and the hash map's own overhead.
+pub const KAFKA_PRODUCER_STATE_BYTES: usize = 160;
+
+// ---------------------------------------------------------------------------
 // Ingest connections.
 
 /// Reply bytes an ingest connection buffers (`ERR`/`OK` lines) before it

@@ -277,6 +277,19 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Fixed,
+        storage: None,
+        expression: || format!("{KAFKA_PRODUCER_STATES_MAX} * {KAFKA_PRODUCER_STATE_BYTES}"),
+        what: "the idempotent Kafka producers' (producer, partition) table, once per process",
+        bytes: |config| {
+            if config.ingest_kafka.0.is_some() {
+                product(&[KAFKA_PRODUCER_STATES_MAX, KAFKA_PRODUCER_STATE_BYTES])
+            } else {
+                0
+            }
+        },
+    },
+    FormulaLine {
         term: Term::SegmentPool,
         storage: None,
         expression: || "S * log_prefault_bytes".to_string(),

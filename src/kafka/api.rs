@@ -10,7 +10,8 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
-    DeleteTopicsResponse, MetadataRequest, MetadataResponse, ResponseHeader, TopicName,
+    DeleteTopicsResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse, ProducerId,
+    ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 
@@ -29,6 +30,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::InitProducerId, 0, 5),
 ];
 
 /// Whether spate answers `api_key` at `version`.
@@ -84,6 +86,10 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
         ApiKey::ListOffsets => {
             let request = decode(&mut body, version)?;
             let response = super::fetch::list_offsets(shard, request).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::InitProducerId => {
+            let response = init_producer_id(face, decode(&mut body, version)?);
             respond(out, key, version, correlation_id, &response)
         }
         _ => Err(FrameError::Malformed(format!("{key:?} is not served"))),
@@ -216,6 +222,25 @@ async fn create_topics(shard: &Shard, face: &KafkaFace, request: CreateTopicsReq
         results.push(result);
     }
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// InitProducerId: a new producer id at epoch 0, or, for a producer that
+/// names its id and epoch (KIP-360, after an error that needs a clean
+/// sequence), the same id at the next epoch. Transactions are not served:
+/// a transactional id gets INVALID_REQUEST.
+fn init_producer_id(face: &KafkaFace, request: InitProducerIdRequest) -> InitProducerIdResponse {
+    let response = InitProducerIdResponse::default();
+    if request.transactional_id.is_some() {
+        return response
+            .with_error_code(codes::INVALID_REQUEST)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+    }
+    let (producer_id, epoch) = match (request.producer_id.0, request.producer_epoch) {
+        (id, epoch) if id >= 0 && (0..i16::MAX).contains(&epoch) => (id, epoch + 1),
+        _ => (face.producers.allocate(), 0),
+    };
+    response.with_producer_id(ProducerId(producer_id)).with_producer_epoch(epoch)
 }
 
 /// DeleteTopics: deletes each named stream (as `DELETE /streams/NAME`).

@@ -28,7 +28,10 @@ pub mod batch;
 pub mod codes;
 mod fetch;
 mod produce;
+mod producers;
 mod topics;
+
+pub use producers::ProducerTable;
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -58,10 +61,16 @@ pub struct KafkaFace {
     /// size limit, so a Kafka record is bounded like a line.
     pub record_size_max: usize,
     pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
+    /// Idempotent producers' ids and sequences, shared by every shard.
+    pub producers: std::sync::Arc<ProducerTable>,
 }
 
 impl KafkaFace {
-    pub fn new(config: &Config, stream_commands: flume::Sender<crate::admin::StreamCommand>) -> KafkaFace {
+    pub fn new(
+        config: &Config,
+        stream_commands: flume::Sender<crate::admin::StreamCommand>,
+        producers: std::sync::Arc<ProducerTable>,
+    ) -> KafkaFace {
         let listen = config.ingest_kafka.0.unwrap_or_else(|| ([127, 0, 0, 1], 9092).into());
         let (advertised_host, advertised_port) = match &config.kafka_advertise {
             Some(advertise) => split_host_port(advertise, listen.port()),
@@ -75,6 +84,7 @@ impl KafkaFace {
             request_size_max: config.kafka_request_size_max,
             record_size_max: config.line_size_max + crate::protocol::record::EXTENDED_FIXED_SIZE + 1024,
             stream_commands,
+            producers,
         }
     }
 }

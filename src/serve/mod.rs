@@ -157,6 +157,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         catalog: Arc::new(catalog.running()),
         wal_replay: Arc::new(wal_replay),
         stream_commands: stream_commands_sender,
+        kafka_producers: Arc::new(crate::kafka::ProducerTable::new(crate::config::KAFKA_PRODUCER_STATES_MAX)),
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;
