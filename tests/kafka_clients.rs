@@ -296,3 +296,250 @@ fn python_producers_round_trip_and_survive_kill_9() {
         assert_eq!(after, records, "{topic}: the same records after kill -9");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Consumer groups.
+
+/// confluent-kafka: a group member that prints what it is assigned, each
+/// record it reads and each commit, committing after every poll; it
+/// leaves the group (close) when its stdin closes.
+const CONFLUENT_MEMBER: &str = r#"
+import json, sys, threading
+from confluent_kafka import Consumer, KafkaException
+broker, group, topic = sys.argv[1:4]
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+consumer = Consumer({"bootstrap.servers": broker, "group.id": group, "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                     "partition.assignment.strategy": "range"})
+def say(what):
+    print(json.dumps(what), flush=True)
+consumer.subscribe([topic], on_assign=lambda c, ps: say({"assigned": [p.partition for p in ps]}),
+                   on_revoke=lambda c, ps: say({"revoked": [p.partition for p in ps]}))
+while not stop.is_set():
+    messages = consumer.consume(num_messages=50, timeout=0.2)
+    for message in messages:
+        if message.error():
+            say({"error": str(message.error())})
+        else:
+            say({"p": message.partition(), "o": message.offset()})
+    if messages:
+        try:
+            done = consumer.commit(asynchronous=False)
+            say({"committed": [[tp.partition, tp.offset] for tp in done]})
+        except KafkaException as error:
+            say({"commit_error": str(error)})
+consumer.close()
+"#;
+
+/// kafka-python: the same member, on the other client library.
+const KAFKA_PYTHON_MEMBER: &str = r#"
+import json, sys, threading
+from kafka import KafkaConsumer
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+broker, group, topic = sys.argv[1:4]
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+consumer = KafkaConsumer(topic, bootstrap_servers=broker, group_id=group, enable_auto_commit=False,
+                         auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
+                         partition_assignment_strategy=[RangePartitionAssignor])
+def say(what):
+    print(json.dumps(what), flush=True)
+while not stop.is_set():
+    batches = consumer.poll(timeout_ms=200)
+    for tp, records in batches.items():
+        for record in records:
+            say({"p": record.partition, "o": record.offset})
+    if batches:
+        try:
+            consumer.commit()
+            say({"committed": [[tp.partition, consumer.position(tp)] for tp in batches]})
+        except Exception as error:
+            say({"commit_error": str(error)})
+consumer.close()
+"#;
+
+/// A group member process and the JSON lines it printed.
+struct Member {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Member {
+    fn start(script: &str, server: &Server, group: &str, topic: &str) -> Member {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args([&server.ingest_kafka.to_string(), group, topic])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let stdout = child.stdout.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    collected.lock().unwrap().push(value);
+                }
+            }
+        });
+        Member { child, lines }
+    }
+
+    /// The (partition, offset) of every record it read.
+    fn records(&self) -> Vec<(u64, u64)> {
+        let lines = self.lines.lock().unwrap();
+        lines.iter().filter_map(|line| Some((line["p"].as_u64()?, line["o"].as_u64()?))).collect()
+    }
+
+    /// The partitions of its last assignment, if any.
+    fn assigned(&self) -> Option<Vec<u64>> {
+        let lines = self.lines.lock().unwrap();
+        let last = lines.iter().rev().find(|line| line.get("assigned").is_some())?;
+        Some(last["assigned"].as_array()?.iter().filter_map(serde_json::Value::as_u64).collect())
+    }
+
+    /// Leaves the group (its stdin closes) and waits for it to exit.
+    fn leave(mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `ready` holds, failing with `what` after `limit`.
+fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The committed offsets of `group` on `stream` from GET /groups (one per
+/// partition, None where none).
+fn committed(server: &Server, stream: &str, group: &str) -> Vec<Option<u64>> {
+    let groups: serde_json::Value = serde_json::from_str(&server.get("/groups")).unwrap();
+    let Some(found) =
+        groups["groups"].as_array().unwrap().iter().find(|entry| entry["stream"] == stream && entry["group"] == group)
+    else {
+        return Vec::new();
+    };
+    found["partitions"].as_array().unwrap().iter().map(|partition| partition["committed"].as_u64()).collect()
+}
+
+fn next_offsets(server: &Server, stream: &str) -> Vec<u64> {
+    server.streams()[stream]["next_offsets"].as_array().unwrap().iter().map(|offset| offset.as_u64().unwrap()).collect()
+}
+
+fn produce_confluent(server: &Server, topic: &str, count: usize) {
+    let acked = python(CONFLUENT_PRODUCE, &[&server.ingest_kafka.to_string(), topic, &count.to_string(), "1"]);
+    assert_eq!(acked.trim(), count.to_string());
+}
+
+/// Waits until the group's commits on `stream` reach every partition's end.
+fn wait_for_commits_at_end(server: &Server, stream: &str, group: &str) {
+    let ends: Vec<Option<u64>> = next_offsets(server, stream).into_iter().map(Some).collect();
+    wait_until(Duration::from_secs(60), "the group's commits to reach the end", || {
+        committed(server, stream, group) == ends
+    });
+}
+
+/// A consumer group of three confluent-kafka members shares a stream's
+/// partitions (each partition to one member); one is killed (-9) and a
+/// kafka-python member joins, and the group reads every record at least
+/// once and commits up to the end; the commits are spate's (GET /groups,
+/// /metrics); after kill -9 of the server and a restart, a new member
+/// resumes exactly at the last commits and reads exactly the new records.
+#[test]
+fn a_kafka_consumer_group_shares_partitions_and_resumes_at_its_commits() {
+    let mut server = Server::start(&["--shards", "2", "--partitions", "4", "--fsync", "always"]);
+    server.create_stream(serde_json::json!({"name": "shared", "partitions": 6}));
+    let members: Vec<Member> = (0..3).map(|_| Member::start(CONFLUENT_MEMBER, &server, "billing", "shared")).collect();
+    wait_until(Duration::from_secs(60), "three members each assigned partitions", || {
+        let assigned: Vec<Vec<u64>> = members.iter().filter_map(Member::assigned).collect();
+        let mut all: Vec<u64> = assigned.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assigned.len() == 3 && assigned.iter().all(|set| !set.is_empty()) && all == [0, 1, 2, 3, 4, 5]
+    });
+    produce_confluent(&server, "shared", 600);
+    wait_for_commits_at_end(&server, "shared", "billing");
+    let mut members = members.into_iter();
+    let dead = members.next().unwrap();
+    let dead_partitions = dead.assigned().unwrap();
+    dead.kill9();
+    let mut living: Vec<Member> = members.collect();
+    living.push(Member::start(KAFKA_PYTHON_MEMBER, &server, "billing", "shared"));
+    produce_confluent(&server, "shared", 600);
+    wait_for_commits_at_end(&server, "shared", "billing");
+    let ends = next_offsets(&server, "shared");
+    assert_eq!(ends.iter().sum::<u64>(), 1200);
+    let read: std::collections::HashSet<(u64, u64)> = living.iter().flat_map(Member::records).collect();
+    for &partition in &dead_partitions {
+        let tail = (ends[partition as usize] - 1, partition);
+        assert!(read.contains(&(tail.1, tail.0)), "the dead member's partition {partition} was taken over");
+    }
+    let joiner = living.last().unwrap().records();
+    assert!(!joiner.is_empty(), "the kafka-python member read its share");
+    let metrics = server.get("/metrics");
+    assert!(metrics.contains("spate_group_lag_events{stream=\"shared\",group=\"billing\"} 0"), "{metrics}");
+    for member in living {
+        member.leave();
+    }
+    let before_crash = committed(&server, "shared", "billing");
+    server.crash();
+    server.spawn();
+    assert_eq!(committed(&server, "shared", "billing"), before_crash, "the commits survive kill -9");
+    produce_confluent(&server, "shared", 300);
+    let resumed = Member::start(CONFLUENT_MEMBER, &server, "billing", "shared");
+    wait_for_commits_at_end(&server, "shared", "billing");
+    let mut records = resumed.records();
+    records.sort_unstable();
+    records.dedup();
+    assert_eq!(records.len(), 300, "exactly the records after the commits");
+    for (partition, offset) in records {
+        assert!(offset >= before_crash[partition as usize].unwrap(), "p{partition} o{offset} was committed");
+    }
+}
+
+/// A Kafka group and a `GROUP` group of the same name on one stream are
+/// refused, whichever came second: the Kafka member's offset fetch (and
+/// commit) gets INCONSISTENT_GROUP_PROTOCOL, the `GROUP` member
+/// `ERR group_conflict`.
+#[test]
+fn a_kafka_group_and_a_spate_group_of_one_name_are_refused() {
+    let server = Server::start(&["--shards", "2", "--partitions", "2", "--storage", "memory"]);
+    produce_confluent(&server, "default", 50);
+    let member = Member::start(CONFLUENT_MEMBER, &server, "kafkaside", "default");
+    wait_for_commits_at_end(&server, "default", "kafkaside");
+    member.leave();
+    let mut spate_member = common::Subscriber::connect(server.subscribe, "GROUP default kafkaside earliest");
+    let line = String::from_utf8(spate_member.next_line().expect("an answer")).unwrap();
+    assert!(line.starts_with("ERR group_conflict"), "{line}");
+    let mut spate_member = common::Subscriber::connect(server.subscribe, "GROUP default spateside earliest");
+    let line = String::from_utf8(spate_member.next_line().expect("an answer")).unwrap();
+    assert!(line.starts_with("ASSIGNED"), "{line}");
+    let member = Member::start(CONFLUENT_MEMBER, &server, "spateside", "default");
+    wait_until(Duration::from_secs(30), "the Kafka member's refused commit", || {
+        let lines = member.lines.lock().unwrap();
+        // librdkafka reports it when it fetches the group's offsets.
+        lines
+            .iter()
+            .any(|line| line["error"].as_str().is_some_and(|error| error.contains("Inconsistent group protocol")))
+    });
+}

@@ -290,6 +290,18 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Groups,
+        storage: None,
+        expression: || {
+            format!("{KAFKA_GROUP_MEMBERS_MAX} * ({} + {KAFKA_MEMBER_STATE_BYTES})", size(KAFKA_MEMBER_BYTES_MAX))
+        },
+        what: "Kafka consumer group members, once per process: metadata, assignment and state",
+        bytes: |config| {
+            let per_member = KAFKA_MEMBER_BYTES_MAX + KAFKA_MEMBER_STATE_BYTES;
+            if config.ingest_kafka.0.is_some() { product(&[KAFKA_GROUP_MEMBERS_MAX, per_member]) } else { 0 }
+        },
+    },
+    FormulaLine {
         term: Term::SegmentPool,
         storage: None,
         expression: || "S * log_prefault_bytes".to_string(),

@@ -31,6 +31,15 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 7),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
 ];
 
 /// Whether spate answers `api_key` at `version`.
@@ -42,7 +51,7 @@ pub fn is_supported(api_key: i16, version: i16) -> bool {
 /// `out`. `Ok(false)`: nothing to send (Produce with acks=0). `Err`: the
 /// connection closes (the request cannot be answered in its own format).
 pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec<u8>) -> Result<bool, FrameError> {
-    let Frame { api_key, api_version: version, correlation_id, body } = frame;
+    let Frame { api_key, api_version: version, correlation_id, body, client_id } = frame;
     let Ok(key) = ApiKey::try_from(api_key) else {
         ShardMetrics::add(&shard.metrics().kafka_errors_unsupported, 1);
         return Err(FrameError::Malformed(format!("unknown API key {api_key}")));
@@ -91,6 +100,63 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
         ApiKey::InitProducerId => {
             let response = init_producer_id(face, decode(&mut body, version)?);
             respond(out, key, version, correlation_id, &response)
+        }
+        _ => {
+            let request = Request { key, version, correlation_id, body, client_id };
+            handle_group(shard, face, request, out).await
+        }
+    }
+}
+
+/// A request the group APIs serve, decoded up to its body.
+struct Request {
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: Bytes,
+    client_id: StrBytes,
+}
+
+/// The group APIs ([`super::group_api`]).
+async fn handle_group(
+    shard: &Shard,
+    face: &KafkaFace,
+    request: Request,
+    out: &mut Vec<u8>,
+) -> Result<bool, FrameError> {
+    use super::group_api as group;
+    let Request { key, version, correlation_id, mut body, client_id } = request;
+    let body = &mut body;
+    match key {
+        ApiKey::FindCoordinator => {
+            let response = group::find_coordinator(face, decode(body, version)?);
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::JoinGroup => {
+            let response = group::join_group(face, decode(body, version)?, &client_id).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::SyncGroup => {
+            let response = group::sync_group(face, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::Heartbeat => {
+            respond(out, key, version, correlation_id, &group::heartbeat(face, decode(body, version)?))
+        }
+        ApiKey::LeaveGroup => {
+            respond(out, key, version, correlation_id, &group::leave_group(face, decode(body, version)?))
+        }
+        ApiKey::OffsetCommit => {
+            let response = group::offset_commit(shard, face, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::OffsetFetch => {
+            let response = group::offset_fetch(shard, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::ListGroups => respond(out, key, version, correlation_id, &group::list_groups(face)),
+        ApiKey::DescribeGroups => {
+            respond(out, key, version, correlation_id, &group::describe_groups(face, decode(body, version)?))
         }
         _ => Err(FrameError::Malformed(format!("{key:?} is not served"))),
     }

@@ -27,10 +27,13 @@ mod api;
 pub mod batch;
 pub mod codes;
 mod fetch;
+mod group_api;
+mod groups;
 mod produce;
 mod producers;
 mod topics;
 
+pub use groups::KafkaGroups;
 pub use producers::ProducerTable;
 
 use std::rc::Rc;
@@ -63,13 +66,15 @@ pub struct KafkaFace {
     pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
     /// Idempotent producers' ids and sequences, shared by every shard.
     pub producers: std::sync::Arc<ProducerTable>,
+    /// Kafka consumer groups' membership, shared by every shard.
+    pub groups: std::sync::Arc<KafkaGroups>,
 }
 
 impl KafkaFace {
     pub fn new(
         config: &Config,
         stream_commands: flume::Sender<crate::admin::StreamCommand>,
-        producers: std::sync::Arc<ProducerTable>,
+        (producers, groups): (std::sync::Arc<ProducerTable>, std::sync::Arc<KafkaGroups>),
     ) -> KafkaFace {
         let listen = config.ingest_kafka.0.unwrap_or_else(|| ([127, 0, 0, 1], 9092).into());
         let (advertised_host, advertised_port) = match &config.kafka_advertise {
@@ -85,6 +90,7 @@ impl KafkaFace {
             record_size_max: config.line_size_max + crate::protocol::record::EXTENDED_FIXED_SIZE + 1024,
             stream_commands,
             producers,
+            groups,
         }
     }
 }
@@ -133,6 +139,8 @@ pub struct Frame {
     pub api_key: i16,
     pub api_version: i16,
     pub correlation_id: i32,
+    /// The client's name (the header's `client_id`; empty when absent).
+    pub client_id: kafka_protocol::protocol::StrBytes,
     pub body: Bytes,
 }
 
@@ -157,11 +165,20 @@ pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
     let header_version = match ApiKey::try_from(api_key) {
         Ok(key) if api::is_supported(api_key, api_version) => key.request_header_version(api_version),
         // Unknown keys and versions: only the fixed fields are read.
-        _ => return Ok(Frame { api_key, api_version, correlation_id, body: Bytes::new() }),
+        _ => {
+            return Ok(Frame {
+                api_key,
+                api_version,
+                correlation_id,
+                client_id: Default::default(),
+                body: Bytes::new(),
+            });
+        }
     };
-    RequestHeader::decode(&mut request, header_version)
+    let header = RequestHeader::decode(&mut request, header_version)
         .map_err(|error| FrameError::Malformed(format!("request header: {error}")))?;
-    Ok(Frame { api_key, api_version, correlation_id, body: request })
+    let client_id = header.client_id.unwrap_or_default();
+    Ok(Frame { api_key, api_version, correlation_id, client_id, body: request })
 }
 
 /// Reads one request: the size prefix, then that many bytes. `None` at a

@@ -158,6 +158,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         wal_replay: Arc::new(wal_replay),
         stream_commands: stream_commands_sender,
         kafka_producers: Arc::new(crate::kafka::ProducerTable::new(crate::config::KAFKA_PRODUCER_STATES_MAX)),
+        kafka_groups: Arc::new(crate::kafka::KafkaGroups::new(config.groups_max, config.group_members_max)),
     };
     let pinned = shard_count <= cpu_count();
     let pool = start_shards(&config, shard_count, pinned, context)?;

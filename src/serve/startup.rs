@@ -37,6 +37,9 @@ pub struct ShardContext {
     /// Idempotent producers' state, one table for the process (see
     /// `kafka::producers` for why it is shared).
     pub kafka_producers: Arc<crate::kafka::ProducerTable>,
+    /// Kafka consumer groups' membership, one table for the process (see
+    /// `kafka::groups`).
+    pub kafka_groups: Arc<crate::kafka::KafkaGroups>,
 }
 
 /// The body of one shard's executor.
@@ -85,7 +88,7 @@ pub async fn run_shard(context: ShardContext) {
                 let face = crate::kafka::KafkaFace::new(
                     &context.config,
                     context.stream_commands.clone(),
-                    context.kafka_producers.clone(),
+                    (context.kafka_producers.clone(), context.kafka_groups.clone()),
                 );
                 let (shard, net) = (shard.clone(), net.clone());
                 glommio::spawn_local(crate::kafka::accept_loop(shard, net, listener, face)).detach();
