@@ -67,6 +67,10 @@ pub(super) fn take_snapshot_if_requested(shard: &Shard) {
             Some((id, disk.writer()?.next_offset()))
         })
         .collect();
+    // From here until the checkpoint ends, a round that finds the log
+    // full waits for it ([`sync_segments_directly`]): the snapshot's
+    // partitions are no longer on the dirty list it syncs.
+    state.running.set(true);
     state.snapshot.replace(Some(Snapshot { lsn, targets }));
     committer.round_waiters.wake_all();
 }
@@ -79,13 +83,10 @@ pub(super) async fn run_checkpoints(shard: Rc<Shard>) {
     loop {
         let timer = glommio::timer::sleep(state.interval);
         let _ = crate::runtime::notify::first(state.notify.notified(), timer).await;
-        if state.running.get() || state.logged_lsn.get() <= state.checkpoint_lsn.get() {
+        if state.checkpointing.get() || state.logged_lsn.get() <= state.checkpoint_lsn.get() {
             continue;
         }
-        state.running.set(true);
         let checkpointed = checkpoint(&shard).await;
-        state.running.set(false);
-        state.ended.wake_all();
         match checkpointed {
             Ok(()) => {
                 ShardMetrics::add(&shard.metrics.wal_checkpoints, 1);
@@ -119,14 +120,11 @@ pub async fn checkpoint_at_stop(shard: &Rc<Shard>) {
         return;
     }
     let last = async {
-        state.ended.wait_until(|| !state.running.get()).await;
+        state.ended.wait_until(|| !state.checkpointing.get()).await;
         if state.logged_lsn.get() <= state.checkpoint_lsn.get() {
             return;
         }
-        state.running.set(true);
         let checkpointed = checkpoint(shard).await;
-        state.running.set(false);
-        state.ended.wake_all();
         if let Err(error) = checkpointed {
             log::warn!(shard = shard.id, "last write-ahead log checkpoint: {error}; the next start replays the log");
         }
@@ -144,19 +142,27 @@ pub async fn checkpoint_at_stop(shard: &Rc<Shard>) {
 const STOP_CHECKPOINT_MS: u64 = 5000;
 
 /// One checkpoint: snapshot, partitions durable, checkpoint written.
+/// Periodic and last checkpoints run one at a time (`checkpointing`).
 async fn checkpoint(shard: &Rc<Shard>) -> Result<(), SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
+    state.checkpointing.set(true);
     state.snapshot_requested.set(true);
     committer.notify.notify();
     committer.round_waiters.wait_until(|| state.snapshot.borrow().is_some()).await;
     let snapshot = state.snapshot.take().expect("just taken");
-    if let Err(error) = make_durable(shard, &snapshot.targets).await {
-        // The next snapshot covers them again.
-        state.dirty.borrow_mut().extend(snapshot.targets.iter().map(|&(id, _)| id));
-        return Err(error);
-    }
-    write_checkpoint(shard, snapshot.lsn).await
+    let checkpointed = match make_durable(shard, &snapshot.targets).await {
+        Ok(()) => write_checkpoint(shard, snapshot.lsn).await,
+        Err(error) => {
+            // The next snapshot covers them again.
+            state.dirty.borrow_mut().extend(snapshot.targets.iter().map(|&(id, _)| id));
+            Err(error)
+        }
+    };
+    state.running.set(false);
+    state.checkpointing.set(false);
+    state.ended.wake_all();
+    checkpointed
 }
 
 /// Makes every partition's frames below its target offset durable in its
@@ -198,13 +204,26 @@ async fn partition_durable(shard: Rc<Shard>, partition_id: u32, target_offset: u
     loop {
         match next_step(&shard, partition_id, target_offset)? {
             Step::Nothing => return Ok(()),
-            Step::WriterOut => committer.round_ended().await,
+            Step::WriterOut => committer.round_waiters.wait_until(|| writer_back(&shard, partition_id)).await,
             Step::Writing(behind) => behind.ended().await,
             Step::Sync(file, path) => {
                 return io_context(file.fdatasync().await, "fdatasync segment", &path, 0);
             }
         }
     }
+}
+
+/// Whether a partition's writer is back (or the partition gone, or no
+/// round running that could hold it): not the round's end, which may
+/// itself wait for this checkpoint when the log is full.
+fn writer_back(shard: &Shard, partition_id: u32) -> bool {
+    let in_round = shard.committer.as_ref().is_some_and(|committer| committer.in_round.get());
+    let partitions = shard.partitions.borrow();
+    let back = partitions
+        .get(partition_id)
+        .and_then(|partition| partition.log.disk())
+        .is_none_or(|disk| disk.writer().is_some());
+    back || !in_round
 }
 
 fn next_step(shard: &Shard, partition_id: u32, target_offset: u64) -> Result<Step, SegmentError> {
@@ -246,6 +265,9 @@ fn next_step(shard: &Shard, partition_id: u32, target_offset: u64) -> Result<Ste
 /// Writes the checkpoint at `lsn` and frees the log behind it.
 async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
     let state = &shard.committer.as_ref().expect("disk storage").wal;
+    if lsn <= state.checkpoint_lsn.get() {
+        return Ok(());
+    }
     let mut checkpoint = state.checkpoint.borrow_mut().take().expect("one checkpoint writer at a time");
     let written = checkpoint.write(lsn).await;
     state.checkpoint.replace(Some(checkpoint));

@@ -85,7 +85,11 @@ pub(super) struct WalState {
     /// A checkpoint asks for a snapshot, taken between rounds.
     pub(super) snapshot_requested: Cell<bool>,
     pub(super) snapshot: RefCell<Option<super::checkpoint::Snapshot>>,
+    /// A snapshot's checkpoint or a direct sync is under way (they
+    /// exclude each other).
     pub(super) running: Cell<bool>,
+    /// A checkpoint task runs, from its request to its end.
+    pub(super) checkpointing: Cell<bool>,
     pub(super) ended: WaitList,
     pub(super) notify: Notify,
     pub(super) interval: Duration,
@@ -567,7 +571,14 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
     let state = &committer.wal;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let written_before = wal.written_lsn();
-    let written = wal.write(state.checkpoint_lsn.get()).await;
+    let mut written = wal.write(state.checkpoint_lsn.get()).await;
+    while matches!(written, Err(WalError::Full)) && state.running.get() {
+        // A checkpoint is under way: it frees the log without this round
+        // (every writer is in its partition now), so wait for it and try
+        // again before syncing the segments directly.
+        state.ended.wait_until(|| !state.running.get()).await;
+        written = wal.write(state.checkpoint_lsn.get()).await;
+    }
     ShardMetrics::add(&shard.metrics.wal_written_bytes, wal.written_lsn().saturating_sub(written_before));
     // Under `interval` the log's unsynced bytes bound the wait for a sync.
     committer.unsynced_bytes.set(wal.written_lsn().saturating_sub(wal.synced_lsn()) as usize);
@@ -853,6 +864,8 @@ fn put_back(shard: &Shard, partition_id: u32, writer: SegmentWriter) {
     // The writer keeps what it wrote until it is synced (to write it again
     // if an fdatasync fails), so the cache needs only what is not written.
     cache.keep_from(disk.written_offset());
+    // A checkpoint may wait for this writer to come back.
+    shard.committer.as_ref().expect("disk storage").round_waiters.wake_all();
 }
 
 /// Seals a full segment (sync, sidecar index, close) and opens the next.
@@ -886,6 +899,7 @@ async fn roll(shard: &Rc<Shard>, partition_id: u32, mut writer: SegmentWriter) -
     let partition = partitions.get_mut(partition_id).expect("a partition stays while its writer is out");
     let (_, disk) = partition.log.parts_mut();
     disk.expect("disk partition").on_rolled(index, next);
+    shard.committer.as_ref().expect("disk storage").round_waiters.wake_all();
     ShardMetrics::add(&shard.metrics.segments_rolled, 1);
     Ok(())
 }

@@ -310,7 +310,11 @@ impl fmt::Debug for SegmentWriter {
 /// stopped it (`None` while it runs).
 #[derive(Default)]
 struct BehindState {
+    /// Taken by the reaper.
     outcome: std::cell::RefCell<Option<(usize, Option<SegmentError>)>>,
+    /// Set once the task has ended and never cleared: waiters look at
+    /// this, not at `outcome`, which a reaper may have taken already.
+    done: std::cell::Cell<bool>,
     ended: crate::runtime::notify::WaitList,
 }
 
@@ -322,7 +326,7 @@ pub struct WriteBehind(Rc<BehindState>);
 impl WriteBehind {
     /// Waits until the write-behind task has ended (successfully or not).
     pub async fn ended(&self) {
-        self.0.ended.wait_until(|| self.0.outcome.borrow().is_some()).await;
+        self.0.ended.wait_until(|| self.0.done.get()).await;
     }
 }
 
@@ -847,6 +851,7 @@ async fn write_behind(file: Rc<DmaFile>, path: PathBuf, writes: Vec<(u64, Rc<Dma
         }
     }
     state.outcome.replace(Some((done, failed)));
+    state.done.set(true);
     state.ended.wake_all();
 }
 
