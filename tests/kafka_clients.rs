@@ -543,3 +543,88 @@ fn a_kafka_group_and_a_spate_group_of_one_name_are_refused() {
             .any(|line| line["error"].as_str().is_some_and(|error| error.contains("Inconsistent group protocol")))
     });
 }
+
+// ---------------------------------------------------------------------------
+// Across formats.
+
+/// Sends `input` to a line-format listener, then `#SYNC`, and waits for
+/// its `OK` (the events are stored).
+fn send_and_sync(address: std::net::SocketAddr, input: &[u8]) {
+    use std::io::BufRead;
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(input).unwrap();
+    stream.write_all(b"#SYNC done\n").unwrap();
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.unwrap();
+        assert!(!line.starts_with("ERR"), "{line}");
+        if line.ends_with(" SYNC done") {
+            return;
+        }
+    }
+    panic!("closed before OK SYNC");
+}
+
+/// (partition, offset, key, value) of every event a subscriber sees,
+/// sorted.
+fn delivered(events: Vec<common::Delivered>) -> Vec<(u64, u64, String, String)> {
+    let mut seen: Vec<(u64, u64, String, String)> = events
+        .into_iter()
+        .map(|event| {
+            let key = String::from_utf8(event.key).unwrap();
+            (u64::from(event.partition), event.offset, key, String::from_utf8(event.payload).unwrap())
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+/// Events sent as `KEY PAYLOAD` lines and as JSON lines reach a Kafka
+/// consumer (kafka-python) with their keys and payloads, at the offsets a
+/// `SUB` subscriber sees them; records a Kafka producer (confluent-kafka)
+/// sent reach a `SUB` subscriber and a `GROUP` member with the same keys,
+/// values, partitions and offsets as a Kafka consumer reads.
+#[test]
+fn lines_and_json_in_kafka_out_and_kafka_in_sub_and_group_out() {
+    let server = Server::start(&["--shards", "2", "--partitions", "3", "--storage", "memory"]);
+    server.create_stream(serde_json::json!({"name": "mixed", "partitions": 3}));
+    send_and_sync(server.ingest, b"#STREAM mixed\nuser1 first line\nuser2 second\nuser1 third\n");
+    send_and_sync(server.ingest_json, b"#STREAM mixed\n{\"key\":\"user3\",\"n\":1}\n");
+    let through_kafka: Vec<(u64, u64, String, String)> = {
+        let mut records: Vec<_> = read_all(&server, "mixed", 4)
+            .into_iter()
+            .map(|record| {
+                assert_eq!((&record["t"], &record["h"]), (&serde_json::json!(-1), &serde_json::json!([])));
+                let text = |field: &str| record[field].as_str().unwrap().to_string();
+                (record["p"].as_u64().unwrap(), record["o"].as_u64().unwrap(), text("k"), text("v"))
+            })
+            .collect();
+        records.sort();
+        records
+    };
+    let mut subscriber = common::Subscriber::connect(server.subscribe, "SUB mixed * earliest");
+    assert_eq!(delivered(subscriber.take(4)), through_kafka, "Kafka reads what SUB reads");
+    let values: Vec<&str> = through_kafka.iter().map(|record| record.3.as_str()).collect();
+    for expected in ["first line", "second", "third", "{\"key\":\"user3\",\"n\":1}"] {
+        assert!(values.contains(&expected), "{expected} in {values:?}");
+    }
+    produce_confluent(&server, "default", 200);
+    let produced: Vec<(u64, u64, String, String)> = {
+        let mut records: Vec<_> = read_all(&server, "default", 200)
+            .into_iter()
+            .map(|record| {
+                let text = |field: &str| record[field].as_str().unwrap().to_string();
+                (record["p"].as_u64().unwrap(), record["o"].as_u64().unwrap(), text("k"), text("v"))
+            })
+            .collect();
+        records.sort();
+        records
+    };
+    assert_eq!(produced.len(), 200);
+    let mut subscriber = common::Subscriber::connect(server.subscribe, "SUB * earliest");
+    assert_eq!(delivered(subscriber.take(200)), produced, "SUB reads what Kafka reads");
+    let mut member = common::Subscriber::connect(server.subscribe, "GROUP default readers earliest");
+    let assigned = String::from_utf8(member.next_line().unwrap()).unwrap();
+    assert!(assigned.starts_with("ASSIGNED"), "{assigned}");
+    assert_eq!(delivered(member.take(200)), produced, "a GROUP member reads what Kafka reads");
+}
