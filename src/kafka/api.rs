@@ -162,6 +162,81 @@ async fn handle_group(
     }
 }
 
+/// Decodes a request body with the decoder of its API and version, as
+/// [`handle`] does, without serving it; a Produce's record batches are
+/// checked and their records walked too. Pure: the fuzz target's.
+pub fn decode_body(api_key: i16, version: i16, body: &mut Bytes, record_size_max: usize) -> Result<(), FrameError> {
+    use kafka_protocol::messages::*;
+    let Ok(key) = ApiKey::try_from(api_key) else { return Ok(()) };
+    if !is_supported(api_key, version) {
+        return Ok(());
+    }
+    match key {
+        ApiKey::Produce => {
+            let request: ProduceRequest = decode(body, version)?;
+            for partition in request.topic_data.into_iter().flat_map(|topic| topic.partition_data) {
+                let Ok(batches) = super::batch::check_batches(partition.records.unwrap_or_default(), record_size_max)
+                else {
+                    continue;
+                };
+                for batch in &batches {
+                    assert!(batch.records().all(|record| record.is_ok()), "a checked batch's records parse");
+                }
+            }
+        }
+        ApiKey::Fetch => {
+            decode::<FetchRequest>(body, version)?;
+        }
+        ApiKey::ListOffsets => {
+            decode::<ListOffsetsRequest>(body, version)?;
+        }
+        ApiKey::Metadata => {
+            decode::<MetadataRequest>(body, version)?;
+        }
+        ApiKey::ApiVersions => {
+            decode::<ApiVersionsRequest>(body, version)?;
+        }
+        ApiKey::CreateTopics => {
+            decode::<CreateTopicsRequest>(body, version)?;
+        }
+        ApiKey::DeleteTopics => {
+            decode::<DeleteTopicsRequest>(body, version)?;
+        }
+        ApiKey::InitProducerId => {
+            decode::<InitProducerIdRequest>(body, version)?;
+        }
+        ApiKey::FindCoordinator => {
+            decode::<FindCoordinatorRequest>(body, version)?;
+        }
+        ApiKey::JoinGroup => {
+            decode::<JoinGroupRequest>(body, version)?;
+        }
+        ApiKey::SyncGroup => {
+            decode::<SyncGroupRequest>(body, version)?;
+        }
+        ApiKey::Heartbeat => {
+            decode::<HeartbeatRequest>(body, version)?;
+        }
+        ApiKey::LeaveGroup => {
+            decode::<LeaveGroupRequest>(body, version)?;
+        }
+        ApiKey::OffsetCommit => {
+            decode::<OffsetCommitRequest>(body, version)?;
+        }
+        ApiKey::OffsetFetch => {
+            decode::<OffsetFetchRequest>(body, version)?;
+        }
+        ApiKey::ListGroups => {
+            decode::<ListGroupsRequest>(body, version)?;
+        }
+        ApiKey::DescribeGroups => {
+            decode::<DescribeGroupsRequest>(body, version)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn decode<T: Decodable>(body: &mut Bytes, version: i16) -> Result<T, FrameError> {
     T::decode(body, version).map_err(|error| FrameError::Malformed(format!("request body: {error}")))
 }

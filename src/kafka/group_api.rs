@@ -111,7 +111,10 @@ pub async fn join_group(face: &KafkaFace, request: JoinGroupRequest, client_id: 
     } else {
         Some(JoinAnswer { error: codes::INVALID_GROUP_ID, ..JoinAnswer::default() })
     };
-    let answer = joined.unwrap_or(JoinAnswer { error: codes::UNKNOWN_MEMBER_ID, ..JoinAnswer::default() });
+    join_response(joined.unwrap_or(JoinAnswer { error: codes::UNKNOWN_MEMBER_ID, ..JoinAnswer::default() }))
+}
+
+fn join_response(answer: JoinAnswer) -> JoinGroupResponse {
     JoinGroupResponse::default()
         .with_error_code(answer.error)
         .with_generation_id(if answer.error == codes::NONE { answer.generation } else { -1 })
@@ -137,7 +140,10 @@ pub async fn sync_group(face: &KafkaFace, request: SyncGroupRequest) -> SyncGrou
     let receiver =
         face.groups.sync(&request.group_id.0, &request.member_id, request.generation_id, assignments, Instant::now());
     let answer = wait_for(face, receiver).await;
-    let answer = answer.unwrap_or(SyncAnswer { error: codes::UNKNOWN_MEMBER_ID, ..SyncAnswer::default() });
+    sync_response(answer.unwrap_or(SyncAnswer { error: codes::UNKNOWN_MEMBER_ID, ..SyncAnswer::default() }))
+}
+
+fn sync_response(answer: SyncAnswer) -> SyncGroupResponse {
     SyncGroupResponse::default()
         .with_error_code(answer.error)
         .with_protocol_type(Some(text(&answer.protocol_type)))
@@ -337,4 +343,84 @@ pub async fn offset_fetch(shard: &Shard, request: OffsetFetchRequest) -> OffsetF
         topics.push(OffsetFetchResponseTopic::default().with_name(TopicName(text(&name))).with_partitions(partitions));
     }
     OffsetFetchResponse::default().with_topics(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::api::{SUPPORTED, respond};
+    use crate::kafka::{KafkaGroups, ProducerTable};
+
+    fn face() -> KafkaFace {
+        KafkaFace {
+            advertised_host: "127.0.0.1".into(),
+            advertised_port: 9092,
+            auto_create_partitions: None,
+            request_size_max: 1 << 20,
+            record_size_max: 1 << 20,
+            stream_commands: flume::bounded(1).0,
+            producers: std::sync::Arc::new(ProducerTable::new(16)),
+            groups: std::sync::Arc::new(KafkaGroups::new(16, 16)),
+        }
+    }
+
+    fn versions(key: ApiKey) -> std::ops::RangeInclusive<i16> {
+        let &(_, min, max) = SUPPORTED.iter().find(|(served, _, _)| *served == key).unwrap();
+        min..=max
+    }
+
+    fn encodes<T: kafka_protocol::protocol::Encodable + kafka_protocol::protocol::HeaderVersion>(
+        key: ApiKey,
+        version: i16,
+        response: &T,
+    ) {
+        let encoded = respond(&mut Vec::new(), key, version, 1, response);
+        assert_eq!(encoded, Ok(true), "{key:?} v{version}");
+    }
+
+    /// Every group response, as the handlers build it from a request of
+    /// each served version, encodes at that version: the codec refuses a
+    /// field the version lacks (FindCoordinator's two shapes, LeaveGroup's
+    /// member list), which closed kafka-python's connections once.
+    #[test]
+    fn group_responses_encode_at_every_served_version() {
+        let face = face();
+        let members = vec![("m".to_string(), Bytes::from_static(b"meta"))];
+        for version in versions(ApiKey::FindCoordinator) {
+            let mut request = FindCoordinatorRequest::default();
+            if version >= 4 {
+                request.coordinator_keys = vec![StrBytes::from_static_str("g")];
+            } else {
+                request.key = StrBytes::from_static_str("g");
+            }
+            encodes(ApiKey::FindCoordinator, version, &find_coordinator(&face, request));
+        }
+        for version in versions(ApiKey::LeaveGroup) {
+            let mut request = LeaveGroupRequest::default().with_group_id(GroupId(StrBytes::from_static_str("g")));
+            if version >= 3 {
+                request.members = vec![Default::default()];
+            } else {
+                request.member_id = StrBytes::from_static_str("m");
+            }
+            encodes(ApiKey::LeaveGroup, version, &leave_group(&face, request));
+        }
+        for version in versions(ApiKey::JoinGroup) {
+            let answer = JoinAnswer { members: members.clone(), ..JoinAnswer::default() };
+            encodes(ApiKey::JoinGroup, version, &join_response(answer));
+        }
+        for version in versions(ApiKey::SyncGroup) {
+            let answer = SyncAnswer { assignment: Bytes::from_static(b"a"), ..SyncAnswer::default() };
+            encodes(ApiKey::SyncGroup, version, &sync_response(answer));
+        }
+        for version in versions(ApiKey::Heartbeat) {
+            encodes(ApiKey::Heartbeat, version, &heartbeat(&face, HeartbeatRequest::default()));
+        }
+        for version in versions(ApiKey::ListGroups) {
+            encodes(ApiKey::ListGroups, version, &list_groups(&face));
+        }
+        for version in versions(ApiKey::DescribeGroups) {
+            let request = DescribeGroupsRequest::default().with_groups(vec![GroupId(StrBytes::from_static_str("g"))]);
+            encodes(ApiKey::DescribeGroups, version, &describe_groups(&face, request));
+        }
+    }
 }

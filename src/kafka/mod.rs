@@ -152,7 +152,7 @@ pub enum FrameError {
 }
 
 /// Splits a request (the bytes after the size prefix) into its header and
-/// body. Pure and total over any input: the fuzz target's entry point.
+/// body. Pure and total over any input (fuzzed through [`decode_request`]).
 pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
     use kafka_protocol::messages::{ApiKey, RequestHeader};
     use kafka_protocol::protocol::Decodable;
@@ -179,6 +179,16 @@ pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
         .map_err(|error| FrameError::Malformed(format!("request header: {error}")))?;
     let client_id = header.client_id.unwrap_or_default();
     Ok(Frame { api_key, api_version, correlation_id, client_id, body: request })
+}
+
+/// Decodes a whole request as the server does before serving it: the
+/// header ([`decode_frame`]), then the body with its API's decoder, and a
+/// Produce's record batches and records. Pure and total over any input:
+/// the `kafka_request` fuzz target's entry point (it must never panic, nor
+/// allocate much more than the input's size).
+pub fn decode_request(request: Bytes, record_size_max: usize) -> Result<(), FrameError> {
+    let mut frame = decode_frame(request)?;
+    api::decode_body(frame.api_key, frame.api_version, &mut frame.body, record_size_max)
 }
 
 /// Reads one request: the size prefix, then that many bytes. `None` at a

@@ -130,6 +130,13 @@ async fn produce_partition(
             return error.code();
         }
     };
+    if batches.iter().all(|batch| batch.producer_id < 0) {
+        // Not an idempotent producer: nothing to check, no lock taken.
+        for batch in &batches {
+            route_batch(shard, partition, batch, &mut pending.touched).await;
+        }
+        return codes::NONE;
+    }
     let identities: Vec<BatchIdentity> = batches.iter().map(ProducedBatch::identity).collect();
     let mut verdicts = Vec::with_capacity(batches.len());
     if let Err(code) = face.producers.check(partition, &identities, &mut verdicts) {
