@@ -12,6 +12,13 @@
 //! and durability as a line ([`produce`]), and reads through the same owner
 //! fetches as a `SUB` subscriber ([`fetch`]).
 //!
+//! Idempotent producers' sequences are checked per partition before their
+//! records are routed (`producers`); consumer groups follow Kafka's classic
+//! protocol, membership in `groups` and committed offsets in spate's group
+//! store (`group_api`, `crate::group`). Both tables are process-wide, behind
+//! a lock taken per batch or per group request, never per record: a
+//! client's connections land on any shard.
+//!
 //! Requests and responses are decoded and encoded by the `kafka-protocol`
 //! crate; record batches by [`batch`]. A connection handles one request at
 //! a time, in order (Kafka answers a connection's requests in order): it
