@@ -55,6 +55,7 @@ pub mod aggregate;
 pub mod balance;
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod group;
 mod ingest;

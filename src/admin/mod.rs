@@ -5,6 +5,7 @@
 //! * `GET /metrics`: Prometheus text exposition format 0.0.4.
 //! * `GET /stats`: JSON, per shard and totals.
 //! * `GET /partitions`: JSON placement table with offsets.
+//! * `GET /cluster`: JSON, the members this node knows ([`cluster`]).
 //!
 //! The server is hyper 1.x (HTTP/1 only) on a current-thread tokio runtime
 //! that the admin thread owns ([`http`]): at most [`ADMIN_CONNECTIONS_MAX`]
@@ -24,6 +25,7 @@
 //! [`ADMIN_CONNECTION_LIFETIME_MS`]: http::ADMIN_CONNECTION_LIFETIME_MS
 
 mod aggregates;
+mod cluster;
 mod http;
 mod render;
 mod routes;
@@ -42,7 +44,7 @@ use crate::shard::control::{ControlRequest, PartitionInfo};
 use crate::shard::metrics::ShardStats;
 
 /// How long the admin thread waits for a shard's answer.
-const SHARD_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const SHARD_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long stopping the admin server waits for its connections.
 const STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -64,6 +66,8 @@ pub struct AdminState {
     pub catalog_unsaved: crate::stream::UnsavedCatalog,
     /// Stream changes the shards ask for (Kafka's CreateTopics, ...).
     pub stream_commands: flume::Receiver<StreamCommand>,
+    /// The cluster thread (`GET /cluster`, the member gauges of `/metrics`).
+    pub cluster: flume::Sender<crate::cluster::ClusterRequest>,
 }
 
 /// What the admin server counts about itself.

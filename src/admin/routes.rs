@@ -7,7 +7,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::admin::{AdminState, aggregates, collect_groups, collect_partitions, collect_stats, render, streams};
+use crate::admin::{
+    AdminState, aggregates, cluster, collect_groups, collect_partitions, collect_stats, render, streams,
+};
 
 /// Largest admin request body read, in bytes (`413` beyond). No route takes a
 /// body yet; routes that will (`POST /streams`) get it already bounded.
@@ -36,6 +38,9 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
             (Ok(stats), Ok((groups, partitions))) => {
                 let mut text = render::prometheus(state, &stats);
                 render::group_metrics(&mut text, &groups, &partitions);
+                if let Some(view) = cluster::collect(state).await {
+                    cluster::metrics(&mut text, &view);
+                }
                 respond(200, PROMETHEUS, text)
             }
             (Err(error), _) | (_, Err(error)) => respond(503, TEXT, error.to_string()),
@@ -52,6 +57,10 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
             Ok(partitions) => respond(200, JSON, render::partitions_json(&partitions)),
             Err(error) => respond(503, TEXT, error.to_string()),
         },
+        (&Method::GET, "/cluster") => match cluster::collect(state).await {
+            Some(view) => respond(200, JSON, cluster::json(&view)),
+            None => respond(503, TEXT, "the cluster thread did not answer\n".to_string()),
+        },
         (&Method::GET, "/streams") => stream_response(200, streams::list(state).await),
         (&Method::POST, "/streams") => stream_response(201, streams::create(state, &body).await),
         (&Method::DELETE, _) if path.starts_with("/streams/") => {
@@ -60,7 +69,7 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
         (&Method::GET, "/") => respond(
             200,
             TEXT,
-            "spate admin: GET /metrics, /stats, /partitions, /streams, /groups, /streams/NAME/aggregates, \
+            "spate admin: GET /metrics, /stats, /partitions, /cluster, /streams, /groups, /streams/NAME/aggregates, \
              /aggregates/AGG?key=K, /aggregates/AGG/top?n=N; POST /streams, /streams/NAME/aggregates; \
              DELETE /streams/NAME, /streams/NAME/aggregates/AGG\n"
                 .to_string(),

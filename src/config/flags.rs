@@ -20,10 +20,18 @@ use crate::storage::index::SEGMENT_SIZE_MAX;
 /// `spate serve` configuration. Sizes are bytes, durations carry their unit.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
-    /// Shards (one glommio executor each). Default: one per online CPU,
-    /// pinned. More shards than CPUs run unpinned.
+    /// Shards (one glommio executor each). Default: one per CPU this
+    /// process may run on (or per CPU of a --cpus list).
     #[arg(long)]
     pub shards: Option<usize>,
+
+    /// Which CPUs the shards run on: `auto` (pinned, spread over the CPUs
+    /// this process may run on, unless there are more shards than those or
+    /// another spate server runs on this machine: then unpinned), `none`
+    /// (unpinned), or a list such as `0-3,6` (pinned to exactly these; give
+    /// each node on one machine its own).
+    #[arg(long, default_value = "auto")]
+    pub cpus: Cpus,
 
     /// Partitions of the `default` stream; `partition = xxh3_64(key) %
     /// partitions`. Fixed for the life of the data.
@@ -102,6 +110,26 @@ pub struct Config {
     /// Admin HTTP address (/metrics, /stats, /partitions). Loopback by default.
     #[arg(long, default_value = "127.0.0.1:9402")]
     pub admin: SocketAddr,
+
+    /// This node's internode address (UDP gossip now; the node-to-node
+    /// TCP transport will share the port). A node binds it only when this
+    /// flag or --join is given [default with --join: 0.0.0.0:9404]; without
+    /// either, the node is a cluster of one that binds nothing more than
+    /// before, so two single nodes on one machine never clash on it.
+    #[arg(long)]
+    pub cluster: Option<SocketAddr>,
+
+    /// Members to join through (comma-separated `host:port` cluster
+    /// addresses; any live member will do). Implies --cluster.
+    #[arg(long, value_delimiter = ',', value_parser = parse_socket_address)]
+    pub join: Vec<SocketAddr>,
+
+    /// The cluster address other nodes should use for this one [default:
+    /// --cluster when its IP is specific, else the local IP that routes to
+    /// the first --join address, else 127.0.0.1]. Listeners bound to
+    /// 0.0.0.0 are advertised on this IP.
+    #[arg(long, value_parser = parse_socket_address)]
+    pub advertise: Option<SocketAddr>,
 
     /// Longest accepted line in bytes (without CR LF). Longer lines get
     /// `ERR <line> line_too_long` and are skipped.
@@ -357,6 +385,58 @@ pub enum Storage {
     Memory,
 }
 
+/// Which CPUs the shards run on (`--cpus`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cpus {
+    Auto,
+    None,
+    /// Sorted, without duplicates.
+    List(Vec<usize>),
+}
+
+/// The highest CPU id `--cpus` takes (the kernel's affinity mask size).
+pub const CPU_ID_MAX: usize = 1023;
+
+impl std::str::FromStr for Cpus {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Cpus, String> {
+        match text {
+            "auto" => return Ok(Cpus::Auto),
+            "none" => return Ok(Cpus::None),
+            _ => {}
+        }
+        let bad = |why: &str| format!("{text:?}: {why} (auto, none, or CPU ids and ranges such as 0-3,6)");
+        let mut cpus = Vec::new();
+        for part in text.split(',') {
+            let (first, last) = part.split_once('-').unwrap_or((part, part));
+            let (Ok(first), Ok(last)) = (first.trim().parse::<usize>(), last.trim().parse::<usize>()) else {
+                return Err(bad("not a CPU id"));
+            };
+            if first > last || last > CPU_ID_MAX {
+                return Err(bad(&format!("a range must go up, to at most {CPU_ID_MAX}")));
+            }
+            cpus.extend(first..=last);
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        Ok(Cpus::List(cpus))
+    }
+}
+
+impl std::fmt::Display for Cpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cpus::Auto => write!(f, "auto"),
+            Cpus::None => write!(f, "none"),
+            Cpus::List(cpus) => {
+                let ids: Vec<String> = cpus.iter().map(usize::to_string).collect();
+                write!(f, "{}", ids.join(","))
+            }
+        }
+    }
+}
+
 /// A listener's address, or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listen(pub Option<SocketAddr>);
@@ -393,6 +473,13 @@ fn parse_auto_create(text: &str) -> Result<AutoCreate, String> {
     }
 }
 
+/// `host:port` or `ip:port`, resolved once at start-up.
+fn parse_socket_address(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let mut resolved = text.to_socket_addrs().map_err(|error| format!("{text}: {error}"))?;
+    resolved.next().ok_or_else(|| format!("{text}: resolves to no address"))
+}
+
 fn parse_json_key(text: &str) -> Result<crate::protocol::json::JsonKeySpec, String> {
     crate::protocol::json::JsonKeySpec::parse(text).map_err(|error| error.to_string())
 }
@@ -413,9 +500,16 @@ pub enum Rebalance {
     Off,
 }
 
+/// The internode address a node binds once `--join` is given without
+/// `--cluster`.
+pub const CLUSTER_ADDRESS_DEFAULT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9404);
+
 /// A configuration that cannot work, with the numbers involved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
+    /// `--advertise` on a node that is not in a cluster (no `--cluster`, no `--join`).
+    AdvertiseWithoutCluster,
     ShardCount {
         shard_count: usize,
         shard_count_max: usize,
@@ -493,6 +587,9 @@ impl std::fmt::Display for ConfigError {
                  {read_buffer_bytes}"
             ),
             ConfigError::Zero { name } => write!(f, "{name} must be greater than zero"),
+            ConfigError::AdvertiseWithoutCluster => {
+                write!(f, "--advertise needs --cluster or --join: a node without them is a cluster of one")
+            }
             ConfigError::TooLarge { name, value, max, why } => {
                 write!(f, "{name} {value} is above its maximum {max} ({why})")
             }
@@ -512,9 +609,19 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl Config {
-    /// Shards to run: --shards, or one per online CPU.
+    /// Shards to run: --shards, or one per CPU of --cpus, or one per CPU
+    /// this process may run on.
     pub fn shard_count(&self) -> usize {
-        self.shards.unwrap_or_else(|| std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1))
+        self.shards.unwrap_or_else(|| match &self.cpus {
+            Cpus::List(cpus) => cpus.len(),
+            Cpus::Auto | Cpus::None => std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1),
+        })
+    }
+
+    /// The internode address this node binds, or `None` for a cluster of
+    /// one (no `--cluster`, no `--join`).
+    pub fn cluster_address(&self) -> Option<SocketAddr> {
+        self.cluster.or_else(|| (!self.join.is_empty()).then_some(CLUSTER_ADDRESS_DEFAULT))
     }
 
     /// Checks that the flags fit together, one by one and in pairs; the
@@ -529,6 +636,12 @@ impl Config {
         let shard_count = self.shard_count();
         if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
             return Err(ConfigError::ShardCount { shard_count, shard_count_max: SHARD_COUNT_MAX });
+        }
+        if let Cpus::List(cpus) = &self.cpus
+            && shard_count > cpus.len()
+        {
+            let why = "--cpus pins one shard per CPU";
+            return Err(ConfigError::TooLarge { name: "--shards", value: shard_count, max: cpus.len(), why });
         }
         if self.partitions_max == 0 || self.partitions_max > PARTITION_COUNT_MAX {
             return Err(ConfigError::PartitionCount {
@@ -590,6 +703,9 @@ impl Config {
     }
 
     fn validate_relations(&self) -> Result<(), ConfigError> {
+        if self.advertise.is_some() && self.cluster_address().is_none() {
+            return Err(ConfigError::AdvertiseWithoutCluster);
+        }
         let line_record_size_max = self.line_record_size_max();
         if self.credit_window_bytes() < line_record_size_max {
             return Err(ConfigError::CreditWindowBelowLine {
@@ -741,7 +857,7 @@ impl Config {
 
 /// Parses `spate serve` flags for tests, as clap does at start-up.
 #[cfg(test)]
-pub(super) mod parse {
+pub(crate) mod parse {
     use clap::Parser;
 
     use super::Config;
@@ -782,6 +898,26 @@ mod tests {
         let error = huge_segment.validate().unwrap_err();
         assert!(matches!(error, ConfigError::TooLarge { name: "--segment-bytes", value: 5_000_000_000, .. }));
         assert!(error.to_string().contains("4294967295"), "{error}");
+    }
+
+    /// `--cpus` takes auto, none, or ids and ranges (sorted, deduplicated);
+    /// anything else is refused with the accepted forms, and a list sets
+    /// the default shard count and caps --shards.
+    #[test]
+    fn cpu_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!("auto".parse::<Cpus>(), Ok(Cpus::Auto));
+        assert_eq!("none".parse::<Cpus>(), Ok(Cpus::None));
+        assert_eq!("3,0-1,1".parse::<Cpus>(), Ok(Cpus::List(vec![0, 1, 3])));
+        assert_eq!(Cpus::List(vec![0, 1, 3]).to_string(), "0,1,3");
+        for bad in ["", "x", "3-1", "0-", "-1", "1024", "0,,1"] {
+            let error = bad.parse::<Cpus>().unwrap_err();
+            assert!(error.contains("0-3,6"), "{bad}: {error}");
+        }
+        assert_eq!(parse(&["--cpus", "0-2"]).shard_count(), 3);
+        let error = parse(&["--cpus", "0", "--shards", "2"]).validate().unwrap_err();
+        assert!(matches!(error, ConfigError::TooLarge { name: "--shards", value: 2, max: 1, .. }), "{error}");
+        let error = parse(&["--shards", "1", "--advertise", "127.0.0.1:1"]).validate().unwrap_err();
+        assert_eq!(error, ConfigError::AdvertiseWithoutCluster);
     }
 
     /// Time flags past their maxima (u64::MAX, 2^63, the maximum + 1) are

@@ -339,6 +339,28 @@ pub const ADMIN_RESPONSE_BYTES_PER_PARTITION: usize = 256;
 pub const ADMIN_RESPONSE_BYTES_PER_SHARD: usize = 16 * KIB;
 
 // ---------------------------------------------------------------------------
+// The cluster thread (membership and load gossip).
+
+/// Members a node keeps track of at most (foca's member list and the load
+/// table): a cluster is a handful to a few dozen nodes; the bound keeps a
+/// flood of forged identities from growing memory (datagrams are dropped
+/// while it is reached, until down members expire).
+pub const CLUSTER_MEMBERS_MAX: usize = 256;
+/// Budget per known member, in bytes: its identity (about 120 bytes) in
+/// foca's member list and in a queued update, its load broadcast queued and
+/// in the load table (about 100 bytes each), one or two timers, map slack.
+pub const CLUSTER_MEMBER_BYTES: usize = 2 * KIB;
+/// Largest gossip datagram, sent or accepted, in bytes: under a LAN's MTU,
+/// so never fragmented.
+pub const CLUSTER_DATAGRAM_BYTES_MAX: usize = 1400;
+/// Gossip datagrams waiting to be sent at most (a probe round queues a
+/// few; more are dropped and counted, which SWIM tolerates).
+pub const CLUSTER_OUTBOX_DATAGRAMS_MAX: usize = 64;
+/// The cluster thread's own memory: its executor's io_uring rings and 64
+/// KiB of registered buffers, its stack, the receive buffer.
+pub const CLUSTER_THREAD_BYTES: usize = MIB;
+
+// ---------------------------------------------------------------------------
 // Ranges of flags.
 
 /// The longest timeout or interval a `--*-ms` flag takes (7 days; age

@@ -290,6 +290,28 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Fixed,
+        storage: None,
+        expression: || {
+            format!(
+                "{} * {} + {} * {} + {}",
+                CLUSTER_MEMBERS_MAX,
+                size(CLUSTER_MEMBER_BYTES),
+                CLUSTER_OUTBOX_DATAGRAMS_MAX,
+                size(CLUSTER_DATAGRAM_BYTES_MAX),
+                size(CLUSTER_THREAD_BYTES)
+            )
+        },
+        what: "the cluster thread: members known, gossip datagrams waiting, the thread",
+        bytes: |_| {
+            sum(&[
+                product(&[CLUSTER_MEMBERS_MAX, CLUSTER_MEMBER_BYTES]),
+                product(&[CLUSTER_OUTBOX_DATAGRAMS_MAX, CLUSTER_DATAGRAM_BYTES_MAX]),
+                CLUSTER_THREAD_BYTES,
+            ])
+        },
+    },
+    FormulaLine {
         term: Term::Groups,
         storage: None,
         expression: || {

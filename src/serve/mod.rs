@@ -2,6 +2,8 @@
 //! admin thread and the signal handler, and runs the two-phase shutdown.
 
 mod checks;
+mod cluster;
+mod placement;
 mod ports;
 mod startup;
 
@@ -16,6 +18,7 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement, PoolThreadHandles};
 
 use crate::admin::{AdminError, AdminServer, AdminState};
+use crate::cluster::{ClusterHandle, ClusterRequest};
 use crate::config::{Config, STORAGE_RETRY_MS};
 use crate::net::Admission;
 use crate::runtime::log;
@@ -28,6 +31,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTROL_CHANNEL_CAPACITY: usize = 64;
 /// Life-cycle events each shard sends `main` (started or failed, drained).
 const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
+/// How long the first SIGINT/SIGTERM waits for the cluster thread to put
+/// this node's goodbye on the wire before the drain starts, in ms.
+const CLUSTER_LEAVE_WAIT_MS: u64 = 500;
 /// After the shutdown deadline plus this, the process exits whatever is
 /// still running (status 1), in ms; a second SIGINT/SIGTERM exits at once.
 const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
@@ -74,6 +80,13 @@ pub enum ServeError {
     /// The data directory cannot be used (another server holds it, or it
     /// cannot be created).
     DataDir(crate::storage::dir::DirError),
+    /// A `--cpus` CPU this process may not run on.
+    CpuNotAllowed {
+        cpu: usize,
+        allowed: Vec<usize>,
+    },
+    /// The node identity in the data directory cannot be read or saved.
+    Identity(crate::cluster::identity::IdentityError),
     /// A helper thread (signals) could not start.
     Thread {
         name: &'static str,
@@ -114,6 +127,11 @@ impl std::fmt::Display for ServeError {
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
             ServeError::Catalog(error) => write!(f, "{error}"),
             ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
+            ServeError::Identity(error) => write!(f, "{error} (--data-dir)"),
+            ServeError::CpuNotAllowed { cpu, allowed } => {
+                let allowed: Vec<String> = allowed.iter().map(usize::to_string).collect();
+                write!(f, "--cpus: CPU {cpu} is not one this process may run on ({})", allowed.join(","))
+            }
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
         }
     }
@@ -138,6 +156,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     if let Ok(absolute) = std::fs::canonicalize(&config.data_dir) {
         config.data_dir = absolute;
     }
+    let cluster_start = cluster::prepare(&config)?;
     let (catalog, catalog_unsaved) = open_catalog(&config)?;
     let config = Arc::new(config);
     let shard_count = config.shard_count();
@@ -160,15 +179,23 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         kafka_producers: Arc::new(crate::kafka::ProducerTable::new(crate::config::KAFKA_PRODUCER_STATES_MAX)),
         kafka_groups: Arc::new(crate::kafka::KafkaGroups::new(config.groups_max, config.group_members_max)),
     };
-    let pinned = shard_count <= cpu_count();
-    let pool = start_shards(&config, shard_count, pinned, context)?;
+    let placement = placement::decide(&config, shard_count)?;
+    let pool = start_shards(&config, placement.placement, context)?;
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
+    let cluster_banner = cluster::describe(&config, &cluster_start);
     let admin = startup.and_then(|read_only| {
-        let admin = start_admin(&controls, &config, started, (catalog, stream_commands), catalog_unsaved.clone())?;
-        Ok((admin, read_only))
+        let cluster = cluster::start(&config, cluster_start, &controls)?;
+        let catalog = (catalog, stream_commands);
+        match start_admin(&controls, &config, started, catalog, catalog_unsaved.clone(), cluster.requests()) {
+            Ok(admin) => Ok((admin, cluster, read_only)),
+            Err(error) => {
+                cluster.stop();
+                Err(error)
+            }
+        }
     });
-    let (admin, read_only) = match admin {
+    let (admin, cluster, read_only) = match admin {
         Ok(started) => started,
         Err(error) => {
             broadcast(&controls, || ControlRequest::Exit);
@@ -176,12 +203,14 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
             return Err(error);
         }
     };
-    print_banner(&config, shard_count, pinned);
+    print_banner(&config, shard_count, &placement.description);
+    log::info!("{cluster_banner}");
     print_read_only(&read_only, catalog_unsaved.reason().as_deref());
-    spawn_signal_thread(&controls, Duration::from_millis(config.shutdown_timeout_ms))?;
+    spawn_signal_thread(&controls, &cluster, Duration::from_millis(config.shutdown_timeout_ms))?;
     let complete = wait_for_drain(&events, shard_count);
     stop_shards(&controls, pool);
     admin.stop();
+    cluster.stop();
     print_stopped(started.elapsed(), complete);
     Ok(())
 }
@@ -216,22 +245,13 @@ fn lock_data_dir(config: &Config) -> Result<Option<crate::storage::dir::DataDirL
     }
 }
 
-/// CPUs this process may run on (1 if unknown).
-fn cpu_count() -> usize {
-    std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1)
-}
-
-/// Starts one executor per shard, each running [`run_shard`]: spread over
-/// the CPUs, one shard per CPU, when `pinned` (there are enough CPUs), else
-/// left to the kernel's scheduler.
+/// Starts one executor per shard, each running [`run_shard`], where
+/// [`placement::decide`] put them.
 fn start_shards(
     config: &Config,
-    shard_count: usize,
-    pinned: bool,
+    placement: PoolPlacement,
     context: ShardContext,
 ) -> Result<PoolThreadHandles<()>, ServeError> {
-    let placement =
-        if pinned { PoolPlacement::MaxSpread(shard_count, None) } else { PoolPlacement::Unbound(shard_count) };
     LocalExecutorPoolBuilder::new(placement)
         .name("spate-shard")
         .io_memory(config.io_memory_bytes)
@@ -247,6 +267,7 @@ fn start_admin(
     started: Instant,
     (catalog, stream_commands): (crate::stream::Catalog, flume::Receiver<crate::admin::StreamCommand>),
     catalog_unsaved: crate::stream::UnsavedCatalog,
+    cluster: flume::Sender<ClusterRequest>,
 ) -> Result<AdminServer, ServeError> {
     AdminServer::start(AdminState {
         controls: controls.to_vec(),
@@ -258,6 +279,7 @@ fn start_admin(
         fences: std::sync::Mutex::default(),
         catalog_unsaved,
         stream_commands,
+        cluster,
     })
     .map_err(ServeError::Admin)
 }
@@ -342,14 +364,21 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> b
     complete
 }
 
-/// The first SIGINT/SIGTERM asks every shard to drain within `timeout` and
+/// The first SIGINT/SIGTERM makes this node leave the cluster (its goodbye
+/// on the wire, waited for at most [`CLUSTER_LEAVE_WAIT_MS`]), then asks
+/// every shard to drain within `timeout` and
 /// arms a watchdog that ends the process if it still runs
 /// [`SHUTDOWN_FORCE_MARGIN_MS`] after that; a second signal ends it at once.
-fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Duration) -> Result<(), ServeError> {
+fn spawn_signal_thread(
+    controls: &[flume::Sender<ControlRequest>],
+    cluster: &ClusterHandle,
+    timeout: Duration,
+) -> Result<(), ServeError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|error| ServeError::Thread { name: "signal", error })?;
     let controls = controls.to_vec();
+    let cluster = cluster.requests();
     std::thread::Builder::new()
         .name("spate-signals".into())
         .spawn(move || {
@@ -361,6 +390,7 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
                  open in {} ms are cut; a second signal exits at once)",
                 timeout.as_millis()
             );
+            leave_cluster(&cluster);
             broadcast(&controls, || ControlRequest::Shutdown { deadline });
             let force_at = deadline + Duration::from_millis(SHUTDOWN_FORCE_MARGIN_MS);
             let watchdog = std::thread::Builder::new().name("spate-watchdog".into()).spawn(move || {
@@ -380,11 +410,19 @@ fn spawn_signal_thread(controls: &[flume::Sender<ControlRequest>], timeout: Dura
     Ok(())
 }
 
-fn print_banner(config: &Config, shard_count: usize, pinned: bool) {
+/// Asks the cluster thread to leave and waits (bounded) for its goodbye.
+fn leave_cluster(cluster: &flume::Sender<ClusterRequest>) {
+    let (reply, left) = flume::bounded(1);
+    if cluster.try_send(ClusterRequest::Leave(reply)).is_ok() {
+        let _ = left.recv_timeout(Duration::from_millis(CLUSTER_LEAVE_WAIT_MS));
+    }
+}
+
+fn print_banner(config: &Config, shard_count: usize, placement: &str) {
     let bound = config.memory_bound();
     log::info!(
         "{shard_count} shards ({}), {} partitions; ingest {}, json {}, ilp {}, kafka {}, subscribe {}, admin http://{}",
-        if pinned { "pinned" } else { "unpinned: more shards than CPUs" },
+        placement,
         config.partitions,
         config.ingest,
         config.ingest_json,

@@ -39,7 +39,7 @@ fn fresh_data_dir(port: u16) -> std::path::PathBuf {
 /// tests run in parallel threads, the kernel may give a just-released port
 /// again, and spate binds with SO_REUSEPORT, so two servers would silently
 /// share it and split each other's connections.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut handed_out = HANDED_OUT.lock().unwrap();
     loop {

@@ -1,0 +1,109 @@
+//! `GET /cluster` and the cluster's `/metrics` families: this node's view
+//! of the membership, from the cluster thread.
+
+use std::fmt::Write;
+
+use serde_json::json;
+
+use crate::admin::{AdminState, SHARD_REPLY_TIMEOUT};
+use crate::cluster::membership::{MemberState, MemberView};
+use crate::cluster::{ClusterRequest, ClusterView, MemberAddresses};
+
+/// This node's view of the cluster, or `None` when the cluster thread did
+/// not answer in time.
+pub async fn collect(state: &AdminState) -> Option<ClusterView> {
+    let (sender, receiver) = flume::bounded(1);
+    state.cluster.try_send(ClusterRequest::View(sender)).ok()?;
+    tokio::time::timeout(SHARD_REPLY_TIMEOUT, receiver.recv_async()).await.ok()?.ok()
+}
+
+/// A member's addresses; `cluster` is null on a node that does not gossip.
+fn addresses_json(addresses: &MemberAddresses, gossip: bool) -> serde_json::Value {
+    json!({
+        "cluster": gossip.then(|| addresses.cluster.to_string()),
+        "ingest": addresses.ingest.to_string(),
+        "ingest_json": addresses.ingest_json.map(|address| address.to_string()),
+        "ingest_ilp": addresses.ingest_ilp.map(|address| address.to_string()),
+        "subscribe": addresses.subscribe.to_string(),
+        "admin": addresses.admin.to_string(),
+    })
+}
+
+fn member_json(member: &MemberView, view: &ClusterView) -> serde_json::Value {
+    let load = member.load.map(|entry| {
+        let load = entry.broadcast.load;
+        json!({
+            "events_per_s": load.events_per_s,
+            "bytes_per_s": load.bytes_per_s,
+            "busy_ratio": load.busy_ratio,
+            "disk_bytes": load.disk_bytes,
+            "partitions_owned": load.partitions_owned,
+            "shards": load.shards,
+            "age_ms": view.now.saturating_sub(entry.received_at).as_millis() as u64,
+        })
+    });
+    json!({
+        "node_id": member.id.node_id.to_string(),
+        "self": member.is_self,
+        "state": member.state,
+        "incarnation": member.id.incarnation,
+        "started_unix_ms": member.id.started_unix_ms,
+        "addresses": addresses_json(&member.id.addresses, view.enabled),
+        "load": load,
+    })
+}
+
+/// How many members are in each state.
+fn counts(view: &ClusterView) -> [(MemberState, usize); 4] {
+    MemberState::ALL.map(|state| (state, view.members.iter().filter(|member| member.state == state).count()))
+}
+
+/// `GET /cluster`: every member this node knows (itself first) with its
+/// state, addresses, incarnation and latest load; the gossip counters.
+pub fn json(view: &ClusterView) -> String {
+    let members: Vec<serde_json::Value> = view.members.iter().map(|member| member_json(member, view)).collect();
+    let counts: serde_json::Map<String, serde_json::Value> =
+        counts(view).iter().map(|(state, count)| (state.name().to_string(), json!(count))).collect();
+    let counters = view.counters;
+    let document = json!({
+        "node_id": view.members.first().map(|member| member.id.node_id.to_string()),
+        "gossip": view.enabled,
+        "members": members,
+        "counts": counts,
+        "gossip_counters": {
+            "datagrams_received": counters.datagrams_received,
+            "bytes_received": counters.bytes_received,
+            "datagrams_sent": counters.datagrams_sent,
+            "bytes_sent": counters.bytes_sent,
+            "datagrams_refused": counters.datagrams_refused,
+            "datagrams_dropped": counters.datagrams_dropped_outbox + counters.datagrams_dropped_members_full,
+            "loads_published": counters.loads_published,
+        },
+    });
+    serde_json::to_string_pretty(&document).expect("json serializes")
+}
+
+/// The cluster's `/metrics` families: members by state, gossip traffic.
+pub fn metrics(out: &mut String, view: &ClusterView) {
+    let name = "spate_cluster_members";
+    let _ = writeln!(out, "# HELP {name} Cluster members this node knows, by state (itself included).");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (state, count) in counts(view) {
+        let _ = writeln!(out, "{name}{{state=\"{}\"}} {count}", state.name());
+    }
+    let counters = view.counters;
+    let totals = [
+        ("spate_cluster_gossip_datagrams_received_total", "Gossip datagrams received.", counters.datagrams_received),
+        ("spate_cluster_gossip_bytes_received_total", "Gossip bytes received.", counters.bytes_received),
+        ("spate_cluster_gossip_datagrams_sent_total", "Gossip datagrams sent.", counters.datagrams_sent),
+        ("spate_cluster_gossip_bytes_sent_total", "Gossip bytes sent.", counters.bytes_sent),
+        (
+            "spate_cluster_gossip_datagrams_refused_total",
+            "Gossip datagrams refused (undecodable, oversized, stale).",
+            counters.datagrams_refused,
+        ),
+    ];
+    for (name, help, value) in totals {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+}

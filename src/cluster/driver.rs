@@ -1,0 +1,297 @@
+//! The cluster thread: one glommio executor, off the shards' CPUs' hot
+//! path, that runs the [`Membership`] state machine over the real UDP
+//! socket and clock, refreshes this node's load from its shards, and
+//! answers the admin thread (`GET /cluster`) and the signal thread (leave).
+//!
+//! Four tasks share the membership (`Rc<RefCell<_>>`, never borrowed across
+//! an await): one receives datagrams, one sends what the membership queued,
+//! one fires foca's timers when they are due, one asks every shard for its
+//! stats each [`LOAD_REFRESH_MS`] (the `ControlRequest::Stats` that
+//! `/stats` uses) and publishes the summary. A cluster of one (no
+//! `--cluster`, no `--join`) has no socket and runs none of these: it reads
+//! its shards' load when `GET /cluster` asks, so an idle single node wakes
+//! no more than before.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use foca::OwnedNotification;
+use glommio::net::UdpSocket;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::cluster::identity::MemberId;
+use crate::cluster::load::LoadSummary;
+use crate::cluster::membership::{DATAGRAM_BYTES_MAX, MemberView, Membership, MembershipCounters};
+use crate::runtime::log;
+use crate::runtime::notify::Notify;
+use crate::shard::control::ControlRequest;
+
+/// How often this node's load is refreshed from its shards, in ms.
+pub const LOAD_REFRESH_MS: u64 = 500;
+/// How long the load refresh waits for a shard's stats, in ms.
+const SHARD_STATS_TIMEOUT_MS: u64 = 1000;
+/// How long the timer task sleeps when no timer is pending, in ms.
+const IDLE_WAIT_MS: u64 = 1000;
+/// Requests queued for the cluster thread (the admin thread waits for each
+/// answer, the signal thread sends one leave).
+pub const REQUESTS_MAX: usize = 16;
+/// Registered io_uring buffer memory of the cluster executor: it only
+/// moves small datagrams.
+const CLUSTER_IO_MEMORY_BYTES: usize = 64 * 1024;
+
+/// What the admin thread and the signal thread ask the cluster thread.
+pub enum ClusterRequest {
+    /// Every member as this node sees it.
+    View(flume::Sender<ClusterView>),
+    /// Leave the cluster (SIGTERM); the answer comes once the goodbye is
+    /// on the wire.
+    Leave(flume::Sender<()>),
+    /// End the thread (after the shards stopped).
+    Exit,
+}
+
+/// A snapshot of the membership for `GET /cluster` and `/metrics`.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    /// Whether this node gossips (has a cluster address) at all.
+    pub enabled: bool,
+    pub members: Vec<MemberView>,
+    pub counters: MembershipCounters,
+    /// The membership clock now: a load's age is `now - received_at`.
+    pub now: Duration,
+}
+
+/// What the cluster thread starts from.
+pub struct ClusterSetup {
+    pub identity: MemberId,
+    /// The bound cluster socket (`None`: a cluster of one).
+    pub socket: Option<std::net::UdpSocket>,
+    pub join: Vec<SocketAddr>,
+    pub controls: Vec<flume::Sender<ControlRequest>>,
+}
+
+/// The running cluster thread.
+pub struct ClusterHandle {
+    requests: flume::Sender<ClusterRequest>,
+    thread: Option<glommio::ExecutorJoinHandle<()>>,
+}
+
+impl ClusterHandle {
+    /// Starts the cluster thread (its own executor, unpinned).
+    pub fn start(setup: ClusterSetup) -> Result<ClusterHandle, glommio::GlommioError<()>> {
+        let (requests, receiver) = flume::bounded(REQUESTS_MAX);
+        let thread = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("spate-cluster")
+            .io_memory(CLUSTER_IO_MEMORY_BYTES)
+            .spawn(move || run(setup, receiver))?;
+        Ok(ClusterHandle { requests, thread: Some(thread) })
+    }
+
+    /// Where to send [`ClusterRequest`]s.
+    pub fn requests(&self) -> flume::Sender<ClusterRequest> {
+        self.requests.clone()
+    }
+
+    /// Ends the thread and waits for it.
+    pub fn stop(mut self) {
+        let _ = self.requests.send(ClusterRequest::Exit);
+        if let Some(thread) = self.thread.take()
+            && let Err(error) = thread.join()
+        {
+            log::error!("the cluster thread ended with an error: {error}");
+        }
+    }
+}
+
+/// Shared by the cluster thread's tasks.
+struct Node {
+    membership: RefCell<Membership>,
+    socket: Option<UdpSocket>,
+    started: Instant,
+    /// Wakes the sender: datagrams were queued.
+    outbox_ready: Notify,
+    /// Wakes the timer task: a timer may now be due sooner.
+    timers_changed: Notify,
+}
+
+impl Node {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// After any call into the membership but the timer task's own: wake
+    /// the sender and the timer task, and log what changed.
+    fn after_interaction(&self) {
+        self.timers_changed.notify();
+        self.after_timers();
+    }
+
+    /// After the timer task fired timers: wake the sender, log what changed
+    /// (waking the timer task itself would make it spin).
+    fn after_timers(&self) {
+        self.outbox_ready.notify();
+        loop {
+            let Some(notification) = self.membership.borrow_mut().take_notification() else { break };
+            log_notification(notification);
+        }
+    }
+
+    fn view(&self) -> ClusterView {
+        let membership = self.membership.borrow();
+        ClusterView {
+            enabled: self.socket.is_some(),
+            members: membership.members(),
+            counters: membership.counters(),
+            now: self.now(),
+        }
+    }
+}
+
+async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
+    // SAFETY: the descriptor comes from a std socket we own and give up here.
+    let socket = setup.socket.map(|socket| unsafe {
+        <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(socket))
+    });
+    let seed = rand::random::<u64>();
+    let node = Rc::new(Node {
+        membership: RefCell::new(Membership::new(setup.identity, seed)),
+        socket,
+        started: Instant::now(),
+        outbox_ready: Notify::default(),
+        timers_changed: Notify::default(),
+    });
+    if node.socket.is_some() {
+        glommio::spawn_local(receive_datagrams(node.clone())).detach();
+        glommio::spawn_local(send_datagrams(node.clone())).detach();
+        glommio::spawn_local(fire_timers(node.clone())).detach();
+        glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
+        node.membership.borrow_mut().join(node.now(), &setup.join);
+        node.after_interaction();
+    }
+    serve_requests(&node, &setup.controls, requests).await;
+}
+
+async fn serve_requests(
+    node: &Rc<Node>,
+    controls: &[flume::Sender<ControlRequest>],
+    requests: flume::Receiver<ClusterRequest>,
+) {
+    while let Ok(request) = requests.recv_async().await {
+        match request {
+            ClusterRequest::View(reply) => {
+                if node.socket.is_none() {
+                    publish_load(node, controls).await;
+                }
+                let _ = reply.send(node.view());
+            }
+            ClusterRequest::Leave(reply) => {
+                node.membership.borrow_mut().leave(node.now());
+                node.after_interaction();
+                flush(node).await;
+                let _ = reply.send(());
+            }
+            ClusterRequest::Exit => return,
+        }
+    }
+}
+
+async fn receive_datagrams(node: Rc<Node>) {
+    let Some(socket) = node.socket.as_ref() else { return };
+    // One byte more than accepted, so an oversized datagram shows as such.
+    let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX + 1];
+    let errors = log::Episode::new("cluster receive errors");
+    loop {
+        match socket.recv_from(&mut buffer).await {
+            Ok((size, _from)) => {
+                node.membership.borrow_mut().handle_datagram(node.now(), &buffer[..size]);
+                node.after_interaction();
+            }
+            Err(error) => {
+                errors.occur(Instant::now(), log::Level::Warn, log::Scope::process(), format_args!("{error}"));
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn send_datagrams(node: Rc<Node>) {
+    loop {
+        node.outbox_ready.notified().await;
+        flush(&node).await;
+    }
+}
+
+/// Sends every queued datagram; a failed send is a lost datagram, which
+/// SWIM's retries and suspicion absorb.
+async fn flush(node: &Node) {
+    let Some(socket) = node.socket.as_ref() else { return };
+    loop {
+        let Some((to, data)) = node.membership.borrow_mut().take_datagram() else { return };
+        let _ = socket.send_to(&data, to).await;
+    }
+}
+
+async fn fire_timers(node: Rc<Node>) {
+    loop {
+        let next = node.membership.borrow().next_timer_at();
+        let idle = Duration::from_millis(IDLE_WAIT_MS);
+        let wait = next.map_or(idle, |at| at.saturating_sub(node.now()).min(idle));
+        futures_lite::future::or(glommio::timer::sleep(wait), node.timers_changed.notified()).await;
+        node.membership.borrow_mut().fire_due_timers(node.now());
+        node.after_timers();
+    }
+}
+
+async fn refresh_load(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
+    loop {
+        publish_load(&node, &controls).await;
+        glommio::timer::sleep(Duration::from_millis(LOAD_REFRESH_MS)).await;
+    }
+}
+
+/// Reads the shards' load and publishes it (when it changed).
+async fn publish_load(node: &Node, controls: &[flume::Sender<ControlRequest>]) {
+    if let Some(stats) = shard_stats(controls).await {
+        node.membership.borrow_mut().publish_load(node.now(), LoadSummary::of(&stats));
+        node.after_interaction();
+    }
+}
+
+/// Every shard's stats, or `None` when one is busy or gone (the next round
+/// tries again).
+async fn shard_stats(controls: &[flume::Sender<ControlRequest>]) -> Option<Vec<crate::shard::metrics::ShardStats>> {
+    let receivers: Vec<_> = controls
+        .iter()
+        .map(|control| {
+            let (sender, receiver) = flume::bounded(1);
+            control.try_send(ControlRequest::Stats(sender)).ok().map(|()| receiver)
+        })
+        .collect::<Option<_>>()?;
+    let mut stats = Vec::with_capacity(receivers.len());
+    for receiver in receivers {
+        let timeout = async {
+            glommio::timer::sleep(Duration::from_millis(SHARD_STATS_TIMEOUT_MS)).await;
+            None
+        };
+        stats.push(futures_lite::future::or(async { receiver.recv_async().await.ok() }, timeout).await?);
+    }
+    Some(stats)
+}
+
+fn log_notification(notification: OwnedNotification<MemberId>) {
+    match notification {
+        OwnedNotification::MemberUp(member) => log::info!("cluster: member {member:?} is up"),
+        OwnedNotification::MemberDown(member) => log::info!("cluster: member {member:?} is down"),
+        OwnedNotification::Rename(before, after) => {
+            log::info!("cluster: member {before:?} is now {after:?} (restarted)")
+        }
+        OwnedNotification::Active => log::info!("cluster: joined (another member knows this node)"),
+        OwnedNotification::Idle => log::warn!("cluster: no other member is alive"),
+        OwnedNotification::Defunct => log::warn!("cluster: this node was declared down"),
+        OwnedNotification::Rejoin(member) => {
+            log::warn!("cluster: this node was declared down while alive; rejoined as {member:?}")
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Start-up's part of the cluster: this node's identity from the data
+//! directory, the cluster socket bound before any shard starts (so a busy
+//! port fails the start with its name), the advertised addresses, and the
+//! cluster thread ([`crate::cluster`]).
+
+use std::net::SocketAddr;
+
+use crate::cluster::identity::{self, MemberAddresses, MemberId, NodeIdentity};
+use crate::cluster::{ClusterHandle, ClusterSetup};
+use crate::config::Config;
+use crate::runtime::log;
+use crate::serve::ServeError;
+use crate::shard::control::ControlRequest;
+
+/// What start-up prepares for the cluster before the shards start.
+pub struct ClusterStart {
+    pub identity: NodeIdentity,
+    /// The bound cluster socket; `None` for a cluster of one.
+    socket: Option<std::net::UdpSocket>,
+    pub addresses: MemberAddresses,
+}
+
+/// Reads (or creates) the node identity and binds the cluster socket.
+/// Called with the data directory locked, before any shard starts.
+pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
+    let identity = identity::open(&config.data_dir, config.storage).map_err(ServeError::Identity)?;
+    let Some(bind) = config.cluster_address() else {
+        // A cluster of one still has addresses to show in GET /cluster;
+        // it advertises its listeners as bound.
+        let addresses = MemberAddresses::advertised(config, SocketAddr::from(([127, 0, 0, 1], 0)));
+        return Ok(ClusterStart { identity, socket: None, addresses });
+    };
+    let socket = bind_socket(bind)?;
+    let advertise = match config.advertise {
+        Some(advertise) => advertise,
+        None => {
+            let (advertise, routed) = identity::default_advertise(bind, &config.join);
+            if !routed {
+                log::warn!(
+                    "cluster: advertising {advertise} (no --advertise, --cluster is a wildcard and there is no \
+                     --join to route to): only nodes on this machine can reach it; pass --advertise IP:PORT"
+                );
+            }
+            advertise
+        }
+    };
+    Ok(ClusterStart { identity, socket: Some(socket), addresses: MemberAddresses::advertised(config, advertise) })
+}
+
+/// Binds the cluster's UDP port without `SO_REUSEPORT` (glommio's own bind
+/// sets it, and two nodes would then silently share one port), non-blocking
+/// for the executor.
+fn bind_socket(address: SocketAddr) -> Result<std::net::UdpSocket, ServeError> {
+    let failed = |error| ServeError::Bind { name: "cluster", address, error };
+    let socket = std::net::UdpSocket::bind(address).map_err(failed)?;
+    socket.set_nonblocking(true).map_err(failed)?;
+    Ok(socket)
+}
+
+/// Starts the cluster thread once the shards answer control requests.
+pub fn start(
+    config: &Config,
+    prepared: ClusterStart,
+    controls: &[flume::Sender<ControlRequest>],
+) -> Result<ClusterHandle, ServeError> {
+    let ClusterStart { identity, socket, addresses } = prepared;
+    let setup = ClusterSetup {
+        identity: MemberId::new(identity, addresses),
+        socket,
+        join: config.join.clone(),
+        controls: controls.to_vec(),
+    };
+    ClusterHandle::start(setup).map_err(ServeError::Executors)
+}
+
+/// The banner's cluster line.
+pub fn describe(config: &Config, prepared: &ClusterStart) -> String {
+    let NodeIdentity { node_id, incarnation, .. } = prepared.identity;
+    match config.cluster_address() {
+        None => format!("node {node_id} (incarnation {incarnation}), a cluster of one (no --join)"),
+        Some(bind) => {
+            let join: Vec<String> = config.join.iter().map(SocketAddr::to_string).collect();
+            format!(
+                "node {node_id} (incarnation {incarnation}), cluster gossip on udp {bind} advertised as {}{}",
+                prepared.addresses.cluster,
+                if join.is_empty() { String::new() } else { format!(", joining through {}", join.join(",")) }
+            )
+        }
+    }
+}
