@@ -640,3 +640,109 @@ fn a_data_dir_from_before_the_write_ahead_log_opens_intact() {
     let _ = std::fs::remove_dir_all(&data_dir);
     let _ = std::fs::remove_file(&log_path);
 }
+
+/// A handoff makes the moving partition's files hold every event it took:
+/// killed with -9 right after a migration that happened while nothing was
+/// in flight, the moved partition's segment files alone (no write-ahead
+/// log of either shard) hold every one of its events, so the thief's
+/// recovery never needs the old owner's log; and a restart has every
+/// acknowledged event. (Without the handoff's write of what its writer
+/// still buffered, the files ended up to 128 KiB short.)
+#[test]
+fn a_kill_9_right_after_a_handoff_loses_nothing() {
+    let data_dir = std::env::temp_dir().join(format!("spate-handoff-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let data = data_dir.display().to_string();
+    let args = [
+        "--shards",
+        "2",
+        "--partitions",
+        "4",
+        "--data-dir",
+        &data,
+        "--fsync",
+        "always",
+        "--wal-checkpoint-ms",
+        "600000",
+        "--rebalance-interval-ms",
+        "1500",
+        "--rebalance-cooldown-ms",
+        "100",
+    ];
+    let mut server = Server::start(&args);
+    // Learn which partition each key lands in, and keep keys of shard 0's.
+    let mut producer = server.producer();
+    for key in 0..64 {
+        producer.send(format!("k{key} learn\n").as_bytes());
+    }
+    producer.sync();
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB * earliest");
+    let mut per_partition = [0u64; 4];
+    let mut hot: Vec<(String, u32)> = Vec::new();
+    let owners = partition_owners(&server);
+    for event in subscriber.take(64) {
+        per_partition[event.partition as usize] += 1;
+        if owners[event.partition as usize] == 0 {
+            hot.push((String::from_utf8(event.key.clone()).unwrap(), event.partition));
+        }
+    }
+    assert!(!hot.is_empty(), "shard 0 owns partitions");
+    // A burst on shard 0's partitions, then nothing: the balancer moves one
+    // while no event is in flight, so the handoff point is the end.
+    for batch in 0..11 {
+        // The last batch is small: what it adds stays in the writers'
+        // buffers (below the write-behind size) until the handoff.
+        let batch_size = if batch == 10 { 200 } else { 2000 };
+        for index in 0..batch_size {
+            let (key, partition) = &hot[index % hot.len()];
+            producer.send(format!("{key} b{batch}-{index}-{}\n", "x".repeat(100)).as_bytes());
+            per_partition[*partition as usize] += 1;
+        }
+        producer.sync();
+    }
+    assert_eq!(server.total("migrations_started"), 0, "the burst ended before the first rebalance");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.total("migrations_completed") == 0 {
+        assert!(Instant::now() < deadline, "no migration in 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let epochs = partition_epochs(&server);
+    server.crash();
+    let moved: Vec<usize> = (0..4).filter(|&partition| epochs[partition] > 0).collect();
+    assert!(!moved.is_empty(), "a partition carries a new epoch");
+    for &partition in &moved {
+        let in_files = segment_files_end(&data_dir.join("streams").join("default").join(partition.to_string()));
+        assert_eq!(in_files, per_partition[partition], "partition {partition}: its files alone hold all its events");
+    }
+    server.spawn();
+    assert_eq!(server.stream_end("default"), per_partition.iter().sum::<u64>(), "every acknowledged event");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+fn partition_table(server: &Server) -> Vec<serde_json::Value> {
+    let table: serde_json::Value = serde_json::from_str(&server.get("/partitions")).unwrap();
+    let mut rows: Vec<_> =
+        table["partitions"].as_array().unwrap().iter().filter(|row| row["stream"] == "default").cloned().collect();
+    rows.sort_by_key(|row| row["stream_partition"].as_u64().unwrap());
+    rows
+}
+
+fn partition_owners(server: &Server) -> Vec<u64> {
+    partition_table(server).iter().map(|row| row["owner"].as_u64().unwrap()).collect()
+}
+
+fn partition_epochs(server: &Server) -> Vec<u64> {
+    partition_table(server).iter().map(|row| row["epoch"].as_u64().unwrap()).collect()
+}
+
+/// The offset after the last whole frame in a partition's segment files.
+fn segment_files_end(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+        .filter_map(|path| frames_of(&std::fs::read(&path).unwrap()).last().map(|frame| frame.2))
+        .max()
+        .unwrap_or(0)
+}
