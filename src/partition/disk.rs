@@ -405,9 +405,12 @@ impl DiskLog {
         self.visible_offset
     }
 
-    /// Bytes of the partition's segment files.
+    /// Bytes of the partition's log on disk: its segment files, with the
+    /// frames its writer still holds behind the write-ahead log (durable
+    /// there, in the file at the next write-behind or checkpoint) counted
+    /// as the file's.
     pub fn bytes(&self) -> u64 {
-        self.sealed_bytes + self.active_size
+        self.sealed_bytes + self.writer.as_ref().map_or(self.active_size, |writer| writer.end().max(self.active_size))
     }
 
     pub fn segment_count(&self) -> usize {
