@@ -2,6 +2,8 @@
 //! path, that runs the [`Membership`] state machine over the real UDP
 //! socket and clock, refreshes this node's load from its shards, and
 //! answers the admin thread (`GET /cluster`) and the signal thread (leave).
+//! It also runs the internode transport ([`crate::transport`]), whose links
+//! follow the membership (a task matches them every [`LINK_SYNC_MS`]).
 //!
 //! Four tasks share the membership (`Rc<RefCell<_>>`, never borrowed across
 //! an await): one receives datagrams, one sends what the membership queued,
