@@ -76,7 +76,7 @@ fn nodes_ping_over_the_transport_and_relink_after_kill_9() {
         assert!(number(&link, "bytes_sent") >= 2 * 22);
     }
     let metrics = first.server.get("/metrics");
-    assert!(metrics.contains("spate_transport_rtt_us{peer="), "{metrics}");
+    assert!(metrics.contains("spate_transport_rtt_seconds{peer="), "{metrics}");
     second.server.crash();
     let down = wait_link(&first, &second, Duration::from_secs(10), "the killed peer unreachable", |link| {
         link["state"] == "unreachable" && link["connect_failures"].as_u64() >= Some(1)
