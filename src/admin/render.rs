@@ -218,6 +218,7 @@ pub fn groups_json(groups: &[GroupInfo], partitions: &[PartitionInfo]) -> String
                 "stream": group.stream,
                 "group": group.group,
                 "hold": group.hold,
+                "protocol": if group.kafka { "kafka" } else { "spate" },
                 "generation": group.generation,
                 "rebalances": group.rebalances,
                 "members": members,

@@ -137,7 +137,17 @@ pub fn open(data_dir: &Path, storage: Storage) -> Result<NodeIdentity, IdentityE
     let mut bytes = serde_json::to_vec(&file)
         .map_err(|error| IdentityError::Corrupt { path: path.clone(), reason: error.to_string() })?;
     bytes.push(b'\n');
-    replace_durably(&path, &bytes).map_err(IdentityError::Write)?;
+    match replace_durably(&path, &bytes) {
+        Ok(()) => {}
+        // A full disk must not keep the node from starting read-only (its
+        // partitions serve what they hold): this run uses the identity
+        // unsaved, and the next start counts from the saved one again,
+        // which the start time breaks ties on (see the module doc).
+        Err(error) if error.is_storage_full() => {
+            crate::runtime::log::warn!("cannot save the node identity ({error}): running with it unsaved");
+        }
+        Err(error) => return Err(IdentityError::Write(error)),
+    }
     Ok(NodeIdentity { node_id, incarnation, started_unix_ms })
 }
 

@@ -99,6 +99,29 @@ pub const WAL_BYTES_MAX_DEFAULT: usize = 256 * MIB;
 pub const STORAGE_RETRY_MS: u64 = 100;
 
 // ---------------------------------------------------------------------------
+// Kafka.
+
+/// (producer id, partition) entries the idempotent-producer table holds
+/// (`kafka::producers`), process-wide; a full table evicts its least
+/// recently used eighth. Each costs about [`KAFKA_PRODUCER_STATE_BYTES`]: a
+/// term of the memory formula.
+pub const KAFKA_PRODUCER_STATES_MAX: usize = 16_384;
+/// One entry of the producer table: its key, epoch and sequence, the last
+/// five batches' sequences, and the hash map's own overhead.
+pub const KAFKA_PRODUCER_STATE_BYTES: usize = 160;
+/// Members of Kafka consumer groups, all groups of the process together
+/// (`kafka::groups`); a join past it gets GROUP_MAX_SIZE_REACHED.
+pub const KAFKA_GROUP_MEMBERS_MAX: usize = 1024;
+/// The most a Kafka group member may hold: its protocols' metadata (its
+/// subscription, as the leader reads it) and its assignment. A consumer's
+/// are a few hundred bytes; a join or an assignment past it gets
+/// INVALID_REQUEST.
+pub const KAFKA_MEMBER_BYTES_MAX: usize = 8 * KIB;
+/// One Kafka group member besides its metadata and assignment: its ids,
+/// timeouts and the waiting requests' channels.
+pub const KAFKA_MEMBER_STATE_BYTES: usize = 512;
+
+// ---------------------------------------------------------------------------
 // Ingest connections.
 
 /// Reply bytes an ingest connection buffers (`ERR`/`OK` lines) before it

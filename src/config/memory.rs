@@ -279,6 +279,19 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::Fixed,
         storage: None,
+        expression: || format!("{KAFKA_PRODUCER_STATES_MAX} * {KAFKA_PRODUCER_STATE_BYTES}"),
+        what: "the idempotent Kafka producers' (producer, partition) table, once per process",
+        bytes: |config| {
+            if config.ingest_kafka.0.is_some() {
+                product(&[KAFKA_PRODUCER_STATES_MAX, KAFKA_PRODUCER_STATE_BYTES])
+            } else {
+                0
+            }
+        },
+    },
+    FormulaLine {
+        term: Term::Fixed,
+        storage: None,
         expression: || {
             format!(
                 "{} * {} + {} * {} + {}",
@@ -317,6 +330,18 @@ pub const FORMULA: &[FormulaLine] = &[
         bytes: |config| {
             let peers = if config.cluster_address().is_some() { TRANSPORT_PEERS_MAX } else { 0 };
             product(&[peers, TRANSPORT_PEER_BYTES])
+        },
+    },
+    FormulaLine {
+        term: Term::Groups,
+        storage: None,
+        expression: || {
+            format!("{KAFKA_GROUP_MEMBERS_MAX} * ({} + {KAFKA_MEMBER_STATE_BYTES})", size(KAFKA_MEMBER_BYTES_MAX))
+        },
+        what: "Kafka consumer group members, once per process: metadata, assignment and state",
+        bytes: |config| {
+            let per_member = KAFKA_MEMBER_BYTES_MAX + KAFKA_MEMBER_STATE_BYTES;
+            if config.ingest_kafka.0.is_some() { product(&[KAFKA_GROUP_MEMBERS_MAX, per_member]) } else { 0 }
         },
     },
     FormulaLine {

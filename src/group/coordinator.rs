@@ -202,6 +202,14 @@ impl GroupState {
         Ok(())
     }
 
+    /// Records a commit made outside this group's membership: a Kafka
+    /// consumer group's, whose members the Kafka face keeps.
+    pub fn set_committed(&mut self, partition: u32, next_offset: u64) {
+        if let Some(slot) = self.committed.get_mut(partition as usize) {
+            *slot = Some(next_offset);
+        }
+    }
+
     /// Where a member started in a partition the group never committed: it
     /// becomes the committed offset, so a member that never commits still
     /// resumes there (and a `hold` group holds from there). Returns whether

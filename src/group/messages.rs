@@ -30,6 +30,21 @@ pub enum GroupFrame {
     Floors { key: GroupKey, base: u32, floors: Option<Vec<u64>> },
     /// To every shard, from the partition's owner: hold or release ingest.
     Held { partition: u32, held: bool },
+    /// To the coordinator: a Kafka consumer group's OffsetCommit for one
+    /// stream (`(partition, next offset)`, stream-local partitions). The
+    /// reply is a Kafka error code, sent once the offsets are durable.
+    KafkaCommit { key: GroupKey, stream: KafkaStream, offsets: Vec<(u32, u64)>, reply: flume::Sender<i16> },
+    /// To the coordinator: a Kafka group's committed offsets for a stream
+    /// (one per partition), or the Kafka error code refusing them.
+    KafkaOffsets { key: GroupKey, reply: flume::Sender<Result<Vec<Option<u64>>, i16>> },
+}
+
+/// A stream as a Kafka group's commit names it: name, base, partitions.
+#[derive(Debug, Clone)]
+pub struct KafkaStream {
+    pub name: String,
+    pub base: u32,
+    pub partitions: u32,
 }
 
 /// What a member's session hears from its coordinator.

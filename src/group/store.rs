@@ -21,6 +21,10 @@ pub struct StoredGroup {
     pub stream_id: u32,
     pub group: String,
     pub hold: bool,
+    /// A Kafka consumer group's offsets (absent in files written before
+    /// Kafka groups: false).
+    #[serde(default)]
+    pub kafka: bool,
     /// `(partition, next offset)` for every partition the group committed.
     pub offsets: Vec<(u32, u64)>,
 }
@@ -140,6 +144,7 @@ mod tests {
             stream_id: 3,
             group: "billing".into(),
             hold: true,
+            kafka: false,
             offsets: vec![(0, 10), (5, 99)],
         };
         let path = group_path(&dir, "clicks", "billing");

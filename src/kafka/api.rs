@@ -10,7 +10,8 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
-    DeleteTopicsResponse, MetadataRequest, MetadataResponse, ResponseHeader, TopicName,
+    DeleteTopicsResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse, ProducerId,
+    ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 
@@ -29,6 +30,16 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 7),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
 ];
 
 /// Whether spate answers `api_key` at `version`.
@@ -40,7 +51,7 @@ pub fn is_supported(api_key: i16, version: i16) -> bool {
 /// `out`. `Ok(false)`: nothing to send (Produce with acks=0). `Err`: the
 /// connection closes (the request cannot be answered in its own format).
 pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec<u8>) -> Result<bool, FrameError> {
-    let Frame { api_key, api_version: version, correlation_id, body } = frame;
+    let Frame { api_key, api_version: version, correlation_id, body, client_id } = frame;
     let Ok(key) = ApiKey::try_from(api_key) else {
         ShardMetrics::add(&shard.metrics().kafka_errors_unsupported, 1);
         return Err(FrameError::Malformed(format!("unknown API key {api_key}")));
@@ -86,8 +97,144 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
             let response = super::fetch::list_offsets(shard, request).await;
             respond(out, key, version, correlation_id, &response)
         }
+        ApiKey::InitProducerId => {
+            let response = init_producer_id(face, decode(&mut body, version)?);
+            respond(out, key, version, correlation_id, &response)
+        }
+        _ => {
+            let request = Request { key, version, correlation_id, body, client_id };
+            handle_group(shard, face, request, out).await
+        }
+    }
+}
+
+/// A request the group APIs serve, decoded up to its body.
+struct Request {
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: Bytes,
+    client_id: StrBytes,
+}
+
+/// The group APIs ([`super::group_api`]).
+async fn handle_group(
+    shard: &Shard,
+    face: &KafkaFace,
+    request: Request,
+    out: &mut Vec<u8>,
+) -> Result<bool, FrameError> {
+    use super::group_api as group;
+    let Request { key, version, correlation_id, mut body, client_id } = request;
+    let body = &mut body;
+    match key {
+        ApiKey::FindCoordinator => {
+            let response = group::find_coordinator(face, decode(body, version)?);
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::JoinGroup => {
+            let response = group::join_group(face, decode(body, version)?, &client_id).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::SyncGroup => {
+            let response = group::sync_group(face, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::Heartbeat => {
+            respond(out, key, version, correlation_id, &group::heartbeat(face, decode(body, version)?))
+        }
+        ApiKey::LeaveGroup => {
+            respond(out, key, version, correlation_id, &group::leave_group(face, decode(body, version)?))
+        }
+        ApiKey::OffsetCommit => {
+            let response = group::offset_commit(shard, face, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::OffsetFetch => {
+            let response = group::offset_fetch(shard, decode(body, version)?).await;
+            respond(out, key, version, correlation_id, &response)
+        }
+        ApiKey::ListGroups => respond(out, key, version, correlation_id, &group::list_groups(face)),
+        ApiKey::DescribeGroups => {
+            respond(out, key, version, correlation_id, &group::describe_groups(face, decode(body, version)?))
+        }
         _ => Err(FrameError::Malformed(format!("{key:?} is not served"))),
     }
+}
+
+/// Decodes a request body with the decoder of its API and version, as
+/// [`handle`] does, without serving it; a Produce's record batches are
+/// checked and their records walked too. Pure: the fuzz target's.
+pub fn decode_body(api_key: i16, version: i16, body: &mut Bytes, record_size_max: usize) -> Result<(), FrameError> {
+    use kafka_protocol::messages::*;
+    let Ok(key) = ApiKey::try_from(api_key) else { return Ok(()) };
+    if !is_supported(api_key, version) {
+        return Ok(());
+    }
+    match key {
+        ApiKey::Produce => {
+            let request: ProduceRequest = decode(body, version)?;
+            for partition in request.topic_data.into_iter().flat_map(|topic| topic.partition_data) {
+                let Ok(batches) = super::batch::check_batches(partition.records.unwrap_or_default(), record_size_max)
+                else {
+                    continue;
+                };
+                for batch in &batches {
+                    assert!(batch.records().all(|record| record.is_ok()), "a checked batch's records parse");
+                }
+            }
+        }
+        ApiKey::Fetch => {
+            decode::<FetchRequest>(body, version)?;
+        }
+        ApiKey::ListOffsets => {
+            decode::<ListOffsetsRequest>(body, version)?;
+        }
+        ApiKey::Metadata => {
+            decode::<MetadataRequest>(body, version)?;
+        }
+        ApiKey::ApiVersions => {
+            decode::<ApiVersionsRequest>(body, version)?;
+        }
+        ApiKey::CreateTopics => {
+            decode::<CreateTopicsRequest>(body, version)?;
+        }
+        ApiKey::DeleteTopics => {
+            decode::<DeleteTopicsRequest>(body, version)?;
+        }
+        ApiKey::InitProducerId => {
+            decode::<InitProducerIdRequest>(body, version)?;
+        }
+        ApiKey::FindCoordinator => {
+            decode::<FindCoordinatorRequest>(body, version)?;
+        }
+        ApiKey::JoinGroup => {
+            decode::<JoinGroupRequest>(body, version)?;
+        }
+        ApiKey::SyncGroup => {
+            decode::<SyncGroupRequest>(body, version)?;
+        }
+        ApiKey::Heartbeat => {
+            decode::<HeartbeatRequest>(body, version)?;
+        }
+        ApiKey::LeaveGroup => {
+            decode::<LeaveGroupRequest>(body, version)?;
+        }
+        ApiKey::OffsetCommit => {
+            decode::<OffsetCommitRequest>(body, version)?;
+        }
+        ApiKey::OffsetFetch => {
+            decode::<OffsetFetchRequest>(body, version)?;
+        }
+        ApiKey::ListGroups => {
+            decode::<ListGroupsRequest>(body, version)?;
+        }
+        ApiKey::DescribeGroups => {
+            decode::<DescribeGroupsRequest>(body, version)?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn decode<T: Decodable>(body: &mut Bytes, version: i16) -> Result<T, FrameError> {
@@ -216,6 +363,25 @@ async fn create_topics(shard: &Shard, face: &KafkaFace, request: CreateTopicsReq
         results.push(result);
     }
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// InitProducerId: a new producer id at epoch 0, or, for a producer that
+/// names its id and epoch (KIP-360, after an error that needs a clean
+/// sequence), the same id at the next epoch. Transactions are not served:
+/// a transactional id gets INVALID_REQUEST.
+fn init_producer_id(face: &KafkaFace, request: InitProducerIdRequest) -> InitProducerIdResponse {
+    let response = InitProducerIdResponse::default();
+    if request.transactional_id.is_some() {
+        return response
+            .with_error_code(codes::INVALID_REQUEST)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+    }
+    let (producer_id, epoch) = match (request.producer_id.0, request.producer_epoch) {
+        (id, epoch) if id >= 0 && (0..i16::MAX).contains(&epoch) => (id, epoch + 1),
+        _ => (face.producers.allocate(), 0),
+    };
+    response.with_producer_id(ProducerId(producer_id)).with_producer_epoch(epoch)
 }
 
 /// DeleteTopics: deletes each named stream (as `DELETE /streams/NAME`).

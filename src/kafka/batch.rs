@@ -141,6 +141,16 @@ fn check_batch(data: &mut Bytes) -> Result<ProducedBatch, BatchError> {
 }
 
 impl ProducedBatch {
+    /// Who produced it and its sequences, for the idempotence check.
+    pub fn identity(&self) -> super::producers::BatchIdentity {
+        super::producers::BatchIdentity {
+            producer_id: self.producer_id,
+            epoch: self.producer_epoch,
+            first_sequence: self.base_sequence,
+            record_count: self.record_count,
+        }
+    }
+
     /// Its records, in order, as borrowed slices; an error ends the walk.
     pub fn records(&self) -> Records<'_> {
         Records { bytes: &self.records, left: self.record_count, base_timestamp: self.base_timestamp }

@@ -12,6 +12,13 @@
 //! and durability as a line ([`produce`]), and reads through the same owner
 //! fetches as a `SUB` subscriber ([`fetch`]).
 //!
+//! Idempotent producers' sequences are checked per partition before their
+//! records are routed (`producers`); consumer groups follow Kafka's classic
+//! protocol, membership in `groups` and committed offsets in spate's group
+//! store (`group_api`, `crate::group`). Both tables are process-wide, behind
+//! a lock taken per batch or per group request, never per record: a
+//! client's connections land on any shard.
+//!
 //! Requests and responses are decoded and encoded by the `kafka-protocol`
 //! crate; record batches by [`batch`]. A connection handles one request at
 //! a time, in order (Kafka answers a connection's requests in order): it
@@ -27,8 +34,14 @@ mod api;
 pub mod batch;
 pub mod codes;
 mod fetch;
+mod group_api;
+mod groups;
 mod produce;
+mod producers;
 mod topics;
+
+pub use groups::KafkaGroups;
+pub use producers::ProducerTable;
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -58,10 +71,18 @@ pub struct KafkaFace {
     /// size limit, so a Kafka record is bounded like a line.
     pub record_size_max: usize,
     pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
+    /// Idempotent producers' ids and sequences, shared by every shard.
+    pub producers: std::sync::Arc<ProducerTable>,
+    /// Kafka consumer groups' membership, shared by every shard.
+    pub groups: std::sync::Arc<KafkaGroups>,
 }
 
 impl KafkaFace {
-    pub fn new(config: &Config, stream_commands: flume::Sender<crate::admin::StreamCommand>) -> KafkaFace {
+    pub fn new(
+        config: &Config,
+        stream_commands: flume::Sender<crate::admin::StreamCommand>,
+        (producers, groups): (std::sync::Arc<ProducerTable>, std::sync::Arc<KafkaGroups>),
+    ) -> KafkaFace {
         let listen = config.ingest_kafka.0.unwrap_or_else(|| ([127, 0, 0, 1], 9092).into());
         let (advertised_host, advertised_port) = match &config.kafka_advertise {
             Some(advertise) => split_host_port(advertise, listen.port()),
@@ -75,6 +96,8 @@ impl KafkaFace {
             request_size_max: config.kafka_request_size_max,
             record_size_max: config.line_size_max + crate::protocol::record::EXTENDED_FIXED_SIZE + 1024,
             stream_commands,
+            producers,
+            groups,
         }
     }
 }
@@ -123,6 +146,8 @@ pub struct Frame {
     pub api_key: i16,
     pub api_version: i16,
     pub correlation_id: i32,
+    /// The client's name (the header's `client_id`; empty when absent).
+    pub client_id: kafka_protocol::protocol::StrBytes,
     pub body: Bytes,
 }
 
@@ -134,7 +159,7 @@ pub enum FrameError {
 }
 
 /// Splits a request (the bytes after the size prefix) into its header and
-/// body. Pure and total over any input: the fuzz target's entry point.
+/// body. Pure and total over any input (fuzzed through [`decode_request`]).
 pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
     use kafka_protocol::messages::{ApiKey, RequestHeader};
     use kafka_protocol::protocol::Decodable;
@@ -147,11 +172,30 @@ pub fn decode_frame(mut request: Bytes) -> Result<Frame, FrameError> {
     let header_version = match ApiKey::try_from(api_key) {
         Ok(key) if api::is_supported(api_key, api_version) => key.request_header_version(api_version),
         // Unknown keys and versions: only the fixed fields are read.
-        _ => return Ok(Frame { api_key, api_version, correlation_id, body: Bytes::new() }),
+        _ => {
+            return Ok(Frame {
+                api_key,
+                api_version,
+                correlation_id,
+                client_id: Default::default(),
+                body: Bytes::new(),
+            });
+        }
     };
-    RequestHeader::decode(&mut request, header_version)
+    let header = RequestHeader::decode(&mut request, header_version)
         .map_err(|error| FrameError::Malformed(format!("request header: {error}")))?;
-    Ok(Frame { api_key, api_version, correlation_id, body: request })
+    let client_id = header.client_id.unwrap_or_default();
+    Ok(Frame { api_key, api_version, correlation_id, client_id, body: request })
+}
+
+/// Decodes a whole request as the server does before serving it: the
+/// header ([`decode_frame`]), then the body with its API's decoder, and a
+/// Produce's record batches and records. Pure and total over any input:
+/// the `kafka_request` fuzz target's entry point (it must never panic, nor
+/// allocate much more than the input's size).
+pub fn decode_request(request: Bytes, record_size_max: usize) -> Result<(), FrameError> {
+    let mut frame = decode_frame(request)?;
+    api::decode_body(frame.api_key, frame.api_version, &mut frame.body, record_size_max)
 }
 
 /// Reads one request: the size prefix, then that many bytes. `None` at a

@@ -13,13 +13,26 @@
 //! The answer waits as `acks` asks: `0` none; `1` until every owner the
 //! request touched has applied its records (stored and visible to
 //! subscribers); `all` (-1) until they are durable under `--fsync`, exactly
-//! as a `#SYNC` waits. The response's base offset is -1 (unknown): offsets
-//! are assigned by owners as they apply batches from many connections.
+//! as a `#SYNC` waits.
+//!
+//! Batches of idempotent producers are checked against the producer table
+//! first ([`super::producers`]): a retry of a stored batch is not routed
+//! again, and is answered once its original was.
+//!
+//! The response's base offset is -1 (unknown): offsets are assigned by the
+//! owner as it applies batches from many connections, after the records
+//! left this shard, and the owner's answer to the source (a credit grant,
+//! shared with every line) carries no offsets. Returning them would widen
+//! the grant every line batch pays for; clients need no base offset to
+//! produce (librdkafka and the Java client report -1 as "unknown").
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
+use std::time::{Duration, Instant};
+
 use super::batch::{ProducedBatch, check_batches};
+use super::producers::{BatchIdentity, Verdict};
 use super::{KafkaFace, codes};
 use crate::routing::Blocked;
 use crate::shard::Shard;
@@ -28,7 +41,7 @@ use crate::shard::metrics::ShardMetrics;
 /// Handles a Produce request; `None` for acks=0 (no response is sent).
 pub async fn produce(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> Option<ProduceResponse> {
     let acks = request.acks;
-    let mut touched = vec![false; usize::from(shard.shard_count())];
+    let mut pending = Pending { touched: vec![false; usize::from(shard.shard_count())], ..Pending::default() };
     let mut responses = Vec::with_capacity(request.topic_data.len());
     for topic in request.topic_data {
         let name = topic.name.0.to_string();
@@ -42,7 +55,7 @@ pub async fn produce(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -
                 _ if !matches!(acks, -1..=1) => codes::INVALID_REQUIRED_ACKS,
                 Some(route) if (0..route.partitions as i64).contains(&i64::from(data.index)) => {
                     let records = data.records.unwrap_or_default();
-                    produce_partition(shard, face, route.base + data.index as u32, records, &mut touched).await
+                    produce_partition(shard, face, route.base + data.index as u32, records, &mut pending).await
                 }
                 _ => codes::UNKNOWN_TOPIC_OR_PARTITION,
             };
@@ -59,11 +72,44 @@ pub async fn produce(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -
         }
         responses.push(TopicProduceResponse::default().with_name(topic.name).with_partition_responses(partitions));
     }
-    if acks == 0 {
-        return None;
+    if acks != 0 {
+        wait_for_owners(shard, &pending.touched, acks == -1).await;
     }
-    wait_for_owners(shard, &touched, acks == -1).await;
-    Some(ProduceResponse::default().with_responses(responses))
+    for (partition, batch) in &pending.taken {
+        face.producers.answered(*partition, batch);
+    }
+    wait_for_originals(face, &pending.duplicates).await;
+    (acks != 0).then(|| ProduceResponse::default().with_responses(responses))
+}
+
+/// What one Produce request waits for before it answers.
+#[derive(Default)]
+struct Pending {
+    /// Owners the request routed records to.
+    touched: Vec<bool>,
+    /// Idempotent batches it took: their duplicates wait for this answer.
+    taken: Vec<(u32, BatchIdentity)>,
+    /// Retries of batches already taken: answered once the original is.
+    duplicates: Vec<(u32, BatchIdentity)>,
+}
+
+/// The longest a retry waits for its original's answer (a request waiting
+/// for credits or durability); past it the retry is answered anyway, as
+/// the original's records are already in the owner's hands.
+const ORIGINAL_WAIT_MS_MAX: u64 = 30_000;
+
+/// Waits until the original of every duplicate has been answered, polling:
+/// a duplicate racing its original is rare (a retry on a new connection
+/// while the first still waits), and needs no wake-up machinery.
+async fn wait_for_originals(face: &KafkaFace, duplicates: &[(u32, BatchIdentity)]) {
+    let started = Instant::now();
+    for (partition, batch) in duplicates {
+        while !face.producers.is_answered(*partition, batch)
+            && started.elapsed() < Duration::from_millis(ORIGINAL_WAIT_MS_MAX)
+        {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+    }
 }
 
 /// Checks one partition's batches and routes their records; the Kafka code
@@ -73,7 +119,7 @@ async fn produce_partition(
     face: &KafkaFace,
     partition: u32,
     records: bytes::Bytes,
-    touched: &mut [bool],
+    pending: &mut Pending,
 ) -> i16 {
     let batches = match check_batches(records, face.record_size_max) {
         Ok(batches) => batches,
@@ -84,8 +130,31 @@ async fn produce_partition(
             return error.code();
         }
     };
-    for batch in &batches {
-        route_batch(shard, partition, batch, touched).await;
+    if batches.iter().all(|batch| batch.producer_id < 0) {
+        // Not an idempotent producer: nothing to check, no lock taken.
+        for batch in &batches {
+            route_batch(shard, partition, batch, &mut pending.touched).await;
+        }
+        return codes::NONE;
+    }
+    let identities: Vec<BatchIdentity> = batches.iter().map(ProducedBatch::identity).collect();
+    let mut verdicts = Vec::with_capacity(batches.len());
+    if let Err(code) = face.producers.check(partition, &identities, &mut verdicts) {
+        return code;
+    }
+    for ((batch, identity), verdict) in batches.iter().zip(identities).zip(verdicts) {
+        match verdict {
+            Verdict::Duplicate => {
+                ShardMetrics::add(&shard.metrics().kafka_duplicate_batches, 1);
+                pending.duplicates.push((partition, identity));
+            }
+            Verdict::Take | Verdict::Refuse(_) => {
+                route_batch(shard, partition, batch, &mut pending.touched).await;
+                if identity.producer_id >= 0 {
+                    pending.taken.push((partition, identity));
+                }
+            }
+        }
     }
     codes::NONE
 }

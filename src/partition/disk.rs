@@ -44,7 +44,9 @@ use crate::partition::log::MemoryLog;
 use crate::storage::dir::{SegmentFiles, index_path, list_segments, segment_path};
 use crate::storage::format::{FRAME_HEADER_SIZE, FrameError};
 use crate::storage::index::SegmentIndex;
-use crate::storage::recovery::{RecoveryReport, SealedSegment, open_sealed, recover_segment, scan_segment_read_only};
+use crate::storage::recovery::{
+    RecoveryReport, SealedSegment, open_sealed, recover_segment, recover_segment_from, scan_segment_read_only,
+};
 use crate::storage::segment::{SegmentConfig, SegmentError, SegmentWriter, remove_stale_probe_files, write_index_file};
 use crate::stream::StreamSpec;
 
@@ -244,6 +246,18 @@ impl DiskLog {
     /// corrupt tail cut after the last whole frame). A write it cannot make
     /// for lack of space is deferred (see the module doc), never fatal.
     pub async fn open(dir: &Path, log_id: u64, config: DiskConfig) -> Result<(DiskLog, OpenReport), SegmentError> {
+        DiskLog::open_with(dir, log_id, config, None).await
+    }
+
+    /// [`DiskLog::open`], trusting `durable` (the active segment's prefix a
+    /// write-ahead log checkpoint recorded as durable) instead of scanning
+    /// it, when it names the active segment.
+    pub async fn open_with(
+        dir: &Path,
+        log_id: u64,
+        config: DiskConfig,
+        durable: Option<SegmentIndex>,
+    ) -> Result<(DiskLog, OpenReport), SegmentError> {
         remove_stale_probe_files(dir);
         let mut report = OpenReport {
             dir: dir.to_path_buf(),
@@ -283,7 +297,11 @@ impl DiskLog {
         }
         report.sealed_count = sealed.len();
         let (active, active_base) = match listed.last() {
-            Some(files) => (open_active(files, log_id, config.writer, &mut report).await?, files.base_offset),
+            Some(files) => {
+                let durable =
+                    durable.filter(|index| index.log_id() == log_id && index.base_offset() == files.base_offset);
+                (open_active(files, log_id, config.writer, durable, &mut report).await?, files.base_offset)
+            }
             None => (create_active(dir, log_id, config.writer, &mut report).await?, 0),
         };
         Ok((DiskLog::assemble(dir, log_id, config, sealed, active_base, active), report))
@@ -574,10 +592,12 @@ async fn open_active(
     files: &SegmentFiles,
     log_id: u64,
     config: SegmentConfig,
+    durable: Option<SegmentIndex>,
     report: &mut OpenReport,
 ) -> Result<ActiveStart, SegmentError> {
     let path = files.log_path.clone();
-    let error = match recover_segment(&path, log_id, files.base_offset, config).await {
+    let durable = durable.unwrap_or_else(|| SegmentIndex::new(log_id, files.base_offset, config.index_interval_bytes));
+    let error = match recover_segment_from(&path, durable, config).await {
         Ok((writer, recovery)) => {
             report.recovery = Some((path, recovery));
             return Ok(ActiveStart::Writer(Box::new(writer)));

@@ -176,6 +176,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         catalog: Arc::new(catalog.running()),
         wal_replay: Arc::new(wal_replay),
         stream_commands: stream_commands_sender,
+        kafka_producers: Arc::new(crate::kafka::ProducerTable::new(crate::config::KAFKA_PRODUCER_STATES_MAX)),
+        kafka_groups: Arc::new(crate::kafka::KafkaGroups::new(config.groups_max, config.group_members_max)),
     };
     let placement = placement::decide(&config, shard_count)?;
     let pool = start_shards(&config, placement.placement, context)?;

@@ -34,6 +34,12 @@ pub struct ShardContext {
     pub wal_replay: Arc<crate::storage::wal::WalReplay>,
     /// Stream changes for the admin thread (the Kafka face's topics).
     pub stream_commands: flume::Sender<crate::admin::StreamCommand>,
+    /// Idempotent producers' state, one table for the process (see
+    /// `kafka::producers` for why it is shared).
+    pub kafka_producers: Arc<crate::kafka::ProducerTable>,
+    /// Kafka consumer groups' membership, one table for the process (see
+    /// `kafka::groups`).
+    pub kafka_groups: Arc<crate::kafka::KafkaGroups>,
 }
 
 /// The body of one shard's executor.
@@ -79,7 +85,11 @@ pub async fn run_shard(context: ShardContext) {
                 glommio::spawn_local(crate::ingest::accept_loop(shard, net, listener, format)).detach();
             }
             if let Some(listener) = kafka {
-                let face = crate::kafka::KafkaFace::new(&context.config, context.stream_commands.clone());
+                let face = crate::kafka::KafkaFace::new(
+                    &context.config,
+                    context.stream_commands.clone(),
+                    (context.kafka_producers.clone(), context.kafka_groups.clone()),
+                );
                 let (shard, net) = (shard.clone(), net.clone());
                 glommio::spawn_local(crate::kafka::accept_loop(shard, net, listener, face)).detach();
             }

@@ -31,7 +31,8 @@ use crate::runtime::log;
 use crate::shard::Shard;
 use crate::shard::commit::{Reaped, reap_write_behind};
 use crate::shard::metrics::ShardMetrics;
-use crate::storage::segment::{SegmentError, WriteBehind, io_context};
+use crate::storage::index::SegmentIndex;
+use crate::storage::segment::{BLOCK_SIZE, SegmentError, WriteBehind, io_context, sync_parent_dir};
 use crate::storage::wal::Wal;
 
 /// Partitions a checkpoint makes durable at once (each fdatasync and
@@ -152,7 +153,10 @@ async fn checkpoint(shard: &Rc<Shard>) -> Result<(), SegmentError> {
     committer.round_waiters.wait_until(|| state.snapshot.borrow().is_some()).await;
     let snapshot = state.snapshot.take().expect("just taken");
     let checkpointed = match make_durable(shard, &snapshot.targets).await {
-        Ok(()) => write_checkpoint(shard, snapshot.lsn).await,
+        Ok(()) => {
+            write_positions(shard).await;
+            write_checkpoint(shard, snapshot.lsn).await
+        }
         Err(error) => {
             // The next snapshot covers them again.
             state.dirty.borrow_mut().extend(snapshot.targets.iter().map(|&(id, _)| id));
@@ -175,8 +179,13 @@ async fn make_durable(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), S
             .collect();
         let mut first_error = None;
         for task in tasks {
-            if let Err(error) = task.await {
-                first_error = first_error.or(Some(error));
+            match task.await {
+                Ok(Some(durable)) => {
+                    let positions = &shard.committer.as_ref().expect("disk storage").wal.positions;
+                    positions.borrow_mut().insert(durable.log_id(), durable);
+                }
+                Ok(None) => {}
+                Err(error) => first_error = first_error.or(Some(error)),
             }
         }
         if let Some(error) = first_error {
@@ -195,19 +204,27 @@ enum Step {
     WriterOut,
     /// A write-behind runs: wait for it.
     Writing(WriteBehind),
-    /// Everything up to the target is written: fdatasync this file.
-    Sync(Rc<glommio::io::DmaFile>, std::path::PathBuf),
+    /// Everything up to the target is written: fdatasync this file, after
+    /// which the index of what it holds is durable.
+    Sync(Rc<glommio::io::DmaFile>, std::path::PathBuf, SegmentIndex),
 }
 
-async fn partition_durable(shard: Rc<Shard>, partition_id: u32, target_offset: u64) -> Result<(), SegmentError> {
+/// Makes one partition durable up to `target_offset`; returns the index of
+/// its active segment's durable prefix (`None` when it needs nothing).
+async fn partition_durable(
+    shard: Rc<Shard>,
+    partition_id: u32,
+    target_offset: u64,
+) -> Result<Option<SegmentIndex>, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     loop {
         match next_step(&shard, partition_id, target_offset)? {
-            Step::Nothing => return Ok(()),
+            Step::Nothing => return Ok(None),
             Step::WriterOut => committer.round_waiters.wait_until(|| writer_back(&shard, partition_id)).await,
             Step::Writing(behind) => behind.ended().await,
-            Step::Sync(file, path) => {
-                return io_context(file.fdatasync().await, "fdatasync segment", &path, 0);
+            Step::Sync(file, path, durable) => {
+                io_context(file.fdatasync().await, "fdatasync segment", &path, 0)?;
+                return Ok(Some(durable));
             }
         }
     }
@@ -245,8 +262,10 @@ fn next_step(shard: &Shard, partition_id: u32, target_offset: u64) -> Result<Ste
     }
     // A writer that rolled since the snapshot starts at or past the
     // target: its predecessor was synced when it was sealed.
-    if writer.written().1 >= target_offset {
-        return Ok(Step::Sync(writer.file_handle(), writer.path().to_path_buf()));
+    let (written_end, written_offset) = writer.written();
+    if written_offset >= target_offset {
+        let durable = writer.index().prefix(written_end, written_offset);
+        return Ok(Step::Sync(writer.file_handle(), writer.path().to_path_buf(), durable));
     }
     // Too many writes pending cannot be: none runs, so they are written
     // next; the buffer then joins them at the next step.
@@ -260,6 +279,57 @@ fn next_step(shard: &Shard, partition_id: u32, target_offset: u64) -> Result<Ste
         });
     }
     Ok(Step::Writing(writer.write_behind().expect("just started")))
+}
+
+/// Writes the positions file (every partition's durable active prefix)
+/// in place of the last one: a temporary file written and synced through
+/// DMA, renamed, the directory synced. A failure is logged and counted, not
+/// fatal: recovery then scans more of the active segments.
+async fn write_positions(shard: &Shard) {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    {
+        // Only partitions owned now: a deleted stream's entries go, and a
+        // partition moved away is the thief's to record.
+        let owned: std::collections::HashSet<u64> = shard
+            .partitions
+            .borrow()
+            .iter()
+            .filter_map(|(_, partition)| partition.log.disk().map(|disk| disk.log_id()))
+            .collect();
+        state.positions.borrow_mut().retain(|log_id, _| owned.contains(log_id));
+    }
+    let bytes = crate::storage::wal::encode_positions(state.positions.borrow().values());
+    let dir = crate::storage::wal::wal_dir(&shard.config.data_dir, shard.id);
+    let path = dir.join(crate::storage::wal::POSITIONS_FILE_NAME);
+    if let Err(error) = replace_with_dma(&path, &bytes).await {
+        ShardMetrics::add(&shard.metrics.storage_errors, 1);
+        log::warn!(shard = shard.id, "write-ahead log positions file: {error}; the next start scans more");
+    }
+}
+
+async fn replace_with_dma(path: &std::path::Path, bytes: &[u8]) -> Result<(), SegmentError> {
+    let temporary = path.with_extension("tmp");
+    let opened = glommio::io::OpenOptions::new().write(true).create(true).truncate(true).dma_open(&temporary).await;
+    let file = io_context(opened, "create positions file", &temporary, 0)?;
+    let size = (bytes.len() as u64).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+    let mut buffer = file.alloc_dma_buffer(size.max(BLOCK_SIZE) as usize);
+    buffer.as_bytes_mut().fill(0);
+    buffer.as_bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+    let written = async {
+        io_context(file.write_at(buffer, 0).await, "write positions file", &temporary, 0)?;
+        io_context(file.truncate(bytes.len() as u64).await, "truncate positions file", &temporary, 0)?;
+        io_context(file.fdatasync().await, "fdatasync positions file", &temporary, 0)
+    }
+    .await;
+    let _ = file.close().await;
+    written?;
+    std::fs::rename(&temporary, path).map_err(|source| SegmentError::Io {
+        op: "rename positions file",
+        path: path.to_path_buf(),
+        position: 0,
+        source,
+    })?;
+    sync_parent_dir(path).await
 }
 
 /// Writes the checkpoint at `lsn` and frees the log behind it.

@@ -90,6 +90,10 @@ pub(super) struct WalState {
     pub(super) running: Cell<bool>,
     /// A checkpoint task runs, from its request to its end.
     pub(super) checkpointing: Cell<bool>,
+    /// Each partition's active segment prefix known durable (by log id),
+    /// written to the positions file at every checkpoint so recovery scans
+    /// only what follows ([`crate::storage::wal::POSITIONS_FILE_NAME`]).
+    pub(super) positions: RefCell<std::collections::HashMap<u64, crate::storage::index::SegmentIndex>>,
     pub(super) ended: WaitList,
     pub(super) notify: Notify,
     pub(super) interval: Duration,
@@ -177,6 +181,12 @@ impl Committer {
     /// The frames of log `log_id` to replay, if any.
     pub fn take_replay_frames(&self, log_id: u64) -> Option<LogFrames> {
         self.wal.replay.borrow().as_ref()?.take(log_id)
+    }
+
+    /// The durable prefix of log `log_id`'s active segment that a
+    /// checkpoint recorded, if any (recovery then scans only what follows).
+    pub fn take_replay_position(&self, log_id: u64) -> Option<crate::storage::index::SegmentIndex> {
+        self.wal.replay.borrow().as_ref()?.take_position(log_id)
     }
 
     /// Takes partitions out of the shard (a stream deletion, a handoff) at
@@ -649,6 +659,13 @@ pub async fn finish_replay(shard: &Shard, failed: bool) -> Result<(), ()> {
             state.wal.replace(Some(wal));
             state.checkpoint.replace(Some(checkpoint));
             state.enabled.set(true);
+            // Recovery synced everything each writer holds.
+            let mut positions = state.positions.borrow_mut();
+            for (_, partition) in shard.partitions.borrow().iter() {
+                let Some(writer) = partition.log.disk().and_then(|disk| disk.writer()) else { continue };
+                let (end, next_offset) = writer.written();
+                positions.insert(writer.log_id(), writer.index().prefix(end, next_offset));
+            }
         }
         Err(error) => log::warn!(
             shard = shard.id,

@@ -28,6 +28,8 @@ use crate::shard::Shard;
 use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
 
+mod kafka;
+
 /// How often an owner checks its partitions against the `hold` floors
 /// while any exist (the overshoot past `--group-hold-lag-bytes` is what
 /// arrives in this time, plus the credits in flight).
@@ -77,6 +79,10 @@ struct Coordinated {
     dirty: bool,
     /// Commits to acknowledge once written.
     acks: Vec<(MemberId, u32, u64)>,
+    /// A Kafka consumer group's offsets (`kafka::groups`): no `GROUP`
+    /// member may join it, and a Kafka group may not commit to a `GROUP`
+    /// group's.
+    kafka: bool,
 }
 
 /// One shard's consumer-group service.
@@ -90,6 +96,8 @@ pub struct Groups {
     floor_of: RefCell<Vec<u64>>,
     /// Wakes the hold checker: floors arrived.
     hold_notify: Notify,
+    /// Kafka OffsetCommits to answer (NONE) once the offsets are written.
+    kafka_acks: RefCell<Vec<flume::Sender<i16>>>,
 }
 
 impl Groups {
@@ -101,6 +109,7 @@ impl Groups {
             floors: RefCell::default(),
             floor_of: RefCell::new(vec![u64::MAX; partitions_max as usize]),
             hold_notify: Notify::default(),
+            kafka_acks: RefCell::default(),
         }
     }
 
@@ -130,6 +139,7 @@ impl Groups {
                 group: group.clone(),
                 base: entry.base,
                 hold: entry.state.hold,
+                kafka: entry.kafka,
                 generation: entry.state.generation,
                 rebalances: entry.state.rebalances,
                 members: entry.state.members().map(|member| (member, entry.state.held_by(member))).collect(),
@@ -146,6 +156,8 @@ pub struct GroupInfo {
     pub group: String,
     pub base: u32,
     pub hold: bool,
+    /// A Kafka consumer group (its members are Kafka's: DescribeGroups).
+    pub kafka: bool,
     pub generation: u64,
     pub rebalances: u64,
     /// Each member and the partitions it holds.
@@ -227,6 +239,10 @@ impl Shard {
             }
             GroupFrame::Floors { key, base, floors } => self.on_floors(key, base, floors),
             GroupFrame::Held { partition, held } => self.ingress.set_held(partition, held),
+            GroupFrame::KafkaCommit { key, stream, offsets, reply } => {
+                self.on_kafka_commit(key, stream, offsets, reply)
+            }
+            GroupFrame::KafkaOffsets { key, reply } => self.on_kafka_offsets(&key, reply),
         }
     }
 
@@ -259,7 +275,17 @@ impl Shard {
                     state: GroupState::new(vec![None; partitions as usize]),
                     dirty: false,
                     acks: Vec::new(),
+                    kafka: false,
                 });
+                if entry.kafka {
+                    let message = format!(
+                        "group_conflict: {} is a Kafka consumer group of stream {}: choose another name",
+                        key.1, entry.stream
+                    );
+                    drop(coordinated);
+                    self.to_member(member, MemberEvent::Refused(message));
+                    return;
+                }
                 let now_ms = crate::shard::balancer::now_ms();
                 let timeout = self.config.group_session_timeout_ms;
                 entry.state.join(member, reset, hold, self.config.group_members_max, now_ms, timeout).map_err(|error| {
@@ -423,7 +449,9 @@ impl Shard {
             }
             let mut state = GroupState::new(committed);
             state.hold = group.hold;
-            let entry = Coordinated { stream: group.stream, base: spec.base, state, dirty: false, acks: Vec::new() };
+            let kafka = group.kafka;
+            let entry =
+                Coordinated { stream: group.stream, base: spec.base, state, dirty: false, acks: Vec::new(), kafka };
             coordinated.insert(key, entry);
         }
     }
@@ -448,6 +476,7 @@ impl Shard {
             let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
             let mut acks = Vec::new();
             let mut hold_keys = Vec::new();
+            let kafka_acks = std::mem::take(&mut *self.groups.kafka_acks.borrow_mut());
             for (key, entry) in self.groups.coordinated.borrow_mut().iter_mut().filter(|(_, entry)| entry.dirty) {
                 entry.dirty = false;
                 acks.append(&mut entry.acks);
@@ -459,6 +488,7 @@ impl Shard {
                     stream_id: key.0,
                     group: key.1.clone(),
                     hold: entry.state.hold,
+                    kafka: entry.kafka,
                     offsets: (0u32..)
                         .zip(entry.state.committed())
                         .filter_map(|(partition, offset)| offset.map(|offset| (partition, offset)))
@@ -478,6 +508,7 @@ impl Shard {
                     );
                     write_failures.occur(Instant::now(), Level::Warn, scope, failed);
                     self.requeue(acks);
+                    self.groups.kafka_acks.borrow_mut().extend(kafka_acks);
                     glommio::timer::sleep(Duration::from_millis(OFFSET_WRITE_RETRY_MS)).await;
                     self.groups.persist_notify.notify();
                     continue;
@@ -485,7 +516,10 @@ impl Shard {
                 let works = format_args!("committed offsets are written again");
                 write_failures.end(Instant::now(), Level::Info, scope, works);
             }
-            ShardMetrics::add(&self.metrics.group_commits, acks.len() as u64);
+            ShardMetrics::add(&self.metrics.group_commits, (acks.len() + kafka_acks.len()) as u64);
+            for reply in kafka_acks {
+                let _ = reply.send(0);
+            }
             for (member, partition, next_offset) in acks {
                 self.to_member(member, MemberEvent::CommitOk { partition, next_offset });
             }

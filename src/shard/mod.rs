@@ -244,17 +244,17 @@ impl Shard {
         let opens: Vec<_> = owned
             .into_iter()
             .map(|partition_id| {
-                let frames = self
-                    .committer
-                    .as_ref()
-                    .and_then(|committer| committer.take_replay_frames(spec.log_id(partition_id - spec.base)));
+                let log_id = spec.log_id(partition_id - spec.base);
+                let committer = self.committer.as_ref();
+                let frames = committer.and_then(|committer| committer.take_replay_frames(log_id));
+                let durable = committer.and_then(|committer| committer.take_replay_position(log_id));
                 let open = open_partition(
                     self.config.clone(),
                     spec.clone(),
                     partition_id,
                     declarations.clone(),
                     limits,
-                    frames,
+                    (frames, durable),
                 );
                 glommio::spawn_local(open)
             })
@@ -733,14 +733,15 @@ async fn open_partition(
     partition_id: u32,
     declarations: Vec<crate::aggregate::AggregateDeclaration>,
     limits: crate::aggregate::ProcessorLimits,
-    frames: Option<crate::storage::wal::LogFrames>,
+    (frames, durable): (Option<crate::storage::wal::LogFrames>, Option<crate::storage::index::SegmentIndex>),
 ) -> Result<(u32, Partition, OpenReport), SegmentError> {
     let local = partition_id - spec.base;
     let dir = crate::storage::dir::partition_dir(&config.data_dir, &spec.name, local).map_err(|error| {
         let source = std::io::Error::other(error.to_string());
         SegmentError::Io { op: "partition directory", path: config.data_dir.clone(), position: 0, source }
     })?;
-    let (mut disk, mut report) = DiskLog::open(&dir, spec.log_id(local), config.disk_config_for(&spec)).await?;
+    let (mut disk, mut report) =
+        DiskLog::open_with(&dir, spec.log_id(local), config.disk_config_for(&spec), durable).await?;
     if let Some(frames) = frames {
         let appended = commit::replay_frames(&mut disk, frames).await?;
         report.replayed_frames = appended;

@@ -159,6 +159,10 @@ impl SegmentIndex {
         self.log_size
     }
 
+    pub fn interval_bytes(&self) -> u32 {
+        self.interval_bytes
+    }
+
     pub fn entries(&self) -> &[IndexEntry] {
         &self.entries
     }
@@ -184,6 +188,15 @@ impl SegmentIndex {
         self.log_size = end;
         self.next_offset = header.next_offset();
         Ok(())
+    }
+
+    /// The index of the log's first `log_size` bytes (a frame boundary,
+    /// where the offset `next_offset` starts): what a checkpoint records as
+    /// durable while the writer holds more.
+    pub fn prefix(&self, log_size: u64, next_offset: u64) -> SegmentIndex {
+        assert!(log_size <= self.log_size && next_offset <= self.next_offset && next_offset >= self.base_offset);
+        let entries = self.entries.iter().copied().filter(|entry| u64::from(entry.position) < log_size).collect();
+        SegmentIndex { next_offset, log_size, entries, ..*self }
     }
 
     /// The position of the last indexed frame at or before the frame that

@@ -46,10 +46,29 @@ pub async fn scan_segment_file(
     base_offset: u64,
     index_interval_bytes: u32,
 ) -> Result<FileScan, SegmentError> {
+    scan_segment_file_from(file, path, SegmentIndex::new(log_id, base_offset, index_interval_bytes)).await
+}
+
+/// Scans a segment file from the end of `durable`, the index of a prefix
+/// known to be whole and durable (a checkpoint recorded it): the frames
+/// after it are scanned as [`scan_segment_file`] scans all of them. A
+/// prefix longer than the file is not trusted: the whole file is scanned.
+pub async fn scan_segment_file_from(
+    file: &DmaFile,
+    path: &Path,
+    durable: SegmentIndex,
+) -> Result<FileScan, SegmentError> {
     let file_size = io_context(file.file_size().await, "stat segment", path, 0)?;
-    let mut index = SegmentIndex::new(log_id, base_offset, index_interval_bytes);
+    let (mut index, mut cursor) = if durable.log_size() <= file_size {
+        let cursor =
+            ScanCursor { position: durable.log_size(), next_offset: durable.next_offset(), ..ScanCursor::default() };
+        (durable, cursor)
+    } else {
+        let (log_id, base_offset) = (durable.log_id(), durable.base_offset());
+        (SegmentIndex::new(log_id, base_offset, durable.interval_bytes()), ScanCursor::at_segment_start(base_offset))
+    };
+    let log_id = index.log_id();
     let mut index_error: Option<IndexError> = None;
-    let mut cursor = ScanCursor::at_segment_start(base_offset);
     let mut want = SCAN_CHUNK_BYTES;
     loop {
         let read_start = align_down(cursor.position, BLOCK_SIZE);
@@ -106,10 +125,21 @@ pub async fn recover_segment(
     base_offset: u64,
     config: SegmentConfig,
 ) -> Result<(SegmentWriter, RecoveryReport), SegmentError> {
+    recover_segment_from(path, SegmentIndex::new(log_id, base_offset, config.index_interval_bytes), config).await
+}
+
+/// [`recover_segment`] trusting `durable`, a prefix a checkpoint recorded
+/// ([`scan_segment_file_from`]).
+pub async fn recover_segment_from(
+    path: &Path,
+    durable: SegmentIndex,
+    config: SegmentConfig,
+) -> Result<(SegmentWriter, RecoveryReport), SegmentError> {
+    let log_id = durable.log_id();
     prime_dma_probe(parent_dir(path)).await?;
     let opened = OpenOptions::new().read(true).write(true).dma_open(path).await;
     let file = io_context(opened, "open segment", path, 0)?;
-    let scan = scan_segment_file(&file, path, log_id, base_offset, config.index_interval_bytes).await?;
+    let scan = scan_segment_file_from(&file, path, durable).await?;
     let valid_end = scan.outcome.cursor.position;
     let block_start = align_down(valid_end, BLOCK_SIZE);
     let block_end = align_up(valid_end, BLOCK_SIZE);

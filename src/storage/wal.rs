@@ -87,6 +87,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 
 use super::format::{FrameError, decode_frame, parse_header};
+use super::index::SegmentIndex;
 use super::segment::{BLOCK_SIZE, SegmentError, align_down, align_up, io_context, sync_parent_dir};
 use crate::runtime::log;
 
@@ -704,6 +705,52 @@ impl LogFrames {
     }
 }
 
+/// The file, next to a shard's checkpoint, that says how far each
+/// partition's active segment was durable at the last checkpoint: the
+/// index of that prefix, so recovery trusts it and scans only what follows
+/// ([`crate::storage::recovery::recover_segment`]) instead of every byte of
+/// every active segment.
+pub const POSITIONS_FILE_NAME: &str = "positions";
+const POSITIONS_MAGIC: u32 = u32::from_le_bytes(*b"SPTP");
+const POSITIONS_VERSION: u32 = 1;
+
+/// The positions file's bytes: a header, then each index as a length and
+/// its sidecar encoding (which carries its own CRC, log id and base offset).
+pub fn encode_positions<'a>(indexes: impl Iterator<Item = &'a SegmentIndex>) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&POSITIONS_MAGIC.to_le_bytes());
+    out.extend_from_slice(&POSITIONS_VERSION.to_le_bytes());
+    let mut blob = Vec::new();
+    for index in indexes {
+        index.encode(&mut blob);
+        out.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+        out.extend_from_slice(&blob);
+    }
+    out
+}
+
+/// Reads a shard's positions file; a missing or foreign file, or a damaged
+/// entry, gives nothing for it (recovery then scans as before).
+pub fn read_positions(dir: &Path) -> Vec<SegmentIndex> {
+    let Ok(bytes) = std::fs::read(dir.join(POSITIONS_FILE_NAME)) else { return Vec::new() };
+    if bytes.len() < 8 || u32_at(&bytes, 0) != POSITIONS_MAGIC || u32_at(&bytes, 4) != POSITIONS_VERSION {
+        return Vec::new();
+    }
+    let mut indexes = Vec::new();
+    let mut at = 8;
+    while let Some(len) = bytes.get(at..at + 4).map(|len| u32_at(len, 0) as usize) {
+        let Some(blob) = bytes.get(at + 4..at + 4 + len) else { break };
+        if blob.len() >= 32 {
+            let (log_id, base_offset) = (u64_at(blob, 16), u64_at(blob, 24));
+            if let Ok(index) = SegmentIndex::decode(blob, log_id, base_offset) {
+                indexes.push(index);
+            }
+        }
+        at += 4 + len;
+    }
+    indexes
+}
+
 /// How the start-up read of one shard's log ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalReadReport {
@@ -721,6 +768,9 @@ pub struct WalReadReport {
 #[derive(Debug)]
 pub struct WalReplay {
     frames: Mutex<HashMap<u64, LogFrames>>,
+    /// Each log's durable active-segment prefix from the positions files
+    /// (the longest, when several shards recorded one).
+    positions: Mutex<HashMap<u64, SegmentIndex>>,
     pub reports: Vec<WalReadReport>,
     shards_left: AtomicUsize,
     failed: AtomicBool,
@@ -731,6 +781,7 @@ impl WalReplay {
     pub fn empty(shard_count: usize) -> WalReplay {
         WalReplay {
             frames: Mutex::default(),
+            positions: Mutex::default(),
             reports: Vec::new(),
             shards_left: AtomicUsize::new(shard_count),
             failed: AtomicBool::new(false),
@@ -740,6 +791,11 @@ impl WalReplay {
     /// Takes the frames of log `log_id`, if any.
     pub fn take(&self, log_id: u64) -> Option<LogFrames> {
         self.frames.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&log_id)
+    }
+
+    /// Takes the durable prefix recorded for log `log_id`'s active segment.
+    pub fn take_position(&self, log_id: u64) -> Option<SegmentIndex> {
+        self.positions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&log_id)
     }
 
     /// Logs left unclaimed, after every shard opened its partitions: they
@@ -794,6 +850,15 @@ pub fn read_all(data_dir: &Path, shard_count: usize) -> io::Result<WalReplay> {
         .map(|entry| entry.path())
         .collect();
     dirs.sort();
+    let positions = replay.positions.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for index in dirs.iter().flat_map(|dir| read_positions(dir)) {
+        let longer = positions
+            .get(&index.log_id())
+            .is_none_or(|known| (index.base_offset(), index.log_size()) > (known.base_offset(), known.log_size()));
+        if longer {
+            positions.insert(index.log_id(), index);
+        }
+    }
     let frames = replay.frames.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
     for dir in dirs {
         let Some(checkpoint) = read_checkpoint(&dir)? else { continue };
