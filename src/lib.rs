@@ -70,6 +70,7 @@ mod shard;
 pub mod storage;
 pub mod stream;
 pub mod subscribe;
+pub mod transport;
 
 pub use config::Config;
 pub use serve::{ServeError, serve};

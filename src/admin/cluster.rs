@@ -70,6 +70,7 @@ pub fn json(view: &ClusterView) -> String {
         "gossip": view.enabled,
         "members": members,
         "counts": counts,
+        "transport": view.peers,
         "gossip_counters": {
             "datagrams_received": counters.datagrams_received,
             "bytes_received": counters.bytes_received,
@@ -105,5 +106,49 @@ pub fn metrics(out: &mut String, view: &ClusterView) {
     ];
     for (name, help, value) in totals {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+    transport_metrics(out, view);
+}
+
+/// The transport's families, one series per peer (`peer` = its node id).
+fn transport_metrics(out: &mut String, view: &ClusterView) {
+    type Field = fn(&crate::transport::runtime::PeerCounters) -> f64;
+    let families: [(&str, &str, &str, Field); 10] = [
+        ("spate_transport_bytes_sent_total", "counter", "Transport bytes written to the peer.", |c| {
+            c.bytes_sent as f64
+        }),
+        ("spate_transport_frames_sent_total", "counter", "Transport messages written to the peer.", |c| {
+            c.frames_sent as f64
+        }),
+        ("spate_transport_bytes_received_total", "counter", "Transport bytes received from the peer.", |c| {
+            c.bytes_received as f64
+        }),
+        ("spate_transport_frames_received_total", "counter", "Transport messages received from the peer.", |c| {
+            c.frames_received as f64
+        }),
+        ("spate_transport_reconnects_total", "counter", "Connections to the peer made after the first.", |c| {
+            c.reconnects as f64
+        }),
+        ("spate_transport_connect_failures_total", "counter", "Failed connection attempts to the peer.", |c| {
+            c.connect_failures as f64
+        }),
+        ("spate_transport_credit_stalls_total", "counter", "Times the link to the peer ran out of credit.", |c| {
+            c.credit_stalls as f64
+        }),
+        ("spate_transport_sender_waits_total", "counter", "Sends to the peer that waited for queue room.", |c| {
+            c.sender_waits as f64
+        }),
+        ("spate_transport_queued_bytes", "gauge", "Bytes queued for the peer, not yet written.", |c| {
+            c.queued_bytes as f64
+        }),
+        ("spate_transport_rtt_seconds", "gauge", "The latest ping round trip to the peer.", |c| {
+            c.rtt_us.unwrap_or(0) as f64 / 1e6
+        }),
+    ];
+    for (name, kind, help, field) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for peer in &view.peers {
+            let _ = writeln!(out, "{name}{{peer=\"{}\"}} {}", peer.node_id, field(&peer.counters));
+        }
     }
 }

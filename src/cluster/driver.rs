@@ -2,6 +2,8 @@
 //! path, that runs the [`Membership`] state machine over the real UDP
 //! socket and clock, refreshes this node's load from its shards, and
 //! answers the admin thread (`GET /cluster`) and the signal thread (leave).
+//! It also runs the internode transport ([`crate::transport`]), whose links
+//! follow the membership (a task matches them every [`LINK_SYNC_MS`]).
 //!
 //! Four tasks share the membership (`Rc<RefCell<_>>`, never borrowed across
 //! an await): one receives datagrams, one sends what the membership queued,
@@ -27,6 +29,7 @@ use crate::cluster::membership::{DATAGRAM_BYTES_MAX, MemberView, Membership, Mem
 use crate::runtime::log;
 use crate::runtime::notify::Notify;
 use crate::shard::control::ControlRequest;
+use crate::transport::{PeerView, Transport, TransportHandle, TransportSetup};
 
 /// How often this node's load is refreshed from its shards, in ms.
 pub const LOAD_REFRESH_MS: u64 = 500;
@@ -37,6 +40,8 @@ const IDLE_WAIT_MS: u64 = 1000;
 /// Requests queued for the cluster thread (the admin thread waits for each
 /// answer, the signal thread sends one leave).
 pub const REQUESTS_MAX: usize = 16;
+/// How often the transport's links are matched to the membership, in ms.
+const LINK_SYNC_MS: u64 = 250;
 /// Registered io_uring buffer memory of the cluster executor: it only
 /// moves small datagrams.
 const CLUSTER_IO_MEMORY_BYTES: usize = 64 * 1024;
@@ -61,6 +66,8 @@ pub struct ClusterView {
     pub counters: MembershipCounters,
     /// The membership clock now: a load's age is `now - received_at`.
     pub now: Duration,
+    /// The transport's link to every peer (empty for a cluster of one).
+    pub peers: Vec<PeerView>,
 }
 
 /// What the cluster thread starts from.
@@ -70,11 +77,17 @@ pub struct ClusterSetup {
     pub socket: Option<std::net::UdpSocket>,
     pub join: Vec<SocketAddr>,
     pub controls: Vec<flume::Sender<ControlRequest>>,
+    /// The internode transport's listener and knobs (`None`: a cluster of
+    /// one, which links to nobody).
+    pub transport: Option<TransportSetup>,
 }
 
 /// The running cluster thread.
 pub struct ClusterHandle {
     requests: flume::Sender<ClusterRequest>,
+    /// How shards will send to other nodes (replication, forwarding).
+    #[allow(dead_code)]
+    transport: Option<TransportHandle>,
     thread: Option<glommio::ExecutorJoinHandle<()>>,
 }
 
@@ -82,11 +95,12 @@ impl ClusterHandle {
     /// Starts the cluster thread (its own executor, unpinned).
     pub fn start(setup: ClusterSetup) -> Result<ClusterHandle, glommio::GlommioError<()>> {
         let (requests, receiver) = flume::bounded(REQUESTS_MAX);
+        let transport = setup.transport.as_ref().map(|transport| transport.handle.clone());
         let thread = LocalExecutorBuilder::new(Placement::Unbound)
             .name("spate-cluster")
             .io_memory(CLUSTER_IO_MEMORY_BYTES)
             .spawn(move || run(setup, receiver))?;
-        Ok(ClusterHandle { requests, thread: Some(thread) })
+        Ok(ClusterHandle { requests, transport, thread: Some(thread) })
     }
 
     /// Where to send [`ClusterRequest`]s.
@@ -109,6 +123,7 @@ impl ClusterHandle {
 struct Node {
     membership: RefCell<Membership>,
     socket: Option<UdpSocket>,
+    transport: Option<Rc<Transport>>,
     started: Instant,
     /// Wakes the sender: datagrams were queued.
     outbox_ready: Notify,
@@ -145,6 +160,7 @@ impl Node {
             members: membership.members(),
             counters: membership.counters(),
             now: self.now(),
+            peers: self.transport.as_ref().map(|transport| transport.peers()).unwrap_or_default(),
         }
     }
 }
@@ -158,6 +174,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
     let node = Rc::new(Node {
         membership: RefCell::new(Membership::new(setup.identity, seed)),
         socket,
+        transport: setup.transport.map(Transport::start),
         started: Instant::now(),
         outbox_ready: Notify::default(),
         timers_changed: Notify::default(),
@@ -167,6 +184,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         glommio::spawn_local(send_datagrams(node.clone())).detach();
         glommio::spawn_local(fire_timers(node.clone())).detach();
         glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
+        glommio::spawn_local(sync_links(node.clone())).detach();
         node.membership.borrow_mut().join(node.now(), &setup.join);
         node.after_interaction();
     }
@@ -241,6 +259,17 @@ async fn fire_timers(node: Rc<Node>) {
         futures_lite::future::or(glommio::timer::sleep(wait), node.timers_changed.notified()).await;
         node.membership.borrow_mut().fire_due_timers(node.now());
         node.after_timers();
+    }
+}
+
+/// Keeps the transport's links matched to the membership: a link per
+/// member that has not left.
+async fn sync_links(node: Rc<Node>) {
+    let Some(transport) = node.transport.clone() else { return };
+    loop {
+        let members = node.membership.borrow().members();
+        transport.sync_members(&members);
+        glommio::timer::sleep(Duration::from_millis(LINK_SYNC_MS)).await;
     }
 }
 

@@ -178,8 +178,8 @@ fn unix_ms_now() -> u64 {
 /// (ingest on any node) and the Raft transport will dial.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MemberAddresses {
-    /// Node-to-node traffic: gossip over UDP now, the internode TCP
-    /// transport on the same port later.
+    /// Node-to-node traffic: gossip over UDP and the internode transport
+    /// over TCP, on the same port number.
     pub cluster: SocketAddr,
     pub ingest: SocketAddr,
     pub ingest_json: Option<SocketAddr>,

@@ -1,9 +1,10 @@
 //! Several spate nodes as one cluster, with no coordinator: who is a
 //! member, whether it is alive, where to reach it and how loaded it is.
 //!
-//! What exists now is membership and load gossip; replication (a Raft group
-//! per partition), placement and forwarding come next and build on the
-//! names defined here: a node is its [`NodeId`] (kept in the data
+//! What exists now is membership and load gossip, and the internode
+//! transport ([`crate::transport`], run by the cluster thread, one link per
+//! member); replication (a Raft group per partition), placement and
+//! forwarding come next and build on the names defined here: a node is its [`NodeId`] (kept in the data
 //! directory), a member's [`MemberAddresses`] say where its services and
 //! its internode port are, and [`ClusterView`] is the membership any node
 //! sees.
@@ -21,7 +22,7 @@
 //!   simulated clock, from a seed: the seed of the cluster simulator.
 //!
 //! A node joins with `spate serve --join SEED_ADDR` (binding `--cluster`,
-//! default `0.0.0.0:9404`, for UDP gossip); a node with neither `--join`
+//! default `0.0.0.0:9404`, for UDP gossip and the TCP transport); a node with neither `--join`
 //! nor `--cluster` is a cluster of one that binds no extra port and
 //! gossips nothing (README, "Cluster").
 //!

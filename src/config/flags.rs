@@ -111,8 +111,8 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9402")]
     pub admin: SocketAddr,
 
-    /// This node's internode address (UDP gossip now; the node-to-node
-    /// TCP transport will share the port). A node binds it only when this
+    /// This node's internode address (UDP gossip, and the node-to-node TCP
+    /// transport on the same port number). A node binds it only when this
     /// flag or --join is given [default with --join: 0.0.0.0:9404]; without
     /// either, the node is a cluster of one that binds nothing more than
     /// before, so two single nodes on one machine never clash on it.
@@ -365,6 +365,18 @@ pub struct Config {
     /// to make the apply stage slow and exercise backpressure.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=APPLY_DELAY_NS_PER_EVENT_MAX))]
     pub apply_delay_ns_per_event: u64,
+
+    /// TEST KNOB, off by default: every peer's transport link is kept full
+    /// of 64 KiB filler messages (channel `bulk`), to measure throughput and
+    /// exercise the transport's credits.
+    #[arg(long, default_value_t = false)]
+    pub transport_test_flood: bool,
+
+    /// TEST KNOB, off by default: microseconds this node's consumer of the
+    /// transport's filler messages takes per KiB before it releases one (a
+    /// slow receiver: its credits come back slowly).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub transport_test_receive_us_per_kib: u64,
 
     /// TEST KNOB: shards the apply delay applies to (comma-separated ids);
     /// empty means every shard. Makes one shard the slow, "hot" one.

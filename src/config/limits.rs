@@ -361,6 +361,48 @@ pub const CLUSTER_OUTBOX_DATAGRAMS_MAX: usize = 64;
 pub const CLUSTER_THREAD_BYTES: usize = MIB;
 
 // ---------------------------------------------------------------------------
+// The internode transport (framed, credit-bounded TCP between nodes).
+
+/// Peers the transport keeps a connection to (and accepts one from) at once:
+/// a cluster is a handful to a few dozen nodes, and each peer costs
+/// [`TRANSPORT_PEER_BYTES`] at most. Members past it are not dialed (their
+/// sends fail with `PeerLimit`) and their dials are refused.
+pub const TRANSPORT_PEERS_MAX: usize = 32;
+/// The largest transport frame, length prefix included, in bytes: a
+/// forwarded batch holds whole records, so one of a default 1 MiB line
+/// (`--line-size-max`) fits with room to spare. The decoder refuses a
+/// longer one from its length prefix alone.
+pub const TRANSPORT_FRAME_BYTES_MAX: usize = 2 * MIB;
+/// The credit window a node grants each peer's connection, in bytes: data
+/// frames received and not yet released by their consumers. At 4 MiB a
+/// link keeps a 1 ms round trip busy at 4 GB/s.
+pub const TRANSPORT_WINDOW_BYTES: usize = 4 * MIB;
+/// Messages queued for one peer and not yet written (waiting for credit,
+/// the connection or the next flush), in bytes: past it, senders wait.
+pub const TRANSPORT_QUEUE_BYTES_MAX: usize = 2 * MIB;
+/// One write to a peer coalesces queued messages up to this many bytes (a
+/// larger single message goes alone).
+pub const TRANSPORT_FLUSH_BYTES: usize = 256 * KIB;
+/// Bytes read from a peer's socket at once (the read buffer grows to hold
+/// one whole frame, at most [`TRANSPORT_FRAME_BYTES_MAX`]).
+pub const TRANSPORT_READ_CHUNK_BYTES: usize = 64 * KIB;
+/// What one peer costs at most, in bytes: its queue, its write buffer (a
+/// flush and one frame), the window of its inbound connection and that
+/// connection's read buffer (a frame and a chunk).
+pub const TRANSPORT_PEER_BYTES: usize = TRANSPORT_QUEUE_BYTES_MAX
+    + TRANSPORT_FLUSH_BYTES
+    + TRANSPORT_FRAME_BYTES_MAX
+    + TRANSPORT_WINDOW_BYTES
+    + TRANSPORT_FRAME_BYTES_MAX
+    + TRANSPORT_READ_CHUNK_BYTES;
+// A frame is at most half the window (so batched grants never hold back the
+// credit a blocked sender waits for: `transport::credits`) and fits the
+// queue (so any message can be queued).
+const _: () = assert!(TRANSPORT_FRAME_BYTES_MAX <= TRANSPORT_WINDOW_BYTES / 2);
+const _: () = assert!(TRANSPORT_FRAME_BYTES_MAX <= TRANSPORT_QUEUE_BYTES_MAX);
+const _: () = assert!(TRANSPORT_WINDOW_BYTES <= u32::MAX as usize);
+
+// ---------------------------------------------------------------------------
 // Ranges of flags.
 
 /// The longest timeout or interval a `--*-ms` flag takes (7 days; age

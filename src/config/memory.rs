@@ -312,6 +312,27 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Fixed,
+        storage: None,
+        expression: || {
+            format!(
+                "cluster * {} * ({} + {} + 2 * {} + {} + {})",
+                TRANSPORT_PEERS_MAX,
+                size(TRANSPORT_QUEUE_BYTES_MAX),
+                size(TRANSPORT_FLUSH_BYTES),
+                size(TRANSPORT_FRAME_BYTES_MAX),
+                size(TRANSPORT_WINDOW_BYTES),
+                size(TRANSPORT_READ_CHUNK_BYTES)
+            )
+        },
+        what: "the internode transport: per peer, its queue, a write (a flush and a frame), the window this \
+               node grants it and a read buffer (a frame and a chunk)",
+        bytes: |config| {
+            let peers = if config.cluster_address().is_some() { TRANSPORT_PEERS_MAX } else { 0 };
+            product(&[peers, TRANSPORT_PEER_BYTES])
+        },
+    },
+    FormulaLine {
         term: Term::Groups,
         storage: None,
         expression: || {
@@ -467,7 +488,8 @@ pub fn memory_formula_text() -> String {
         "Peak memory of the process, in bytes (GET /stats: memory_bound). S = shards, P = partitions_max\n\
          (all streams' partitions), C = S * connections_per_shard_max ingest connections and N = S *\n\
          subscribers_per_shard_max subscriber connections, both counted process-wide; every other name\n\
-         is a flag of spate serve (or its default); / rounds down, and a difference below 0 counts 0.\n",
+         is a flag of spate serve (or its default); cluster is 1 with --cluster or --join, else 0; /\n\
+         rounds down, and a difference below 0 counts 0.\n",
     );
     let mut storage = None;
     let mut first = true;
@@ -899,6 +921,7 @@ mod tests {
             }
         }
         configurations.push(parse(&["--shards", "4", "--tail-cache-bytes", "1000000", "--retention-bytes", "5"]));
+        configurations.push(parse(&["--shards", "2", "--cluster", "127.0.0.1:9404"]));
         for config in &configurations {
             let bound = config.memory_bound();
             for term in Term::ALL {
@@ -1081,6 +1104,7 @@ mod tests {
                 "io_memory_bytes" => config.io_memory_bytes,
                 "log_prefault_bytes" => config.log_prefault_bytes,
                 "groups_max" => config.groups_max,
+                "cluster" => usize::from(config.cluster_address().is_some()),
                 other => panic!("the formula names {other:?}, which is no flag this test knows"),
             };
             value as u128

@@ -11,12 +11,15 @@ use crate::config::Config;
 use crate::runtime::log;
 use crate::serve::ServeError;
 use crate::shard::control::ControlRequest;
+use crate::transport::{TransportHandle, TransportSetup};
 
 /// What start-up prepares for the cluster before the shards start.
 pub struct ClusterStart {
     pub identity: NodeIdentity,
     /// The bound cluster socket; `None` for a cluster of one.
     socket: Option<std::net::UdpSocket>,
+    /// The transport's listener on the same address, TCP.
+    listener: Option<std::net::TcpListener>,
     pub addresses: MemberAddresses,
 }
 
@@ -28,9 +31,12 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
         // A cluster of one still has addresses to show in GET /cluster;
         // it advertises its listeners as bound.
         let addresses = MemberAddresses::advertised(config, SocketAddr::from(([127, 0, 0, 1], 0)));
-        return Ok(ClusterStart { identity, socket: None, addresses });
+        return Ok(ClusterStart { identity, socket: None, listener: None, addresses });
     };
     let socket = bind_socket(bind)?;
+    // The same port number as the gossip's (which a port 0 chose).
+    let port = socket.local_addr().map_or(bind.port(), |address| address.port());
+    let listener = bind_listener(SocketAddr::new(bind.ip(), port))?;
     let advertise = match config.advertise {
         Some(advertise) => advertise,
         None => {
@@ -44,7 +50,32 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
             advertise
         }
     };
-    Ok(ClusterStart { identity, socket: Some(socket), addresses: MemberAddresses::advertised(config, advertise) })
+    let addresses = MemberAddresses::advertised(config, advertise);
+    Ok(ClusterStart { identity, socket: Some(socket), listener: Some(listener), addresses })
+}
+
+/// How long start-up waits for the transport's TCP port to be free: a node
+/// restarted right after a kill -9 finds its old listener still held by
+/// the kernel for a moment (GLOMMIO-NOTES).
+const LISTENER_BIND_WAIT_MS: u64 = 5000;
+
+/// Binds the transport's TCP listener (no `SO_REUSEPORT`, so a second node
+/// on the port fails to start instead of sharing it), non-blocking for the
+/// executor; waits a bounded time while the address is in use.
+fn bind_listener(address: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
+    let failed = |error| ServeError::Bind { name: "cluster (tcp)", address, error };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(LISTENER_BIND_WAIT_MS);
+    let listener = loop {
+        match std::net::TcpListener::bind(address) {
+            Ok(listener) => break listener,
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(error) => return Err(failed(error)),
+        }
+    };
+    listener.set_nonblocking(true).map_err(failed)?;
+    Ok(listener)
 }
 
 /// Binds the cluster's UDP port without `SO_REUSEPORT` (glommio's own bind
@@ -63,12 +94,20 @@ pub fn start(
     prepared: ClusterStart,
     controls: &[flume::Sender<ControlRequest>],
 ) -> Result<ClusterHandle, ServeError> {
-    let ClusterStart { identity, socket, addresses } = prepared;
+    let ClusterStart { identity, socket, listener, addresses } = prepared;
+    let transport = listener.map(|listener| TransportSetup {
+        node_id: identity.node_id,
+        listener,
+        test_flood: config.transport_test_flood,
+        test_receive_us_per_kib: config.transport_test_receive_us_per_kib,
+        handle: TransportHandle::new(),
+    });
     let setup = ClusterSetup {
         identity: MemberId::new(identity, addresses),
         socket,
         join: config.join.clone(),
         controls: controls.to_vec(),
+        transport,
     };
     ClusterHandle::start(setup).map_err(ServeError::Executors)
 }
@@ -81,7 +120,7 @@ pub fn describe(config: &Config, prepared: &ClusterStart) -> String {
         Some(bind) => {
             let join: Vec<String> = config.join.iter().map(SocketAddr::to_string).collect();
             format!(
-                "node {node_id} (incarnation {incarnation}), cluster gossip on udp {bind} advertised as {}{}",
+                "node {node_id} (incarnation {incarnation}), cluster gossip on udp and transport on tcp {bind} advertised as {}{}",
                 prepared.addresses.cluster,
                 if join.is_empty() { String::new() } else { format!(", joining through {}", join.join(",")) }
             )
