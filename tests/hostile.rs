@@ -233,7 +233,10 @@ fn idle_connections_give_buffers_back() {
     assert!(gauge <= 40 * 4096, "idle connections hold {gauge} bytes of read buffers");
     let rss_after = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
     let grown = rss_after.saturating_sub(rss_before);
-    assert!(grown < 48 << 20, "RSS grew {} MiB for 40 idle connections (+36 MiB of stored events)", grown >> 20);
+    // Stored events take 36 MiB; buffers kept would add another 36 MiB
+    // (72+). Measured 41-52 MiB when the other tests of this file run
+    // alongside (allocator arenas of their threads), hence the margin.
+    assert!(grown < 60 << 20, "RSS grew {} MiB for 40 idle connections (+36 MiB of stored events)", grown >> 20);
 }
 
 /// Finding 6c: an endless admin request header is cut off (431 and close)
