@@ -410,7 +410,7 @@ impl DiskLog {
     /// there, in the file at the next write-behind or checkpoint) counted
     /// as the file's.
     pub fn bytes(&self) -> u64 {
-        self.sealed_bytes + self.writer.as_ref().map_or(self.active_size, |writer| writer.end().max(self.active_size))
+        self.sealed_bytes + self.writer.as_ref().map_or(self.active_size, SegmentWriter::end)
     }
 
     pub fn segment_count(&self) -> usize {
@@ -508,11 +508,6 @@ impl DiskLog {
     /// full when the writer refuses the next frame; see [`Self::on_rolled`].
     pub fn next_segment_path(&self, base_offset: u64) -> PathBuf {
         segment_path(&self.dir, base_offset)
-    }
-
-    /// The active segment's file.
-    pub fn active_path(&self) -> &Path {
-        &self.active_path
     }
 
     pub fn active_index_path(&self) -> PathBuf {

@@ -170,21 +170,29 @@ async fn checkpoint(shard: &Rc<Shard>) -> Result<(), SegmentError> {
 }
 
 /// Makes every partition's frames below its target offset durable in its
-/// files, a few partitions at a time.
+/// files, a few partitions at a time, and records each one's durable prefix.
 async fn make_durable(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), SegmentError> {
-    for chunk in targets.chunks(CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX) {
-        let tasks: Vec<_> = chunk
-            .iter()
-            .map(|&(partition_id, offset)| glommio::spawn_local(partition_durable(shard.clone(), partition_id, offset)))
-            .collect();
+    let durable =
+        in_chunks(targets, |&(partition_id, offset)| partition_durable(shard.clone(), partition_id, offset)).await?;
+    let positions = &shard.committer.as_ref().expect("disk storage").wal.positions;
+    positions.borrow_mut().extend(durable.into_iter().flatten().map(|index| (index.log_id(), index)));
+    Ok(())
+}
+
+/// Runs `run` on every item, [`CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX`] tasks
+/// at a time; stops after the first chunk with an error, and returns it.
+async fn in_chunks<I, T, F>(items: &[I], run: impl Fn(&I) -> F) -> Result<Vec<T>, SegmentError>
+where
+    F: std::future::Future<Output = Result<T, SegmentError>> + 'static,
+    T: 'static,
+{
+    let mut done = Vec::with_capacity(items.len());
+    for chunk in items.chunks(CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX) {
+        let tasks: Vec<_> = chunk.iter().map(|item| glommio::spawn_local(run(item))).collect();
         let mut first_error = None;
         for task in tasks {
             match task.await {
-                Ok(Some(durable)) => {
-                    let positions = &shard.committer.as_ref().expect("disk storage").wal.positions;
-                    positions.borrow_mut().insert(durable.log_id(), durable);
-                }
-                Ok(None) => {}
+                Ok(value) => done.push(value),
                 Err(error) => first_error = first_error.or(Some(error)),
             }
         }
@@ -192,7 +200,7 @@ async fn make_durable(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), S
             return Err(error);
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 /// What a partition needs next on its way to durable.
@@ -360,8 +368,10 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
         let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
         dirty.sort_unstable();
         dirty.dedup();
-        let targets: Vec<(u32, u64)> = dirty.iter().map(|&id| (id, u64::MAX)).collect();
-        if let Err(error) = sync_writers(shard, &targets).await {
+        // Written and synced in full, each writer taken out for the awaits
+        // (only inside a round, where rounds cannot collide).
+        let synced = in_chunks(&dirty, |&id| super::commit::sync_partition(shard.clone(), id)).await;
+        if let Err(error) = synced {
             state.dirty.borrow_mut().extend(dirty);
             return Err(error);
         }
@@ -372,25 +382,4 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
     state.running.set(false);
     state.ended.wake_all();
     synced
-}
-
-/// Writes and fdatasyncs each partition's writer in full, taking it out
-/// for the awaits (only inside a round, where rounds cannot collide).
-async fn sync_writers(shard: &Rc<Shard>, targets: &[(u32, u64)]) -> Result<(), SegmentError> {
-    for chunk in targets.chunks(CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX) {
-        let tasks: Vec<_> = chunk
-            .iter()
-            .map(|&(id, _)| glommio::spawn_local(super::commit::sync_partition(shard.clone(), id)))
-            .collect();
-        let mut first_error = None;
-        for task in tasks {
-            if let Err(error) = task.await {
-                first_error = first_error.or(Some(error));
-            }
-        }
-        if let Some(error) = first_error {
-            return Err(error);
-        }
-    }
-    Ok(())
 }

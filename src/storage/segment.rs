@@ -431,14 +431,6 @@ impl SegmentWriter {
         &self.active.as_bytes()[start..self.active_used]
     }
 
-    /// fdatasyncs the file whatever the writer counts as durable: with a
-    /// write-ahead log the writer forgets its written buffers at once
-    /// ([`SegmentWriter::forget_written`]) and the file is synced in bulk,
-    /// by a checkpoint or before a handoff.
-    pub async fn fdatasync(&self) -> Result<(), SegmentError> {
-        io_context(self.file.fdatasync().await, "fdatasync segment", &self.path, self.written_end)
-    }
-
     /// Bytes in flushed buffers waiting for an fdatasync.
     pub fn unsynced_bytes(&self) -> usize {
         self.unsynced.iter().map(|pending| pending.buffer.len()).sum()
@@ -763,11 +755,6 @@ impl SegmentWriter {
     /// unwritten buffers as it may.
     pub fn seal_buffered(&mut self) -> Result<(), SegmentError> {
         self.seal_active()
-    }
-
-    /// Whether a sealed buffer waits to be written.
-    pub fn has_unwritten(&self) -> bool {
-        self.unsynced.iter().any(|pending| !pending.written)
     }
 
     /// Starts writing the sealed buffers not written yet in a task of its
