@@ -15,6 +15,7 @@
 use std::fmt;
 
 use crate::aggregate::declaration::AggregateDeclaration;
+use crate::aggregate::extract::Input;
 use crate::aggregate::keys::KeyTable;
 use crate::aggregate::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
 use crate::aggregate::state::{AggregateState, Closing, Event, Prepared};
@@ -34,6 +35,11 @@ pub struct PartitionProcessor {
     pub(crate) keys: KeyTable,
     /// What each aggregate decided about the event being applied.
     prepared: Vec<Option<Prepared>>,
+    /// Per aggregate, the first aggregate that reads the same value
+    /// (itself when none before it does): the value is read once per event.
+    value_readers: Vec<usize>,
+    /// The event's values, per reader (`None` until read).
+    values: Vec<Option<Option<Input>>>,
     /// Unescaped JSON scalars, reused across events.
     scratch: Vec<u8>,
     closing: Closing,
@@ -90,6 +96,8 @@ impl PartitionProcessor {
             aggregates: Vec::new(),
             keys: KeyTable::default(),
             prepared: Vec::new(),
+            value_readers: Vec::new(),
+            values: Vec::new(),
             scratch: Vec::new(),
             closing: Closing::default(),
             replay_skipped: 0,
@@ -139,6 +147,7 @@ impl PartitionProcessor {
         let keys_max = self.limits.keys_per_aggregate_max;
         self.aggregates.push(AggregateState::new(declaration, from_offset, keys_max));
         self.keys.add_column();
+        self.find_value_readers();
         Ok(from_offset)
     }
 
@@ -147,7 +156,17 @@ impl PartitionProcessor {
         let Some(index) = self.aggregate_index(name) else { return false };
         self.aggregates.remove(index);
         self.keys.remove_column(index);
+        self.find_value_readers();
         true
+    }
+
+    fn find_value_readers(&mut self) {
+        let aggregates = &self.aggregates;
+        let first_reader = |index: usize| {
+            (0..index).find(|&other| aggregates[index].reads_value_as(&aggregates[other])).unwrap_or(index)
+        };
+        self.value_readers = (0..aggregates.len()).map(first_reader).collect();
+        self.values = vec![None; aggregates.len()];
     }
 
     /// The declarations, in the order they were added.
@@ -214,9 +233,11 @@ impl PartitionProcessor {
     fn apply<F: FnMut(&ClosedWindow<'_>)>(&mut self, event: Event<'_>, out: &mut F) {
         self.next_offset = event.offset + 1;
         self.prepared.clear();
+        self.values.fill(None);
         for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
             let keys = (&mut self.keys, column);
-            self.prepared.push(aggregate.prepare(event, &mut self.scratch, &mut self.closing, keys, out));
+            let value = &mut self.values[self.value_readers[column]];
+            self.prepared.push(aggregate.prepare((event, value), &mut self.scratch, &mut self.closing, keys, out));
         }
         if self.prepared.iter().all(Option::is_none) {
             return;
@@ -340,6 +361,7 @@ impl PartitionProcessor {
             }
             processor.aggregates.push(aggregate);
         }
+        processor.find_value_readers();
         processor
     }
 }

@@ -180,10 +180,13 @@ impl AggregateState {
     /// closing the windows the watermark passes (which may drop keys from
     /// the table, so no row may be held across this call). `None` when the
     /// aggregate skips the event (before its first offset, malformed, late).
+    /// `value` is the event's value as read for an earlier aggregate with
+    /// the same source ([`AggregateState::reads_value_as`]), if it was
+    /// read; else this one reads it and leaves it there for later ones.
     #[inline]
     pub(crate) fn prepare<F: FnMut(&ClosedWindow<'_>)>(
         &mut self,
-        event: Event<'_>,
+        (event, value): (Event<'_>, &mut Option<Option<Input>>),
         scratch: &mut Vec<u8>,
         closing: &mut Closing,
         keys: (&mut KeyTable, usize),
@@ -202,13 +205,13 @@ impl AggregateState {
                 }
             },
         };
-        let input = match self.declaration.kind {
+        let input = *value.get_or_insert_with(|| match self.declaration.kind {
             AggregateKind::Count => Some(Input::Unit),
             AggregateKind::DistinctEstimate => {
                 extract::value_hash(&self.declaration.value, event.payload, scratch).map(Input::Hash)
             }
             _ => extract::number(&self.declaration.value, event.payload, scratch).map(Input::Number),
-        };
+        });
         let Some(input) = input else {
             self.counters.value_malformed += 1;
             return None;
@@ -243,6 +246,18 @@ impl AggregateState {
         if let Some((size_ms, _)) = self.window {
             self.min_open_end_ms = self.min_open_end_ms.min(prepared.first_start_ms + size_ms);
         }
+    }
+
+    /// Whether this aggregate reads the same value from an event as
+    /// `other` (same source, read the same way), so one read serves both.
+    pub(crate) fn reads_value_as(&self, other: &AggregateState) -> bool {
+        let class = |kind: AggregateKind| match kind {
+            AggregateKind::Count => 0,
+            AggregateKind::DistinctEstimate => 1,
+            _ => 2,
+        };
+        class(self.declaration.kind) == class(other.declaration.kind)
+            && self.declaration.value == other.declaration.value
     }
 
     /// `(size_ms, watermark_ms)` of a windowed aggregate with a watermark.
