@@ -96,7 +96,37 @@ fn bench_std(keys: &[Vec<u8>]) -> f64 {
     })
 }
 
+/// Reading `json:/ms` from the payload `scripts/bench-aggregates` sends (the
+/// fourth member of a ~100-byte object), as a sum aggregate does per event.
+fn bench_extract_value() -> f64 {
+    let spec = spate::protocol::json::JsonKeySpec::parse("/ms").expect("valid pointer");
+    let payloads: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            format!(
+                r#"{{"user_id":"user{}","action":"click","page":"/products/{}","ms":{},"ok":true,"ref":"r{i:012}"}}"#,
+                i * 7919 % 10_000,
+                i % 977,
+                i * 13 % 1000
+            )
+            .into_bytes()
+        })
+        .collect();
+    let mut scratch = Vec::new();
+    let mut total = 0usize;
+    let ns = fastest_ns_per_event(|| {
+        for event in 0..EVENT_COUNT {
+            let payload = &payloads[event % payloads.len()];
+            total += spate::protocol::json::extract_value(payload, &spec, &mut scratch).map_or(0, <[u8]>::len);
+        }
+        EVENT_COUNT
+    });
+    black_box(total);
+    ns
+}
+
 fn main() {
+    let extract = bench_extract_value();
+    println!("extract_value json:/ms from a ~100-byte event: {extract:.1} ns/event");
     let keys = keys();
     let on_event = bench_on_event(&keys, 2);
     let count_only = bench_on_event(&keys, 1);
