@@ -629,6 +629,28 @@ fn lines_and_json_in_kafka_out_and_kafka_in_sub_and_group_out() {
     assert_eq!(delivered(member.take(200)), produced, "a GROUP member reads what Kafka reads");
 }
 
+/// With the benchmark knob `--kafka-produce-discard`, Produce still checks
+/// every batch (a bad CRC gets CORRUPT_MESSAGE) and answers a good one with
+/// success, but stores nothing; without it the same batch is stored.
+#[test]
+fn produce_discard_checks_batches_and_stores_nothing() {
+    for (discard, stored) in [(true, 0), (false, 2)] {
+        let mut args = vec!["--shards", "2", "--partitions", "1", "--storage", "memory"];
+        if discard {
+            args.push("--kafka-produce-discard");
+        }
+        let server = Server::start(&args);
+        let mut stream = TcpStream::connect(server.ingest_kafka).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let batch = record_batch(-1, -1, -1, &["a", "b"]);
+        assert_eq!(produce(&mut stream, "default", &batch), 0, "discard {discard}");
+        let mut corrupt = batch.clone();
+        *corrupt.last_mut().unwrap() ^= 1;
+        assert_eq!(produce(&mut stream, "default", &corrupt), 2, "CORRUPT_MESSAGE, discard {discard}");
+        assert_eq!(server.stream_end("default"), stored, "discard {discard}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The murmur2 partitioner.
 
