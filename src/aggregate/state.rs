@@ -152,6 +152,22 @@ pub(crate) struct AggregateState {
     pub(crate) min_open_end_ms: u64,
     pub(crate) next_sequence: u64,
     pub(crate) counters: AggregateCounters,
+    /// The last event time placed and where it went: the events of one
+    /// batch share their arrival time, so most events skip the divisions.
+    /// A pure function of (time, watermark), so not checkpointed.
+    placed: Option<Placed>,
+}
+
+/// [`AggregateState::place`]'s arithmetic for one (time, watermark).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    time_ms: u64,
+    watermark_ms: u64,
+    /// Start of the oldest window containing the time, of the first still
+    /// open, of the last.
+    oldest_start_ms: u64,
+    first_start_ms: u64,
+    last_start_ms: u64,
 }
 
 impl AggregateState {
@@ -172,6 +188,7 @@ impl AggregateState {
             min_open_end_ms: u64::MAX,
             next_sequence: 0,
             counters: AggregateCounters::default(),
+            placed: None,
         }
     }
 
@@ -336,14 +353,15 @@ impl AggregateState {
         let candidate_ms = max_time_ms.saturating_sub(self.declaration.allowed_lateness_ms);
         self.raise_watermark(candidate_ms, partition, closing, keys, out);
         let watermark_ms = self.watermark_ms.expect("raised");
-        let last_start_ms = time_ms - time_ms % step_ms;
-        let oldest_start_ms = (last_start_ms + step_ms).saturating_sub(size_ms);
-        // The first start whose window ends after the watermark.
-        let first_open_ms = match watermark_ms.checked_sub(size_ms) {
-            None => 0,
-            Some(before) => before - before % step_ms + step_ms,
+        let placed = match self.placed {
+            Some(placed) if placed.time_ms == time_ms && placed.watermark_ms == watermark_ms => placed,
+            _ => {
+                let placed = windows_of(time_ms, watermark_ms, size_ms, step_ms);
+                self.placed = Some(placed);
+                placed
+            }
         };
-        let first_start_ms = oldest_start_ms.max(first_open_ms);
+        let Placed { oldest_start_ms, first_start_ms, last_start_ms, .. } = placed;
         if first_start_ms > last_start_ms {
             self.counters.late_events_dropped += 1;
             return None;
@@ -543,6 +561,19 @@ impl AggregateState {
         let spilled: usize = table.iter_column(column).map(|(_, state)| spilled_bytes(state)).sum();
         (share + spilled + self.sketches.capacity_bytes()) as u64
     }
+}
+
+/// The windows an event at `time_ms` belongs to, given the watermark.
+fn windows_of(time_ms: u64, watermark_ms: u64, size_ms: u64, step_ms: u64) -> Placed {
+    let last_start_ms = time_ms - time_ms % step_ms;
+    let oldest_start_ms = (last_start_ms + step_ms).saturating_sub(size_ms);
+    // The first start whose window ends after the watermark.
+    let first_open_ms = match watermark_ms.checked_sub(size_ms) {
+        None => 0,
+        Some(before) => before - before % step_ms + step_ms,
+    };
+    let first_start_ms = oldest_start_ms.max(first_open_ms);
+    Placed { time_ms, watermark_ms, oldest_start_ms, first_start_ms, last_start_ms }
 }
 
 /// An event as the processor hands it to each aggregate.
