@@ -404,7 +404,7 @@ fn source_path(
     loop {
         while let Next::Line { line, .. } = lines.next_line() {
             let Ok(Line::Event { key, payload }) = parse_line(line, LINE_SIZE_MAX) else { panic!("only events") };
-            let stream = StreamRoute { id: 0, base: 0, partitions: partition_count };
+            let stream = StreamRoute { id: 0, base: 0, partitions: partition_count, partitioner: Default::default() };
             let routed = route(placement, router, stream, key, payload, |owner, batch| {
                 taken.push((owner, batch));
             });

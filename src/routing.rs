@@ -30,7 +30,6 @@
 use crate::config::BATCH_SPARE_BUFFERS_MAX;
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
-use crate::protocol::partition_of;
 use crate::protocol::record::{ExtendedRecord, batch_record_size, encode_batch_record, encode_extended_batch_record};
 use crate::stream::StreamRoute;
 
@@ -49,7 +48,7 @@ pub fn route(
     payload: &[u8],
     mut deliver: impl FnMut(u16, DataBatch),
 ) -> Result<u16, Blocked> {
-    let partition = stream.base + partition_of(key, stream.partitions);
+    let partition = stream.base + stream.partitioner.partition_of(key, stream.partitions);
     let owner = placement.owner(partition);
     if router.is_held(partition) {
         return Err(Blocked { owner, credit_bytes_needed: 0, held: Some(partition) });

@@ -628,3 +628,94 @@ fn lines_and_json_in_kafka_out_and_kafka_in_sub_and_group_out() {
     assert!(assigned.starts_with("ASSIGNED"), "{assigned}");
     assert_eq!(delivered(member.take(200)), produced, "a GROUP member reads what Kafka reads");
 }
+
+/// With the benchmark knob `--kafka-produce-discard`, Produce still checks
+/// every batch (a bad CRC gets CORRUPT_MESSAGE) and answers a good one with
+/// success, but stores nothing; without it the same batch is stored.
+#[test]
+fn produce_discard_checks_batches_and_stores_nothing() {
+    for (discard, stored) in [(true, 0), (false, 2)] {
+        let mut args = vec!["--shards", "2", "--partitions", "1", "--storage", "memory"];
+        if discard {
+            args.push("--kafka-produce-discard");
+        }
+        let server = Server::start(&args);
+        let mut stream = TcpStream::connect(server.ingest_kafka).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let batch = record_batch(-1, -1, -1, &["a", "b"]);
+        assert_eq!(produce(&mut stream, "default", &batch), 0, "discard {discard}");
+        let mut corrupt = batch.clone();
+        *corrupt.last_mut().unwrap() ^= 1;
+        assert_eq!(produce(&mut stream, "default", &corrupt), 2, "CORRUPT_MESSAGE, discard {discard}");
+        assert_eq!(server.stream_end("default"), stored, "discard {discard}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The murmur2 partitioner.
+
+/// kafka-python: sends one record per key (`key-0` ... `key-N`) with no
+/// partition given, so its default partitioner (murmur2 of the key, as the
+/// Java client's) picks each record's partition.
+const KAFKA_PYTHON_PRODUCE_KEYS: &str = r#"
+import sys
+from kafka import KafkaProducer
+broker, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+producer = KafkaProducer(bootstrap_servers=broker, acks=1)
+for index in range(count):
+    producer.send(topic, key=("key-%d" % index).encode(), value=("kafka-%d" % index).encode()).get(timeout=30)
+producer.flush()
+print(count)
+"#;
+
+/// The partition each key's line landed in and the one kafka-python chose
+/// for it, on `topic`: `(key, line partition, kafka partition)`.
+fn partitions_by_key(server: &Server, topic: &str, key_count: usize) -> Vec<(String, u64, u64)> {
+    let mut producer = server.producer();
+    let lines: String = (0..key_count).map(|index| format!("key-{index} line-{index}\n")).collect();
+    producer.send(format!("#STREAM {topic}\n{lines}").as_bytes());
+    let replies = producer.sync();
+    assert!(replies.iter().all(|reply| !reply.starts_with("ERR")), "{replies:?}");
+    let acked = python(KAFKA_PYTHON_PRODUCE_KEYS, &[&server.ingest_kafka.to_string(), topic, &key_count.to_string()]);
+    assert_eq!(acked.trim(), key_count.to_string());
+    let records = read_all(server, topic, 2 * key_count);
+    assert_eq!(records.len(), 2 * key_count, "{topic}: every line and every Kafka record");
+    let partition_of = |prefix: &str, index: usize| {
+        let value = format!("{prefix}-{index}");
+        let record = records.iter().find(|record| record["v"] == value.as_str()).expect("each value once");
+        assert_eq!(record["k"], format!("key-{index}").as_str());
+        record["p"].as_u64().unwrap()
+    };
+    (0..key_count)
+        .map(|index| (format!("key-{index}"), partition_of("line", index), partition_of("kafka", index)))
+        .collect()
+}
+
+/// A stream created with `"partitioner": "murmur2"` routes a key sent as a
+/// line to the partition kafka-python's default (murmur2) partitioner picks
+/// for the same key; on an `xxh3` stream (the default) most keys differ,
+/// so the check can fail. GET /streams shows each stream's partitioner.
+#[test]
+fn murmur2_streams_route_lines_as_kafka_clients_do() {
+    let server = Server::start(&["--shards", "2", "--partitions", "4"]);
+    server.create_stream(serde_json::json!({"name": "javalike", "partitions": 7, "partitioner": "murmur2"}));
+    server.create_stream(serde_json::json!({"name": "hashed", "partitions": 7}));
+    let streams = server.streams();
+    assert_eq!(streams["javalike"]["partitioner"], "murmur2");
+    assert_eq!(streams["hashed"]["partitioner"], "xxh3");
+    let key_count = 40;
+    let murmur2 = partitions_by_key(&server, "javalike", key_count);
+    for (key, line_partition, kafka_partition) in &murmur2 {
+        assert_eq!(line_partition, kafka_partition, "{key}: line vs kafka-python on a murmur2 stream");
+    }
+    let xxh3 = partitions_by_key(&server, "hashed", key_count);
+    let differing =
+        xxh3.iter().filter(|(_, line_partition, kafka_partition)| line_partition != kafka_partition).count();
+    assert!(differing > key_count / 2, "xxh3 differs from murmur2 for most keys: {differing} of {key_count}");
+    let (status, body) = server.http(
+        "POST",
+        "/streams",
+        Some(&serde_json::json!({"name": "bad", "partitions": 2, "partitioner": "fnv"})),
+    );
+    assert_eq!(status, 400, "{body}");
+}

@@ -144,7 +144,7 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
     let request: NewStream = serde_json::from_slice(body).map_err(|error| Failure {
         status: 400,
         message: format!(
-            "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?}})\n"
+            "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?, \"partitioner\"?: \"xxh3\" | \"murmur2\"}})\n"
         ),
     })?;
     let mut catalog = state.catalog.lock().await;
@@ -266,6 +266,7 @@ pub async fn list(state: &AdminState) -> Result<String, Failure> {
                 "partitions": spec.partitions,
                 "retention_bytes": spec.retention_bytes,
                 "retention_ms": spec.retention_ms,
+                "partitioner": spec.partitioner.as_str(),
                 "disk_bytes": infos.iter().map(|info| info.disk_bytes).sum::<u64>(),
                 "memory_bytes": infos.iter().map(|info| info.log_bytes).sum::<u64>(),
                 "events": infos.iter().map(|info| info.next_offset - info.earliest_offset).sum::<u64>(),

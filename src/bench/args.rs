@@ -44,6 +44,18 @@ pub struct BenchArgs {
     /// Address of nats-server (--target nats; start it yourself, e.g. scripts/bench-latency does).
     #[arg(long, default_value = "127.0.0.1:4222")]
     pub nats: String,
+    /// Kafka listener of a running server (--target kafka without --start-server).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub kafka: String,
+    /// Topic (stream) --target kafka produces to; `default` is the stream lines go to.
+    #[arg(long, default_value = "default")]
+    pub kafka_topic: String,
+    /// acks of --target kafka's Produce requests: 1 (applied) or -1 (all: durable under --fsync).
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
+    pub kafka_acks: i16,
+    /// Produce requests in flight per connection (--target kafka).
+    #[arg(long, default_value_t = 4)]
+    pub kafka_in_flight: usize,
     /// Pid of a server the bench did not start, for its CPU time (/proc/<pid>/stat). Without it the bench
     /// looks for the process listening on the ingest (or --nats) port.
     #[arg(long)]
@@ -182,6 +194,8 @@ pub enum KeyDist {
 pub enum Target {
     Spate,
     Nats,
+    /// spate's Kafka listener: Produce requests (src/bench/kafka.rs).
+    Kafka,
 }
 
 impl BenchArgs {
@@ -238,6 +252,7 @@ impl Target {
         match self {
             Target::Spate => "spate",
             Target::Nats => "nats",
+            Target::Kafka => "kafka",
         }
     }
 }
@@ -289,6 +304,8 @@ pub struct Plan {
     pub sweep_rates: Option<Vec<f64>>,
     /// Seed of the key draws (connection i uses seed + i).
     pub seed: u64,
+    /// --target kafka: the topic, acks and requests in flight.
+    pub kafka: Option<crate::bench::kafka::KafkaOptions>,
 }
 
 impl Plan {
@@ -307,6 +324,7 @@ impl Plan {
         if args.target == Target::Nats {
             check_nats(args, stop, subscriber)?;
         }
+        let kafka = (args.target == Target::Kafka).then(|| check_kafka(args)).transpose()?;
         check_sending(args)?;
         check_drain_timeout(args)?;
         check_server_shards(args)?;
@@ -326,6 +344,7 @@ impl Plan {
             warmup,
             sweep_rates,
             seed: args.seed,
+            kafka,
         })
     }
 
@@ -351,6 +370,24 @@ impl Plan {
 /// The error for a flag whose `value` breaks `reason`.
 fn invalid(flag: &'static str, value: String, reason: &'static str) -> BenchError {
     BenchError::Invalid { flag, value, reason }
+}
+
+/// Checks the `--kafka-*` flags of `--target kafka`.
+fn check_kafka(args: &BenchArgs) -> Result<crate::bench::kafka::KafkaOptions, BenchError> {
+    if !matches!(args.kafka_acks, 1 | -1) {
+        return Err(invalid("--kafka-acks", args.kafka_acks.to_string(), "must be 1 or -1 (0 acknowledges nothing)"));
+    }
+    if !(1..=crate::bench::kafka::IN_FLIGHT_MAX).contains(&args.kafka_in_flight) {
+        return Err(invalid("--kafka-in-flight", args.kafka_in_flight.to_string(), "must be between 1 and 64"));
+    }
+    if args.kafka_topic.is_empty() {
+        return Err(invalid("--kafka-topic", String::new(), "must name a stream"));
+    }
+    Ok(crate::bench::kafka::KafkaOptions {
+        topic: args.kafka_topic.clone(),
+        acks: args.kafka_acks,
+        in_flight_max: args.kafka_in_flight,
+    })
 }
 
 /// Checks `--connections`.
@@ -562,6 +599,23 @@ mod tests {
         assert_eq!(single.stop, Stop::Duration(Duration::from_millis(2500)));
         assert!(matches!(plan(&["--sweep", "1000,0"]), Err(BenchError::Invalid { flag: "--sweep", .. })));
         assert!(Cli::try_parse_from(["bench", "--sweep", "1000", "--rate", "5"]).is_err());
+    }
+
+    /// --target kafka takes acks 1 or -1, 1 to 64 requests in flight and a topic.
+    #[test]
+    fn kafka_target_checks() {
+        let kafka_plan = plan(&["--target", "kafka", "--kafka-acks", "-1", "--kafka-in-flight", "8"]).unwrap();
+        let options = kafka_plan.kafka.unwrap();
+        assert_eq!((options.topic.as_str(), options.acks, options.in_flight_max), ("default", -1, 8));
+        assert!(plan(&[]).unwrap().kafka.is_none(), "only --target kafka has Kafka options");
+        let flag_of = |flags: &[&str]| match plan(flags) {
+            Err(BenchError::Invalid { flag, .. }) => flag,
+            other => panic!("{flags:?}: {other:?}"),
+        };
+        assert_eq!(flag_of(&["--target", "kafka", "--kafka-acks", "0"]), "--kafka-acks");
+        assert_eq!(flag_of(&["--target", "kafka", "--kafka-in-flight", "0"]), "--kafka-in-flight");
+        assert_eq!(flag_of(&["--target", "kafka", "--kafka-in-flight", "65"]), "--kafka-in-flight");
+        assert_eq!(flag_of(&["--target", "kafka", "--kafka-topic", ""]), "--kafka-topic");
     }
 
     /// NATS runs need an external server and a live subscription.

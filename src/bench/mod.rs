@@ -49,6 +49,7 @@
 //! ```
 
 mod args;
+mod kafka;
 mod keys;
 mod nats;
 mod plot;
@@ -107,6 +108,7 @@ pub enum BenchError {
     SubscribeLineTooLong { line_bytes_min: usize },
     NatsClosed { during: &'static str },
     NatsUnexpected { line: String },
+    Kafka { detail: String },
     ReadSweep { path: PathBuf, detail: String },
     WriteReport { path: PathBuf, source: std::io::Error },
     Plot { path: PathBuf, detail: String },
@@ -144,6 +146,7 @@ impl std::fmt::Display for BenchError {
             }
             BenchError::NatsClosed { during } => write!(f, "nats-server closed the connection during {during}"),
             BenchError::NatsUnexpected { line } => write!(f, "unexpected line from nats-server: {line:?}"),
+            BenchError::Kafka { detail } => write!(f, "Kafka listener: {detail}"),
             BenchError::ReadSweep { path, detail } => write!(f, "read sweep {}: {detail}", path.display()),
             BenchError::WriteReport { path, source } => write!(f, "write {}: {source}", path.display()),
             BenchError::Plot { path, detail } => write!(f, "plot {}: {detail}", path.display()),
@@ -383,6 +386,7 @@ fn spawn_producers(
             write_bytes: plan.write_bytes,
             sampler: plan.sampler.clone(),
             seed: plan.seed.wrapping_add(index as u64),
+            kafka: plan.kafka.clone(),
             shared: shared.clone(),
         });
     }
@@ -477,7 +481,9 @@ fn start_subscriber(
     let thread_shared = shared.clone();
     let recorder = Recorder::new(layout.payload_bytes, layout.tag);
     let handle = match session.target {
-        Target::Spate => {
+        // A Kafka run is read by the same `SUB` subscriber as lines: the
+        // events are the same, and so is the reader's cost.
+        Target::Spate | Target::Kafka => {
             let stream = subscriber::subscribe(&session.targets.subscribe, args.sub_from)?;
             if let (Some(admin), Some(before)) = (&session.admin, before) {
                 wait_subscribed(admin, before)?;

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use crate::bench::BenchError;
 use crate::bench::args::Target;
+use crate::bench::kafka::{KafkaOptions, KafkaProducer};
 use crate::bench::keys::{HEAD_PADDING, KEY_WIDTH_MAX, KeySampler, draw_ring_len, resolve_head};
 use crate::bench::nats;
 use crate::bench::stamp::{BenchClock, RUN_TAG_WIDTH, RunTag, STAMP_WIDTH, encode_stamp};
@@ -77,7 +78,7 @@ impl LineLayout {
     /// Length of [`Self::head`], without building it.
     fn head_bytes(&self) -> usize {
         match self.target {
-            Target::Spate => self.key_width + 1,
+            Target::Spate | Target::Kafka => self.key_width + 1,
             Target::Nats => nats::pub_head_bytes(self.payload_bytes),
         }
     }
@@ -86,14 +87,14 @@ impl LineLayout {
     /// patched per line), or the `PUB` line.
     fn head(&self) -> Vec<u8> {
         match self.target {
-            Target::Spate => [vec![b'k'; self.key_width], vec![b' ']].concat(),
+            Target::Spate | Target::Kafka => [vec![b'k'; self.key_width], vec![b' ']].concat(),
             Target::Nats => nats::pub_head(self.payload_bytes).into_bytes(),
         }
     }
 
     fn tail(&self) -> &'static [u8] {
         match self.target {
-            Target::Spate => b"\n",
+            Target::Spate | Target::Kafka => b"\n",
             Target::Nats => b"\r\n",
         }
     }
@@ -184,7 +185,7 @@ impl WriteBuffer {
         // A line head is 8 bytes: key, space, padding. It may be stored whole
         // when the line's LF lies beyond it; the stamp, written after it,
         // overwrites whatever padding it covered. NATS frames have no key.
-        let keyed = layout.target == Target::Spate;
+        let keyed = layout.target != Target::Nats;
         let whole_head = line_bytes > KEY_WIDTH_MAX;
         let mask = draws.len() - 1;
         let used = line_count * line_bytes;
@@ -282,6 +283,8 @@ pub struct ProducerTask {
     pub sampler: KeySampler,
     pub seed: u64,
     pub shared: Arc<Shared>,
+    /// `--target kafka`: the topic, acks and requests in flight.
+    pub kafka: Option<KafkaOptions>,
 }
 
 /// What one connection did.
@@ -383,10 +386,13 @@ struct Connection {
     quota: u64,
     sent: u64,
     outcome: ProducerOutcome,
+    /// `--target kafka`: the connection's Produce state.
+    kafka: Option<KafkaProducer>,
 }
 
 impl Connection {
     fn prepare(task: ProducerTask) -> Result<Connection, BenchError> {
+        let mut kafka = None;
         let stream = match task.layout.target {
             Target::Spate => TcpStream::connect(&task.ingest).map_err(|source| BenchError::Connect {
                 what: "ingest",
@@ -396,6 +402,15 @@ impl Connection {
             // CONNECT, PING, PONG: the server has accepted the connection
             // before the run starts, as spate's has once it is connected.
             Target::Nats => nats::connect(&task.ingest, "NATS publisher", b"")?.0,
+            // Metadata first: the topic's partitions, before the run starts.
+            Target::Kafka => {
+                let options = task.kafka.clone().ok_or_else(|| BenchError::Kafka { detail: "no options".into() })?;
+                let layout = task.layout;
+                let (stream, producer) =
+                    KafkaProducer::connect(&task.ingest, options, layout.key_width, layout.payload_bytes)?;
+                kafka = Some(producer);
+                stream
+            }
         };
         // Open-loop writes can be small; they must not wait for Nagle.
         stream.set_nodelay(true).map_err(|source| BenchError::Io { what: "set TCP_NODELAY", source })?;
@@ -418,6 +433,7 @@ impl Connection {
             quota: 0,
             sent: 0,
             outcome: ProducerOutcome::default(),
+            kafka,
         })
     }
 
@@ -488,11 +504,17 @@ impl Connection {
 
     fn write_lines(&mut self, line_count: usize, stamps: Stamps) -> Result<(), BenchError> {
         let bytes = self.buffer.fill(line_count, &self.draws, &mut self.draw_index, &self.hot_heads, stamps);
-        self.stream.write_all(bytes).map_err(|source| match source.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+        let written = match &mut self.kafka {
+            Some(kafka) => kafka.produce(&mut self.stream, bytes, unix_ms()),
+            None => self.stream.write_all(bytes).map_err(|source| BenchError::Io { what: "write to ingest", source }),
+        };
+        written.map_err(|error| match error {
+            BenchError::Io { source, .. }
+                if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+            {
                 BenchError::ServerStalled { connection: self.task.index, waited_s: WRITE_STALL_TIMEOUT.as_secs() }
             }
-            _ => BenchError::Io { what: "write to ingest", source },
+            error => error,
         })?;
         let (event_count, byte_count) = (line_count as u64, bytes.len() as u64);
         let outcome = &mut self.outcome;
@@ -512,6 +534,8 @@ impl Connection {
         let line = match self.task.layout.target {
             Target::Spate => format!("#SYNC {}\n", self.token()),
             Target::Nats => "PING\r\n".to_string(),
+            // The responses to the requests in flight are the sync.
+            Target::Kafka => return Ok(()),
         };
         self.stream.write_all(line.as_bytes()).map_err(|source| BenchError::Io { what: "#SYNC on ingest", source })
     }
@@ -520,6 +544,13 @@ impl Connection {
     /// `PONG` to its `PING`, which NATS sends once every `PUB` before it
     /// was processed).
     fn await_sync(&mut self) -> Result<(), BenchError> {
+        if let Some(kafka) = &mut self.kafka {
+            kafka.finish(&mut self.stream)?;
+            self.outcome.error_line_count += kafka.error_count;
+            self.outcome.first_error_line = kafka.first_error.clone();
+            self.outcome.sync_ok_ns = self.task.shared.clock.now_ns();
+            return Ok(());
+        }
         if self.task.layout.target == Target::Nats {
             let error_count = nats::read_control_until_pong(&mut self.stream, SYNC_TIMEOUT, |line| {
                 if line.starts_with("-ERR") {
@@ -553,6 +584,12 @@ impl Connection {
             }
         }
     }
+}
+
+/// Milliseconds since the Unix epoch: the records' creation time.
+fn unix_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Lets `nanosleep` wake this thread within `slack_ns` of the asked time

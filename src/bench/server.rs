@@ -26,6 +26,8 @@ pub struct Targets {
     pub ingest: String,
     pub subscribe: String,
     pub admin: String,
+    /// The Kafka listener, when the server has one the bench knows of.
+    pub kafka: Option<String>,
 }
 
 /// A running `spate serve` child.
@@ -46,13 +48,15 @@ fn free_loopback_port() -> Result<u16, BenchError> {
 }
 
 impl ServerProcess {
-    /// Starts `<this binary> serve --shards <shards> --ingest ... <extra_args>`.
-    pub fn start(shard_count: usize, extra_args: &[String]) -> Result<ServerProcess, BenchError> {
+    /// Starts `<this binary> serve --shards <shards> --ingest ... <extra_args>`,
+    /// with a Kafka listener on a free port if `kafka`.
+    pub fn start(shard_count: usize, extra_args: &[String], kafka: bool) -> Result<ServerProcess, BenchError> {
         let program = std::env::current_exe().map_err(|source| BenchError::Io { what: "find own binary", source })?;
         let targets = Targets {
             ingest: format!("127.0.0.1:{}", free_loopback_port()?),
             subscribe: format!("127.0.0.1:{}", free_loopback_port()?),
             admin: format!("127.0.0.1:{}", free_loopback_port()?),
+            kafka: if kafka { Some(format!("127.0.0.1:{}", free_loopback_port()?)) } else { None },
         };
         let mut args: Vec<String> = vec!["serve".into(), "--shards".into(), shard_count.to_string()];
         for (flag, addr) in
@@ -60,10 +64,15 @@ impl ServerProcess {
         {
             args.extend([flag.to_string(), addr.clone()]);
         }
+        if let Some(kafka) = &targets.kafka {
+            args.extend(["--ingest-kafka".to_string(), kafka.clone()]);
+        }
         // The other ingest listeners are off unless asked for: their default
         // ports would collide between servers started side by side.
         for flag in ["--ingest-json", "--ingest-ilp", "--ingest-kafka"] {
-            if !extra_args.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}="))) {
+            if (flag != "--ingest-kafka" || targets.kafka.is_none())
+                && !extra_args.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")))
+            {
                 args.extend([flag.to_string(), "off".to_string()]);
             }
         }

@@ -31,19 +31,39 @@ impl Session {
     /// Starts or finds the server `args` name.
     pub fn open(args: &BenchArgs) -> Result<Session, BenchError> {
         let server = match (args.target, args.start_server) {
-            (Target::Spate, true) => Some(ServerProcess::start(args.server_shards, &args.server_command_args())?),
+            (Target::Spate | Target::Kafka, true) => Some(ServerProcess::start(
+                args.server_shards,
+                &args.server_command_args(),
+                args.target == Target::Kafka,
+            )?),
             _ => None,
         };
-        let targets = match (&server, args.target) {
+        let mut targets = match (&server, args.target) {
             (Some(server), _) => server.targets.clone(),
-            (None, Target::Spate) => {
-                Targets { ingest: args.ingest.clone(), subscribe: args.subscribe.clone(), admin: args.admin.clone() }
-            }
+            (None, Target::Spate) => Targets {
+                ingest: args.ingest.clone(),
+                subscribe: args.subscribe.clone(),
+                admin: args.admin.clone(),
+                kafka: None,
+            },
             (None, Target::Nats) => {
-                Targets { ingest: args.nats.clone(), subscribe: args.nats.clone(), admin: String::new() }
+                Targets { ingest: args.nats.clone(), subscribe: args.nats.clone(), admin: String::new(), kafka: None }
             }
+            (None, Target::Kafka) => Targets {
+                ingest: args.ingest.clone(),
+                subscribe: args.subscribe.clone(),
+                admin: args.admin.clone(),
+                kafka: Some(args.kafka.clone()),
+            },
         };
-        let admin = (args.target == Target::Spate).then(|| AdminClient::new(&targets.admin));
+        // Kafka producers connect to the Kafka listener; the subscriber and
+        // /stats are spate's as for lines.
+        if args.target == Target::Kafka
+            && let Some(kafka) = targets.kafka.clone()
+        {
+            targets.ingest = kafka;
+        }
+        let admin = (args.target != Target::Nats).then(|| AdminClient::new(&targets.admin));
         let (server_pid, server_pid_source) = match (&server, args.server_pid) {
             (Some(server), _) => (server.pid(), Some("started by the bench".to_string())),
             (None, Some(pid)) => (Some(pid), Some("--server-pid".to_string())),
@@ -76,6 +96,7 @@ impl Session {
     pub fn server_name(&self) -> String {
         match self.target {
             Target::Spate => format!("spate {}", env!("CARGO_PKG_VERSION")),
+            Target::Kafka => format!("spate {} (Kafka listener)", env!("CARGO_PKG_VERSION")),
             Target::Nats => format!("nats-server {}", self.server_version.as_deref().unwrap_or("(version unknown)")),
         }
     }

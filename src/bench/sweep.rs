@@ -174,7 +174,7 @@ pub fn run(args: &BenchArgs, plan: &Plan, session: &mut Session, rates: &[f64]) 
 
 fn default_label(session: &Session, run: Option<&RunInfo>) -> String {
     match (session.target, run.and_then(|run| run.server.shards)) {
-        (Target::Spate, Some(shards)) => format!("{} ({shards} shards)", session.server_name()),
+        (Target::Spate | Target::Kafka, Some(shards)) => format!("{} ({shards} shards)", session.server_name()),
         _ => session.server_name(),
     }
 }

@@ -34,6 +34,10 @@ pub enum StreamAction {
         /// (default: the server's --retention-ms).
         #[arg(long)]
         retention_ms: Option<u64>,
+        /// How line, JSON and ILP keys map to partitions: `xxh3` (default)
+        /// or `murmur2` (as the Java Kafka client and kafka-python).
+        #[arg(long, value_parser = ["xxh3", "murmur2"])]
+        partitioner: Option<String>,
     },
     /// List streams with their partitions, bytes, events and next offsets.
     List,
@@ -47,13 +51,16 @@ pub fn run_stream(args: &StreamArgs) -> Result<(), String> {
         ureq::Agent::config_builder().timeout_global(Some(REQUEST_TIMEOUT)).http_status_as_error(false).build().into();
     let base = format!("http://{}/streams", args.admin);
     let response = match &args.action {
-        StreamAction::Create { name, partitions, retention_bytes, retention_ms } => {
+        StreamAction::Create { name, partitions, retention_bytes, retention_ms, partitioner } => {
             let mut body = serde_json::json!({ "name": name, "partitions": partitions });
             if let Some(bytes) = retention_bytes {
                 body["retention_bytes"] = (*bytes).into();
             }
             if let Some(ms) = retention_ms {
                 body["retention_ms"] = (*ms).into();
+            }
+            if let Some(partitioner) = partitioner {
+                body["partitioner"] = partitioner.as_str().into();
             }
             agent.post(&base).header("content-type", "application/json").send(body.to_string().as_bytes())
         }

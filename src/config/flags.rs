@@ -84,6 +84,15 @@ pub struct Config {
     #[arg(long, default_value_t = 4 << 20)]
     pub kafka_request_size_max: usize,
 
+    /// BENCHMARK KNOB, off by default: Produce decodes and checks every
+    /// batch exactly as when storing (request, CRC32C, framing, every
+    /// record's size) and answers success without routing a record, so
+    /// nothing is stored (the idempotence table is not consulted either).
+    /// It measures a Kafka client's own ceiling against this listener
+    /// (scripts/bench-kafka); never for data.
+    #[arg(long, hide = true)]
+    pub kafka_produce_discard: bool,
+
     /// The field of a JSON line that holds its key: a top-level name
     /// (`user_id`) or an RFC 6901 pointer (`/user/id`).
     #[arg(long, default_value = "key", value_parser = parse_json_key)]

@@ -184,7 +184,15 @@ impl<'a> Iterator for Records<'a> {
 
 /// Reads one zigzag varint (Kafka's `varint` and `varlong`, at most 10
 /// bytes) off the front of `bytes`.
-fn get_varlong(bytes: &mut &[u8]) -> Option<i64> {
+pub fn get_varlong(bytes: &mut &[u8]) -> Option<i64> {
+    // Most varints of a record (attributes aside, every field) are one
+    // byte: sizes under 64, deltas under 64.
+    if let Some(&byte) = bytes.first()
+        && byte & 0x80 == 0
+    {
+        *bytes = &bytes[1..];
+        return Some(i64::from(byte >> 1) ^ -i64::from(byte & 1));
+    }
     let mut value = 0u64;
     for (index, &byte) in bytes.iter().enumerate().take(10) {
         value |= u64::from(byte & 0x7f) << (7 * index);

@@ -357,10 +357,12 @@ mod tests {
             advertised_port: 9092,
             auto_create_partitions: None,
             request_size_max: 1 << 20,
+            produce_discard: false,
             record_size_max: 1 << 20,
             stream_commands: flume::bounded(1).0,
             producers: std::sync::Arc::new(ProducerTable::new(16)),
             groups: std::sync::Arc::new(KafkaGroups::new(16, 16)),
+            request_buffers: Default::default(),
         }
     }
 

@@ -22,7 +22,7 @@ pub mod record;
 pub mod subscribe;
 
 pub use control::{Control, Reply, parse_control, parse_reply};
-pub use hash::{key_hash, partition_of};
+pub use hash::{Partitioner, key_hash, murmur2, murmur2_partition_of, partition_of};
 pub use line::{KEY_SIZE_MAX, Line, LineBuffer, LineError, Next, parse_line, parse_line_with};
 pub use record::{BatchIter, RecordRef, batch_record_size, encode_batch_record};
 pub use subscribe::{

@@ -576,7 +576,7 @@ fn query(shard: &Shard, name: &str, key: &[u8]) -> Option<KeyView> {
     let catalog = streams.catalog();
     let declaration = catalog.aggregates().iter().find(|declaration| declaration.name == name)?;
     let spec = catalog.get(&declaration.stream)?;
-    let partition_id = spec.base + crate::protocol::partition_of(key, spec.partitions);
+    let partition_id = spec.base + spec.partition_of(key);
     let partitions = shard.partitions.borrow();
     partitions.get(partition_id)?.processor.as_ref()?.current(name, key)
 }

@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Storage};
+pub use crate::protocol::Partitioner;
 use crate::runtime::log;
 
 /// The stream producers write to when they name none.
@@ -72,11 +73,22 @@ pub struct StreamSpec {
     pub retention_bytes: u64,
     /// Age after which segments are deleted; 0 keeps them.
     pub retention_ms: u64,
+    /// How keys of lines, JSON and ILP map to partitions (Kafka clients
+    /// choose their own). Catalogs written before the setting existed have
+    /// none: `xxh3`, what they were routed by.
+    #[serde(default)]
+    pub partitioner: Partitioner,
 }
 
 impl StreamSpec {
     pub fn route(&self) -> StreamRoute {
-        StreamRoute { id: self.id, base: self.base, partitions: self.partitions }
+        StreamRoute { id: self.id, base: self.base, partitions: self.partitions, partitioner: self.partitioner }
+    }
+
+    /// The stream partition (`0..partitions`) of `key`, by the stream's partitioner.
+    #[inline]
+    pub fn partition_of(&self, key: &[u8]) -> u32 {
+        self.partitioner.partition_of(key, self.partitions)
     }
 
     /// The global id of the stream's partition `local`.
@@ -102,6 +114,7 @@ pub struct StreamRoute {
     pub id: u32,
     pub base: u32,
     pub partitions: u32,
+    pub partitioner: Partitioner,
 }
 
 /// A request to create a stream (the body of `POST /streams`).
@@ -114,6 +127,9 @@ pub struct NewStream {
     pub retention_bytes: Option<u64>,
     #[serde(default)]
     pub retention_ms: Option<u64>,
+    /// `"xxh3"` (the default) or `"murmur2"` (as the Java Kafka client).
+    #[serde(default)]
+    pub partitioner: Option<Partitioner>,
 }
 
 /// Why the catalog refused a change, with what the user needs to fix it.
@@ -323,6 +339,7 @@ impl Catalog {
             base,
             retention_bytes,
             retention_ms,
+            partitioner: request.partitioner.unwrap_or_default(),
         };
         self.next_id += 1;
         self.streams.push(spec.clone());
@@ -545,6 +562,7 @@ impl Catalog {
             partitions: default_partitions,
             retention_bytes: None,
             retention_ms: None,
+            partitioner: None,
         };
         catalog.create(&request, limits)?;
         Ok(catalog)
@@ -716,7 +734,30 @@ mod tests {
     }
 
     fn request(name: &str, partitions: u32) -> NewStream {
-        NewStream { name: name.into(), partitions, retention_bytes: None, retention_ms: None }
+        NewStream { name: name.into(), partitions, retention_bytes: None, retention_ms: None, partitioner: None }
+    }
+
+    /// A stream keeps the partitioner it was created with across a save and
+    /// a load; a catalog saved before the setting existed (no field) reads
+    /// as xxh3, what its streams were routed by; an unknown name is refused.
+    #[test]
+    fn partitioner_is_kept_and_defaults_to_xxh3() {
+        let mut catalog = Catalog::default();
+        let murmur2 = NewStream { partitioner: Some(Partitioner::Murmur2), ..request("javalike", 4) };
+        let spec = catalog.create(&murmur2, &limits()).unwrap();
+        assert_eq!(spec.partitioner, Partitioner::Murmur2);
+        assert_eq!(spec.route().partitioner, Partitioner::Murmur2);
+        assert_eq!(spec.partition_of(b"foobar"), crate::protocol::murmur2_partition_of(b"foobar", 4));
+        assert_eq!(catalog.create(&request("plain", 4), &limits()).unwrap().partitioner, Partitioner::Xxh3);
+        let json = serde_json::to_string(&catalog).unwrap();
+        assert!(json.contains("\"partitioner\":\"murmur2\""), "{json}");
+        let loaded: Catalog = serde_json::from_str(&json).unwrap();
+        assert_eq!(loaded.get("javalike").unwrap().partitioner, Partitioner::Murmur2);
+        let old = r#"{"id":3,"name":"old","partitions":2,"base":0,"retention_bytes":1,"retention_ms":0}"#;
+        let old: StreamSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(old.partitioner, Partitioner::Xxh3);
+        let bad = r#"{"name":"x","partitions":1,"partitioner":"fnv"}"#;
+        assert!(serde_json::from_str::<NewStream>(bad).is_err());
     }
 
     /// Streams get disjoint ranges, first fit; a deleted stream's range is

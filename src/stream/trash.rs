@@ -104,8 +104,15 @@ mod tests {
         for dir in ["streams/gone/0", "groups/gone", "streams/live/0", "streams/orphan/3"] {
             std::fs::create_dir_all(data.join(dir)).unwrap();
         }
-        let spec =
-            StreamSpec { id: 7, name: "gone".into(), partitions: 1, base: 0, retention_bytes: 1, retention_ms: 0 };
+        let spec = StreamSpec {
+            id: 7,
+            name: "gone".into(),
+            partitions: 1,
+            base: 0,
+            retention_bytes: 1,
+            retention_ms: 0,
+            partitioner: Default::default(),
+        };
         move_stream_to_trash(&data, &spec).unwrap();
         move_stream_to_trash(&data, &spec).unwrap();
         assert!(!data.join("streams/gone").exists() && !data.join("groups/gone").exists());
