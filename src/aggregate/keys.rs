@@ -169,13 +169,15 @@ impl KeyTable {
     }
 
     /// Drops the key if no aggregate tracks it any more (after an event
-    /// every aggregate refused or skipped).
+    /// every aggregate refused or skipped, or whose sweep emptied it).
+    #[inline]
     pub(crate) fn remove_if_empty(&mut self, key: &[u8], row: u32) {
         if self.row_is_empty(row) && self.index.remove(key).is_some() {
             self.free.push(row);
         }
     }
 
+    #[inline]
     fn row_is_empty(&self, row: u32) -> bool {
         let start = row as usize * self.columns;
         self.rows[start..start + self.columns].iter().all(KeyState::is_empty)

@@ -18,7 +18,7 @@ use crate::aggregate::declaration::AggregateDeclaration;
 use crate::aggregate::extract::Input;
 use crate::aggregate::keys::KeyTable;
 use crate::aggregate::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
-use crate::aggregate::state::{AggregateState, Closing, Event, Prepared};
+use crate::aggregate::state::{AggregateState, Closing, Event};
 use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
 
 /// The state of every aggregate declared on one stream, for one partition.
@@ -33,8 +33,6 @@ pub struct PartitionProcessor {
     pub(crate) aggregates: Vec<AggregateState>,
     /// Every aggregate's keys: column `i` is `aggregates[i]`'s.
     pub(crate) keys: KeyTable,
-    /// What each aggregate decided about the event being applied.
-    prepared: Vec<Option<Prepared>>,
     /// Per aggregate, the first aggregate that reads the same value
     /// (itself when none before it does): the value is read once per event.
     value_readers: Vec<usize>,
@@ -95,7 +93,6 @@ impl PartitionProcessor {
             limits,
             aggregates: Vec::new(),
             keys: KeyTable::default(),
-            prepared: Vec::new(),
             value_readers: Vec::new(),
             values: Vec::new(),
             scratch: Vec::new(),
@@ -225,32 +222,28 @@ impl PartitionProcessor {
         true
     }
 
-    /// Applies an event whose offset is new: every aggregate prepares it
-    /// (time, value, watermark; sweeps may drop keys), then the key is
-    /// looked up once and every aggregate that kept the event adds it to
-    /// its column of the key's row.
+    /// Applies an event whose offset is new: its key is looked up once
+    /// (added if new), then every aggregate prepares it (time, value,
+    /// watermark; a sweep may drop keys, never this one) and, unless it
+    /// skips the event, adds it to its column of the key's row. A key no
+    /// aggregate tracks afterwards leaves the table.
     #[inline]
     fn apply<F: FnMut(&ClosedWindow<'_>)>(&mut self, event: Event<'_>, out: &mut F) {
         self.next_offset = event.offset + 1;
-        self.prepared.clear();
-        self.values.fill(None);
-        for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
-            let keys = (&mut self.keys, column);
-            let value = &mut self.values[self.value_readers[column]];
-            self.prepared.push(aggregate.prepare((event, value), &mut self.scratch, &mut self.closing, keys, out));
-        }
-        if self.prepared.iter().all(Option::is_none) {
+        if self.aggregates.is_empty() {
             return;
         }
-        let (row, added) = self.keys.row_for(event.key);
-        for (column, (aggregate, prepared)) in self.aggregates.iter_mut().zip(&self.prepared).enumerate() {
-            if let Some(prepared) = *prepared {
+        self.values.fill(None);
+        let (row, _) = self.keys.row_for(event.key);
+        for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
+            let keys = (&mut self.keys, column, Some(row));
+            let value = &mut self.values[self.value_readers[column]];
+            let prepared = aggregate.prepare((event, value), &mut self.scratch, &mut self.closing, keys, out);
+            if let Some(prepared) = prepared {
                 aggregate.apply(prepared, event.offset, &mut self.keys, row, column);
             }
         }
-        if added {
-            self.keys.remove_if_empty(event.key, row);
-        }
+        self.keys.remove_if_empty(event.key, row);
     }
 
     /// [`PartitionProcessor::advance_time`], keeping the closed windows.
@@ -285,7 +278,7 @@ impl PartitionProcessor {
     /// arrival time the next applied event will carry.
     pub fn advance_time<F: FnMut(&ClosedWindow<'_>)>(&mut self, now_ms: u64, out: &mut F) {
         for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
-            aggregate.advance_time(now_ms, self.partition, &mut self.closing, (&mut self.keys, column), out);
+            aggregate.advance_time(now_ms, self.partition, &mut self.closing, (&mut self.keys, column, None), out);
         }
     }
 
@@ -337,8 +330,8 @@ impl PartitionProcessor {
     pub fn memory_bytes(&self) -> u64 {
         let columns = self.aggregates.iter().enumerate();
         let aggregates: u64 = columns.map(|(column, aggregate)| aggregate.memory_bytes((&self.keys, column))).sum();
-        let prepared = self.prepared.capacity() * std::mem::size_of::<Option<Prepared>>();
-        let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes() + prepared;
+        let values = self.values.capacity() * std::mem::size_of::<Option<Option<Input>>>();
+        let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes() + values;
         aggregates + buffers as u64
     }
 

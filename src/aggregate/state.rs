@@ -14,10 +14,11 @@
 //! last; avg keeps the sum), and `distinct-estimate` points into a pool of
 //! sketches ([`SketchPool`]) that closed windows give back.
 //!
-//! An event goes through two calls: [`AggregateState::prepare`] reads its
-//! time and value and moves the watermark (which may sweep, and so drop
-//! keys from the table) before the processor looks the key up once, then
-//! [`AggregateState::apply`] adds it to the key's windows.
+//! The processor looks an event's key up once, then each aggregate takes it
+//! in two calls: [`AggregateState::prepare`] reads its time and value and
+//! moves the watermark (a sweep may drop keys from the table, never the
+//! row held for the event), then [`AggregateState::apply`] adds it to the
+//! key's windows.
 //!
 //! # Closing windows
 //!
@@ -115,6 +116,10 @@ impl Closing {
     }
 }
 
+/// An aggregate's column of the partition's key table, and the row the
+/// caller holds (a sweep keeps it in the table even when it empties).
+pub(crate) type Column<'t> = (&'t mut KeyTable, usize, Option<u32>);
+
 /// What an aggregate decided about an event before its key is looked up:
 /// the value it adds and the windows it goes to (first and last start,
 /// inclusive, step apart).
@@ -195,7 +200,7 @@ impl AggregateState {
     /// The first half of applying an event (the caller has checked its
     /// offset is new): reads its time and value and moves time forward,
     /// closing the windows the watermark passes (which may drop keys from
-    /// the table, so no row may be held across this call). `None` when the
+    /// the table, all but the row `keys` names as held). `None` when the
     /// aggregate skips the event (before its first offset, malformed, late).
     /// `value` is the event's value as read for an earlier aggregate with
     /// the same source ([`AggregateState::reads_value_as`]), if it was
@@ -206,7 +211,7 @@ impl AggregateState {
         (event, value): (Event<'_>, &mut Option<Option<Input>>),
         scratch: &mut Vec<u8>,
         closing: &mut Closing,
-        keys: (&mut KeyTable, usize),
+        keys: Column<'_>,
         out: &mut F,
     ) -> Option<Prepared> {
         if event.offset < self.from_offset {
@@ -341,7 +346,7 @@ impl AggregateState {
         input: Input,
         partition: u32,
         closing: &mut Closing,
-        keys: (&mut KeyTable, usize),
+        keys: Column<'_>,
         out: &mut F,
     ) -> Option<Prepared> {
         let (size_ms, step_ms) = self.window.expect("windowed");
@@ -379,7 +384,7 @@ impl AggregateState {
         candidate_ms: u64,
         partition: u32,
         closing: &mut Closing,
-        keys: (&mut KeyTable, usize),
+        keys: Column<'_>,
         out: &mut F,
     ) {
         if self.watermark_ms.is_none_or(|watermark_ms| candidate_ms > watermark_ms) {
@@ -397,7 +402,7 @@ impl AggregateState {
         now_ms: u64,
         partition: u32,
         closing: &mut Closing,
-        keys: (&mut KeyTable, usize),
+        keys: Column<'_>,
         out: &mut F,
     ) {
         if self.window.is_some() && self.declaration.time == TimeSource::Arrival {
@@ -419,7 +424,7 @@ impl AggregateState {
         &mut self,
         partition: u32,
         closing: &mut Closing,
-        (table, column): (&mut KeyTable, usize),
+        (table, column, keep): Column<'_>,
         out: &mut F,
     ) {
         let (size_ms, _) = self.window.expect("only windowed aggregates sweep");
@@ -430,7 +435,7 @@ impl AggregateState {
         let mut min_open_end_ms = u64::MAX;
         let mut expired = 0;
         let sketches = &mut self.sketches;
-        table.visit_column(column, None, |key, state| {
+        table.visit_column(column, keep, |key, state| {
             if state.is_empty() {
                 return;
             }

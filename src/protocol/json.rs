@@ -336,7 +336,8 @@ pub fn extract_value<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Ve
 
 /// Finds the top-level member `name` of an object by skipping the members
 /// before it: strings to their closing quote (escapes stepped over, not
-/// checked), containers by depth, scalars to their delimiter. The member's
+/// checked), containers by depth (their insides not checked), scalars to
+/// their delimiter (checked: a number, `true`, `false` or `null`). The member's
 /// own name must have no escapes and its value must be a string, `true`,
 /// `false`, `null` or a number of valid JSON syntax. `None` whenever
 /// anything looks different (not an object, an escaped name, a container
@@ -464,7 +465,9 @@ fn skip_value(bytes: &[u8], start: usize) -> Option<usize> {
         }
         _ => {
             let end = scalar_end(bytes, start);
-            (end > start).then_some(end)
+            let valid =
+                matches!(&bytes[start..end], b"true" | b"false" | b"null") || is_json_number(&bytes[start..end]);
+            valid.then_some(end)
         }
     }
 }
