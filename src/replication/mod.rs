@@ -3,7 +3,12 @@
 //! - [`placement`]: where a group's replicas should live (weighted
 //!   rendezvous hashing over the live members).
 
+pub mod frame;
+pub mod host;
 pub mod placement;
+pub mod reconfig;
+pub mod store;
+pub mod wire;
 
 use crate::cluster::NodeId;
 
