@@ -7,6 +7,7 @@ pub mod frame;
 pub mod host;
 pub mod placement;
 pub mod reconfig;
+pub mod sim;
 pub mod store;
 pub mod wire;
 
