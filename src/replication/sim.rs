@@ -111,6 +111,15 @@ impl fmt::Display for ClusterSimConfigError {
 impl std::error::Error for ClusterSimConfigError {}
 
 impl ClusterSimConfig {
+    /// The `spate simulate` command that runs this configuration (network
+    /// and fault settings are the defaults there).
+    pub fn replay_command(&self) -> String {
+        format!(
+            "spate simulate --nodes {} --seed {} --steps {} --partitions {} --rf {}",
+            self.nodes, self.seed, self.steps, self.partitions, self.replication_factor
+        )
+    }
+
     pub fn validate(&self) -> Result<(), ClusterSimConfigError> {
         if !(1..=SIM_NODES_MAX).contains(&self.nodes) {
             return Err(ClusterSimConfigError::NodesOutOfRange { nodes: self.nodes, nodes_max: SIM_NODES_MAX });
@@ -139,6 +148,8 @@ pub struct Violation {
     pub seed: u64,
     pub step: u64,
     pub what: String,
+    /// The command that replays the run.
+    pub replay: String,
 }
 
 impl fmt::Display for Violation {
@@ -479,7 +490,16 @@ impl ClusterSim {
     pub fn run(mut self) -> Result<ClusterSimReport, Violation> {
         let started = Instant::now();
         for _ in 0..self.config.steps {
-            self.step_once().map_err(|what| Violation { seed: self.config.seed, step: self.step, what })?;
+            // A panic in the code under test (raft-rs asserts its own
+            // invariants) is a failure of this seed too: report it with it.
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step_once()));
+            let failure = match stepped {
+                Ok(Ok(())) => continue,
+                Ok(Err(what)) => what,
+                Err(panic) => format!("panic: {}", panic_message(&panic)),
+            };
+            let replay = self.config.replay_command();
+            return Err(Violation { seed: self.config.seed, step: self.step, what: failure, replay });
         }
         self.report.wall_ms = started.elapsed().as_millis() as u64;
         Ok(self.finish())
@@ -505,6 +525,14 @@ impl ClusterSim {
             self.run_node(index);
         }
         self.check()
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => (*text).to_string(),
+        (None, Some(text)) => text.clone(),
+        (None, None) => "a panic without a message".to_string(),
     }
 }
 
@@ -828,7 +856,6 @@ pub fn try_run(
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         now.as_nanos() as u64 ^ u64::from(std::process::id())
     });
-    println!("spate simulate --nodes {nodes} --seed {seed} --steps {} --rf {}", args.steps, args.rf);
     let config = ClusterSimConfig {
         nodes,
         seed,
@@ -837,6 +864,7 @@ pub fn try_run(
         replication_factor: args.rf,
         ..ClusterSimConfig::default()
     };
+    println!("{}", config.replay_command());
     let simulation = ClusterSim::new(config)?;
     Ok(simulation.run()?)
 }
