@@ -35,7 +35,8 @@
 //!   its current term while the membership shows that leader alive.
 //! - Any group wakes (is ticked again) on: any Raft message for it other
 //!   than its quiet leader's heartbeats and their late responses (stepped,
-//!   but they need no ticks), a proposal, a change in the live members (a quiet follower whose leader
+//!   but they need no ticks) or a message from a peer outside the group's
+//!   configuration (a removed replica campaigning), a proposal, a change in the live members (a quiet follower whose leader
 //!   is no longer alive campaigns as usual after an election timeout), and
 //!   after [`HostConfig::quiet_recheck_ticks`] quiet ticks (a slow
 //!   safety net for a link cut that membership does not see).
@@ -750,8 +751,15 @@ fn conf_change(changes: &[(ConfChangeType, ReplicaId)]) -> ConfChangeV2 {
 
 /// Whether `message` wakes a quiet group: anything but the heartbeat
 /// traffic of the quiet leader it is settling with (its own heartbeats, or
-/// late responses to them), which raft-rs handles without needing ticks.
+/// late responses to them), which raft-rs handles without needing ticks,
+/// and anything from a peer outside the group's configuration (a replica
+/// removed while it was down, campaigning on its stale configuration: raft-rs
+/// refuses its votes with or without ticks, and waking for it would keep
+/// the group busy for as long as the stale replica lives).
 fn wakes_quiet_group<S: LogStore>(raft: &raft::Raft<GroupStorage<S>>, message: &Message) -> bool {
+    if raft.prs().get(message.from).is_none() {
+        return false;
+    }
     let heartbeat = match message.get_msg_type() {
         MessageType::MsgHeartbeat => raft.state == StateRole::Follower && message.from == raft.leader_id,
         MessageType::MsgHeartbeatResponse => raft.state == StateRole::Leader,
