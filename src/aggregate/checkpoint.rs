@@ -54,8 +54,9 @@ use std::fmt;
 
 use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, DeclarationError};
 use crate::aggregate::hll::{HLL_PRECISION, HLL_REGISTERS};
-use crate::aggregate::processor::PartitionProcessor;
-use crate::aggregate::state::{AggregateCounters, AggregateState, KeyState, NO_SKETCH, WindowState};
+use crate::aggregate::keys::{KeyState, KeyTable};
+use crate::aggregate::processor::{DecodedKey, PartitionProcessor};
+use crate::aggregate::state::{AggregateCounters, AggregateState, NO_SKETCH, WindowState};
 use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits};
 
 /// The first four bytes of a checkpoint: "SPAC" read as a little-endian u32.
@@ -151,8 +152,8 @@ impl PartitionProcessor {
         out.extend_from_slice(&self.partition.to_le_bytes());
         out.extend_from_slice(&self.next_offset.to_le_bytes());
         out.extend_from_slice(&(self.aggregates.len() as u16).to_le_bytes());
-        for aggregate in &self.aggregates {
-            encode_aggregate(aggregate, out);
+        for (column, aggregate) in self.aggregates.iter().enumerate() {
+            encode_aggregate(aggregate, (&self.keys, column), out);
         }
         let body_size = (out.len() - body_start) as u64;
         out[header_start + 12..header_start + 20].copy_from_slice(&body_size.to_le_bytes());
@@ -175,13 +176,12 @@ impl PartitionProcessor {
         }
         let mut aggregates = Vec::with_capacity(aggregate_count);
         for _ in 0..aggregate_count {
-            let aggregate = decode_aggregate(&mut reader, limits)?;
-            if aggregate.declaration.stream != stream
-                || aggregates.iter().any(|other: &AggregateState| other.declaration.name == aggregate.declaration.name)
-            {
+            let (aggregate, keys) = decode_aggregate(&mut reader, limits)?;
+            let name_taken = |(other, _): &(AggregateState, _)| other.declaration.name == aggregate.declaration.name;
+            if aggregate.declaration.stream != stream || aggregates.iter().any(name_taken) {
                 return Err(reader.error("aggregate declaration"));
             }
-            aggregates.push(aggregate);
+            aggregates.push((aggregate, keys));
         }
         if reader.position != body.len() {
             return Err(reader.error("end of body"));
@@ -276,7 +276,7 @@ fn counters_from(values: [u64; COUNTER_COUNT]) -> AggregateCounters {
     }
 }
 
-fn encode_aggregate(aggregate: &AggregateState, out: &mut Vec<u8>) {
+fn encode_aggregate(aggregate: &AggregateState, (table, column): (&KeyTable, usize), out: &mut Vec<u8>) {
     let declaration = aggregate.declaration.to_json();
     out.extend_from_slice(&(declaration.len() as u32).to_le_bytes());
     out.extend_from_slice(declaration.as_bytes());
@@ -288,8 +288,7 @@ fn encode_aggregate(aggregate: &AggregateState, out: &mut Vec<u8>) {
     for counter in counters_array(&aggregate.counters) {
         out.extend_from_slice(&counter.to_le_bytes());
     }
-    let mut keys: Vec<(&[u8], &KeyState)> =
-        aggregate.table.keys.iter().map(|(key, state)| (key.as_slice(), state)).collect();
+    let mut keys: Vec<(&[u8], &KeyState)> = table.iter_column(column).collect();
     keys.sort_unstable_by(|left, right| left.0.cmp(right.0));
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     let distinct = aggregate.declaration.kind == AggregateKind::DistinctEstimate;
@@ -311,11 +310,14 @@ fn encode_window(aggregate: &AggregateState, window: &WindowState, distinct: boo
         out.extend_from_slice(&field.to_le_bytes());
     }
     if distinct {
-        out.extend_from_slice(aggregate.table.sketches.get(window.sketch));
+        out.extend_from_slice(aggregate.sketches.get(window.sketch));
     }
 }
 
-fn decode_aggregate(reader: &mut Reader<'_>, limits: ProcessorLimits) -> Result<AggregateState, CheckpointError> {
+fn decode_aggregate<'a>(
+    reader: &mut Reader<'a>,
+    limits: ProcessorLimits,
+) -> Result<(AggregateState, Vec<DecodedKey<'a>>), CheckpointError> {
     let declaration_size = reader.u32("declaration size")? as usize;
     let declaration_bytes = reader.take(declaration_size, "declaration")?;
     let declaration =
@@ -335,6 +337,7 @@ fn decode_aggregate(reader: &mut Reader<'_>, limits: ProcessorLimits) -> Result<
     aggregate.counters = counters_from(counters);
     let key_count = reader.u32("key count")? as usize;
     let mut previous_key: Option<&[u8]> = None;
+    let mut keys = Vec::with_capacity(key_count.min(reader.bytes.len() / 4));
     for _ in 0..key_count {
         let key = reader.bytes16("key")?;
         if previous_key.is_some_and(|previous| previous >= key) {
@@ -342,16 +345,16 @@ fn decode_aggregate(reader: &mut Reader<'_>, limits: ProcessorLimits) -> Result<
         }
         previous_key = Some(key);
         let state = decode_key(reader, &mut aggregate)?;
-        aggregate.table.keys.insert(key.into(), state);
+        keys.push((key, state));
     }
     aggregate.min_open_end_ms = match aggregate.window {
         None => u64::MAX,
         Some((size_ms, _)) => {
-            let first_starts = aggregate.table.keys.values().filter_map(|state| state.open.first());
+            let first_starts = keys.iter().filter_map(|(_, state)| state.open.first());
             first_starts.map(|window| window.start_ms + size_ms).min().unwrap_or(u64::MAX)
         }
     };
-    Ok(aggregate)
+    Ok((aggregate, keys))
 }
 
 fn decode_key(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Result<KeyState, CheckpointError> {
@@ -364,7 +367,10 @@ fn decode_key(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Result
     if open_count > aggregate.windows_per_key || (aggregate.window.is_none() && last_closed.is_some()) {
         return Err(reader.error("open window count"));
     }
-    let mut state = KeyState { open: Vec::with_capacity(aggregate.windows_per_key), last_closed };
+    let mut state = KeyState { open: Default::default(), last_closed };
+    if aggregate.windows_per_key > 1 {
+        state.open.reserve_exact(aggregate.windows_per_key);
+    }
     for _ in 0..open_count {
         let window = decode_window(reader, aggregate)?;
         let ordered = state.open.last().is_none_or(|previous| previous.start_ms < window.start_ms);
@@ -403,8 +409,8 @@ fn decode_window(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Res
         if registers.iter().any(|&register| register > REGISTER_MAX) {
             return Err(reader.error("sketch register"));
         }
-        sketch = aggregate.table.sketches.allocate();
-        aggregate.table.sketches.get_mut(sketch).copy_from_slice(registers);
+        sketch = aggregate.sketches.allocate();
+        aggregate.sketches.get_mut(sketch).copy_from_slice(registers);
     }
     Ok(WindowState { start_ms, count, first_offset, last_offset, acc, sketch })
 }

@@ -111,6 +111,7 @@ mod cycle;
 mod declaration;
 mod extract;
 mod hll;
+mod keys;
 mod output;
 mod processor;
 mod state;
@@ -144,11 +145,17 @@ pub const ALLOWED_LATENESS_MS_MAX: u64 = 7 * 86_400_000;
 pub const TIME_MS_MAX: u64 = 253_402_300_799_999;
 /// Bytes of one window's accumulator.
 pub const WINDOW_ENTRY_BYTES: usize = std::mem::size_of::<state::WindowState>();
-/// Bytes of one key besides its key bytes and windows: its hash-map slot at
-/// worst occupancy (hashbrown keeps at most 7/8 of a power-of-two table
-/// full, so up to twice the slots), the control byte, and allocator overhead
-/// of the key's own allocations (two: bytes and windows).
-pub const KEY_ENTRY_BYTES: usize = 2 * (std::mem::size_of::<state::KeySlot>() + 1) + 32;
+/// Bytes of one key in one aggregate besides its key bytes and the open
+/// windows beyond the first: its slot in the partition's key index at worst
+/// occupancy (hashbrown keeps at most 7/8 of a power-of-two table full, so
+/// up to twice the slots) with its control byte, its state in the key's
+/// row (the first open window and the last closed one, inline) twice over
+/// (the rows' vector doubles as it grows), and allocator overhead of the
+/// key's own allocations (two at most: long key bytes and windows beyond
+/// the first). The index slot is shared by the partition's aggregates, so
+/// a key that several aggregates track costs less than this per aggregate.
+pub const KEY_ENTRY_BYTES: usize =
+    2 * (std::mem::size_of::<keys::IndexSlot>() + 1) + 2 * std::mem::size_of::<keys::KeyState>() + 32;
 
 const _: () = assert!(TIME_MS_MAX < u64::MAX / 2 && WINDOW_SIZE_MS_MAX < u64::MAX / 4);
 const _: () = assert!(WINDOWS_PER_KEY_MAX <= u16::MAX as usize);
@@ -156,11 +163,13 @@ const _: () = assert!(AGGREGATES_PER_STREAM_MAX <= u16::MAX as usize);
 const _: () = assert!(KEYS_PER_AGGREGATE_MAX as usize <= u32::MAX as usize);
 
 /// The most memory one key of one aggregate can hold, in bytes: its entry,
-/// its key bytes and its windows (`windows_per_key`, plus the last closed
-/// one kept for queries; each with a sketch for `distinct-estimate`).
+/// its key bytes and its windows (`windows_per_key`, all outside the row
+/// when more than one, plus the last closed one kept for queries; each
+/// with a sketch for `distinct-estimate`).
 pub const fn key_cost_bytes(key_size: usize, windows_per_key: usize, distinct: bool) -> usize {
     let sketch_bytes = if distinct { (windows_per_key + 1) * (HLL_REGISTERS + 4) } else { 0 };
-    KEY_ENTRY_BYTES + key_size + windows_per_key * WINDOW_ENTRY_BYTES + sketch_bytes
+    let spilled_bytes = if windows_per_key > 1 { windows_per_key * WINDOW_ENTRY_BYTES } else { 0 };
+    KEY_ENTRY_BYTES + key_size + spilled_bytes + sketch_bytes
 }
 
 /// Open windows a key may hold at once: windows still open end after the
@@ -188,14 +197,17 @@ impl Default for ProcessorLimits {
 mod tests {
     use super::*;
 
-    /// The memory formula's numbers, as the README states them: 242 bytes per key entry, 322
-    /// for a 32-byte key with one open window, 48 per window, 1028 per sketch.
+    /// The memory formula's numbers, as the README states them: 322 bytes per key entry (66 of
+    /// them the shared index slot), 354 for a 32-byte key with one open window, 48 per window
+    /// beyond the first, 1028 per sketch.
     #[test]
     fn key_cost_matches_the_documented_formula() {
         assert_eq!(WINDOW_ENTRY_BYTES, 48);
-        assert_eq!(KEY_ENTRY_BYTES, 242);
-        assert_eq!(key_cost_bytes(32, 1, false), 322);
-        assert_eq!(key_cost_bytes(32, 1, true), 322 + 2 * 1028);
+        assert_eq!(2 * (std::mem::size_of::<keys::IndexSlot>() + 1), 66);
+        assert_eq!(KEY_ENTRY_BYTES, 322);
+        assert_eq!(key_cost_bytes(32, 1, false), 354);
+        assert_eq!(key_cost_bytes(32, 1, true), 354 + 2 * 1028);
+        assert_eq!(key_cost_bytes(32, 7, false), 354 + 7 * 48);
         assert_eq!(windows_per_key(60_000, 10_000, 5_000), 7);
     }
 }

@@ -15,8 +15,10 @@
 use std::fmt;
 
 use crate::aggregate::declaration::AggregateDeclaration;
+use crate::aggregate::extract::Input;
+use crate::aggregate::keys::KeyTable;
 use crate::aggregate::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
-use crate::aggregate::state::{AggregateState, Closing, Event};
+use crate::aggregate::state::{AggregateState, Closing, Event, Prepared};
 use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
 
 /// The state of every aggregate declared on one stream, for one partition.
@@ -29,6 +31,15 @@ pub struct PartitionProcessor {
     pub(crate) next_offset: u64,
     pub(crate) limits: ProcessorLimits,
     pub(crate) aggregates: Vec<AggregateState>,
+    /// Every aggregate's keys: column `i` is `aggregates[i]`'s.
+    pub(crate) keys: KeyTable,
+    /// What each aggregate decided about the event being applied.
+    prepared: Vec<Option<Prepared>>,
+    /// Per aggregate, the first aggregate that reads the same value
+    /// (itself when none before it does): the value is read once per event.
+    value_readers: Vec<usize>,
+    /// The event's values, per reader (`None` until read).
+    values: Vec<Option<Option<Input>>>,
     /// Unescaped JSON scalars, reused across events.
     scratch: Vec<u8>,
     closing: Closing,
@@ -83,6 +94,10 @@ impl PartitionProcessor {
             next_offset,
             limits,
             aggregates: Vec::new(),
+            keys: KeyTable::default(),
+            prepared: Vec::new(),
+            value_readers: Vec::new(),
+            values: Vec::new(),
             scratch: Vec::new(),
             closing: Closing::default(),
             replay_skipped: 0,
@@ -131,13 +146,27 @@ impl PartitionProcessor {
         let from_offset = from_offset.max(self.next_offset);
         let keys_max = self.limits.keys_per_aggregate_max;
         self.aggregates.push(AggregateState::new(declaration, from_offset, keys_max));
+        self.keys.add_column();
+        self.find_value_readers();
         Ok(from_offset)
     }
 
     /// Drops an aggregate and its state; `false` if there is none by that name.
     pub fn remove_aggregate(&mut self, name: &str) -> bool {
-        let index = self.aggregate_index(name);
-        index.map(|index| self.aggregates.remove(index)).is_some()
+        let Some(index) = self.aggregate_index(name) else { return false };
+        self.aggregates.remove(index);
+        self.keys.remove_column(index);
+        self.find_value_readers();
+        true
+    }
+
+    fn find_value_readers(&mut self) {
+        let aggregates = &self.aggregates;
+        let first_reader = |index: usize| {
+            (0..index).find(|&other| aggregates[index].reads_value_as(&aggregates[other])).unwrap_or(index)
+        };
+        self.value_readers = (0..aggregates.len()).map(first_reader).collect();
+        self.values = vec![None; aggregates.len()];
     }
 
     /// The declarations, in the order they were added.
@@ -176,10 +205,7 @@ impl PartitionProcessor {
             return false;
         }
         let event = Event { offset, partition: self.partition, key, payload, arrival_ms };
-        for aggregate in &mut self.aggregates {
-            aggregate.on_event(event, &mut self.scratch, &mut self.closing, out);
-        }
-        self.next_offset = offset + 1;
+        self.apply(event, out);
         true
     }
 
@@ -193,22 +219,45 @@ impl PartitionProcessor {
             return false;
         }
         let event = Event { offset, partition: self.partition, key, payload, arrival_ms };
-        let output = &mut self.output;
-        let mut out = |window: &ClosedWindow<'_>| output.push(window);
-        for aggregate in &mut self.aggregates {
-            aggregate.on_event(event, &mut self.scratch, &mut self.closing, &mut out);
-        }
-        self.next_offset = offset + 1;
+        let mut output = std::mem::take(&mut self.output);
+        self.apply(event, &mut |window: &ClosedWindow<'_>| output.push(window));
+        self.output = output;
         true
+    }
+
+    /// Applies an event whose offset is new: every aggregate prepares it
+    /// (time, value, watermark; sweeps may drop keys), then the key is
+    /// looked up once and every aggregate that kept the event adds it to
+    /// its column of the key's row.
+    #[inline]
+    fn apply<F: FnMut(&ClosedWindow<'_>)>(&mut self, event: Event<'_>, out: &mut F) {
+        self.next_offset = event.offset + 1;
+        self.prepared.clear();
+        self.values.fill(None);
+        for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
+            let keys = (&mut self.keys, column);
+            let value = &mut self.values[self.value_readers[column]];
+            self.prepared.push(aggregate.prepare((event, value), &mut self.scratch, &mut self.closing, keys, out));
+        }
+        if self.prepared.iter().all(Option::is_none) {
+            return;
+        }
+        let (row, added) = self.keys.row_for(event.key);
+        for (column, (aggregate, prepared)) in self.aggregates.iter_mut().zip(&self.prepared).enumerate() {
+            if let Some(prepared) = *prepared {
+                aggregate.apply(prepared, event.offset, &mut self.keys, row, column);
+            }
+        }
+        if added {
+            self.keys.remove_if_empty(event.key, row);
+        }
     }
 
     /// [`PartitionProcessor::advance_time`], keeping the closed windows.
     pub fn advance(&mut self, now_ms: u64) {
-        let output = &mut self.output;
-        let mut out = |window: &ClosedWindow<'_>| output.push(window);
-        for aggregate in &mut self.aggregates {
-            aggregate.advance_time(now_ms, self.partition, &mut self.closing, &mut out);
-        }
+        let mut output = std::mem::take(&mut self.output);
+        self.advance_time(now_ms, &mut |window: &ClosedWindow<'_>| output.push(window));
+        self.output = output;
     }
 
     /// Moves the covered offsets up to `offset` without counting what is
@@ -235,8 +284,8 @@ impl PartitionProcessor {
     /// arrival times and would be late), nor with a time later than the
     /// arrival time the next applied event will carry.
     pub fn advance_time<F: FnMut(&ClosedWindow<'_>)>(&mut self, now_ms: u64, out: &mut F) {
-        for aggregate in &mut self.aggregates {
-            aggregate.advance_time(now_ms, self.partition, &mut self.closing, out);
+        for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
+            aggregate.advance_time(now_ms, self.partition, &mut self.closing, (&mut self.keys, column), out);
         }
     }
 
@@ -250,7 +299,9 @@ impl PartitionProcessor {
     /// One key's open windows and last closed window in `aggregate`, or
     /// `None` when the aggregate is unknown or holds nothing for the key.
     pub fn current(&self, aggregate: &str, key: &[u8]) -> Option<KeyView> {
-        self.aggregates[self.aggregate_index(aggregate)?].view(key, self.partition)
+        let column = self.aggregate_index(aggregate)?;
+        let state = self.keys.state(self.keys.row(key)?, column);
+        self.aggregates[column].view(state, self.partition)
     }
 
     /// The `n` (at most [`TOP_N_MAX`]) keys with the largest value on this
@@ -259,7 +310,7 @@ impl PartitionProcessor {
     /// several partitions with [`crate::aggregate::merge_top`].
     pub fn top(&self, aggregate: &str, n: usize) -> Vec<TopEntry> {
         match self.aggregate_index(aggregate) {
-            Some(index) => self.aggregates[index].top(n.min(TOP_N_MAX)),
+            Some(index) => self.aggregates[index].top((&self.keys, index), n.min(TOP_N_MAX)),
             None => Vec::new(),
         }
     }
@@ -268,13 +319,14 @@ impl PartitionProcessor {
     pub fn stats(&self) -> Vec<AggregateStats> {
         self.aggregates
             .iter()
-            .map(|aggregate| AggregateStats {
+            .enumerate()
+            .map(|(column, aggregate)| AggregateStats {
                 aggregate: aggregate.declaration.name.clone(),
                 partition: self.partition,
-                keys: aggregate.table.keys.len() as u64,
-                open_windows: aggregate.open_windows(),
+                keys: u64::from(aggregate.key_count),
+                open_windows: aggregate.open_windows((&self.keys, column)),
                 watermark_ms: aggregate.window.and(aggregate.watermark_ms),
-                memory_bytes: aggregate.memory_bytes(),
+                memory_bytes: aggregate.memory_bytes((&self.keys, column)),
                 from_offset: aggregate.from_offset,
                 counters: aggregate.counters,
             })
@@ -283,21 +335,142 @@ impl PartitionProcessor {
 
     /// Estimated heap bytes held, reused buffers included.
     pub fn memory_bytes(&self) -> u64 {
-        let aggregates: u64 = self.aggregates.iter().map(AggregateState::memory_bytes).sum();
-        let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes();
+        let columns = self.aggregates.iter().enumerate();
+        let aggregates: u64 = columns.map(|(column, aggregate)| aggregate.memory_bytes((&self.keys, column))).sum();
+        let prepared = self.prepared.capacity() * std::mem::size_of::<Option<Prepared>>();
+        let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes() + prepared;
         aggregates + buffers as u64
     }
 
-    /// Rebuilds a processor from decoded parts (checkpoint.rs).
+    /// Rebuilds a processor from decoded parts (checkpoint.rs): each
+    /// aggregate with its keys' states.
     pub(crate) fn from_parts(
         stream: String,
         partition: u32,
         next_offset: u64,
         limits: ProcessorLimits,
-        aggregates: Vec<AggregateState>,
+        aggregates: Vec<(AggregateState, Vec<DecodedKey<'_>>)>,
     ) -> PartitionProcessor {
         let mut processor = PartitionProcessor::new(&stream, partition, next_offset, limits);
-        processor.aggregates = aggregates;
+        for (column, (mut aggregate, keys)) in aggregates.into_iter().enumerate() {
+            processor.keys.add_column();
+            aggregate.key_count = keys.len() as u32;
+            for (key, state) in keys {
+                let (row, _) = processor.keys.row_for(key);
+                *processor.keys.state_mut(row, column) = state;
+            }
+            processor.aggregates.push(aggregate);
+        }
+        processor.find_value_readers();
         processor
+    }
+}
+
+/// A key and one aggregate's state for it, as a checkpoint holds them.
+pub(crate) type DecodedKey<'a> = (&'a [u8], crate::aggregate::keys::KeyState);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::ClosedWindow;
+
+    const DECLARATIONS: [&str; 4] = [
+        r#"{"name":"n","stream":"s","kind":"count","window":{"type":"tumbling","size_ms":1000},"output":"o"}"#,
+        r#"{"name":"total","stream":"s","kind":"sum","value":"json:/amount","window":{"type":"hopping","size_ms":2000,"step_ms":500},"output":"o"}"#,
+        r#"{"name":"forever","stream":"s","kind":"max","value":"json:/amount","window":{"type":"none"}}"#,
+        r#"{"name":"users","stream":"s","kind":"distinct-estimate","value":"json:/user","window":{"type":"tumbling","size_ms":300},"output":"o"}"#,
+    ];
+
+    fn processor(declarations: &[&str], keys_max: u32) -> PartitionProcessor {
+        let limits = ProcessorLimits { keys_per_aggregate_max: keys_max };
+        let mut processor = PartitionProcessor::new("s", 3, 0, limits);
+        for declaration in declarations {
+            let declaration = AggregateDeclaration::from_json(declaration.as_bytes()).expect("valid");
+            processor.add_aggregate(declaration, 0).expect("added");
+        }
+        processor
+    }
+
+    type Emitted = Vec<(String, Vec<u8>, u64, u64, u64)>;
+
+    /// Feeds a deterministic mix: 300 keys (some long), values that are sometimes malformed,
+    /// time moving forward with a few late events; returns what came out, in order, per
+    /// aggregate.
+    fn feed(processor: &mut PartitionProcessor, events: u64) -> Emitted {
+        let mut emitted = Vec::new();
+        for offset in 0..events {
+            let key = match offset % 7 {
+                0 => format!("a-key-long-enough-to-be-boxed-{}", offset % 31),
+                _ => format!("k{}", (offset * 2_654_435_761) % 300),
+            };
+            let payload = match offset % 13 {
+                0 => "not json".to_string(),
+                _ => format!(r#"{{"amount":{},"user":"u{}"}}"#, offset % 97, offset % 41),
+            };
+            let arrival_ms = 1_000_000 + offset * 3 - (offset % 11 == 0) as u64 * 900;
+            processor.on_event(offset, key.as_bytes(), payload.as_bytes(), arrival_ms, &mut |window: &ClosedWindow<
+                '_,
+            >| {
+                emitted.push((
+                    window.aggregate.to_string(),
+                    window.key.to_vec(),
+                    window.window_start_ms,
+                    window.value.to_bits(),
+                    window.sequence,
+                ))
+            });
+        }
+        emitted.sort_by(|left, right| left.0.cmp(&right.0).then(left.4.cmp(&right.4)));
+        emitted
+    }
+
+    /// A partition whose aggregates share one key table computes, refuses and expires exactly
+    /// what each aggregate computes alone (its own processor, so its own table): same closed
+    /// windows and sequences, same counters, same per-aggregate checkpoint bytes, under a key
+    /// limit that refuses keys. Removing an aggregate keeps the others exact.
+    #[test]
+    fn a_shared_key_table_computes_what_separate_tables_do() {
+        for keys_max in [40, 100_000] {
+            let mut shared = processor(&DECLARATIONS, keys_max);
+            let shared_out = feed(&mut shared, 20_000);
+            let mut alone_out = Vec::new();
+            for (column, declaration) in DECLARATIONS.iter().enumerate() {
+                let mut alone = processor(&[declaration], keys_max);
+                alone_out.extend(feed(&mut alone, 20_000));
+                assert_eq!(shared.stats()[column].counters, alone.stats()[0].counters, "{declaration}");
+                assert_eq!(shared.stats()[column].keys, alone.stats()[0].keys, "{declaration}");
+                let tracked = shared.keys.iter_column(column).count() as u64;
+                assert_eq!(shared.stats()[column].keys, tracked, "the key count is the column's non-empty states");
+                let key = b"k17";
+                assert_eq!(
+                    shared.current(&alone.aggregates[0].declaration.name, key),
+                    alone.current(&alone.aggregates[0].declaration.name, key)
+                );
+            }
+            alone_out.sort_by(|left, right| left.0.cmp(&right.0).then(left.4.cmp(&right.4)));
+            assert!(shared_out.len() > 1000, "windows closed: {}", shared_out.len());
+            assert_eq!(shared_out, alone_out, "keys_max {keys_max}");
+            if keys_max == 40 {
+                assert!(shared.stats().iter().all(|stats| stats.counters.keys_refused > 0), "the limit was reached");
+            }
+            let mut bytes = Vec::new();
+            shared.encode_checkpoint(&mut bytes);
+            let restored = PartitionProcessor::decode_checkpoint(&bytes, shared.limits()).expect("decodes");
+            let mut again = Vec::new();
+            restored.encode_checkpoint(&mut again);
+            assert_eq!(bytes, again, "a checkpoint round-trips to the same bytes");
+            assert!(shared.remove_aggregate("total") && shared.remove_aggregate("users"));
+            let mut alone = processor(&[DECLARATIONS[0], DECLARATIONS[2]], keys_max);
+            let _ = feed(&mut alone, 20_000);
+            assert_eq!(
+                shared.stats().iter().map(|stats| stats.keys).collect::<Vec<_>>(),
+                alone.stats().iter().map(|stats| stats.keys).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                shared.keys.len() as u64,
+                alone.keys.len() as u64,
+                "keys only the removed aggregates held are gone"
+            );
+        }
     }
 }

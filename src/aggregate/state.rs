@@ -4,14 +4,20 @@
 //!
 //! # Layout
 //!
-//! Keys live in a hashbrown table keyed by owned bytes and looked up by
-//! borrowed bytes with `entry_ref`: one hash and probe per event, and an
-//! allocation only for a key seen for the first time (its bytes, and its
-//! window vector, reserved at once to the declaration's most open windows
-//! so that it never grows). A window is one [`WindowState`] (48 bytes): for
-//! every kind but `count` and `distinct-estimate` one `f64` is enough (sum,
-//! min, max or last; avg keeps the sum), and `distinct-estimate` points into
-//! a pool of sketches ([`SketchPool`]) that closed windows give back.
+//! Keys live in the partition's [`KeyTable`] (`keys.rs`), shared by its
+//! aggregates: this aggregate's state for a key is one column of the key's
+//! row, so an event costs one probe for all of them. A key's first open
+//! window is stored in the row itself; a declaration that may hold more
+//! open windows per key reserves them all on the key's first event, so they
+//! never grow. A window is one [`WindowState`] (48 bytes): for every kind
+//! but `count` and `distinct-estimate` one `f64` is enough (sum, min, max or
+//! last; avg keeps the sum), and `distinct-estimate` points into a pool of
+//! sketches ([`SketchPool`]) that closed windows give back.
+//!
+//! An event goes through two calls: [`AggregateState::prepare`] reads its
+//! time and value and moves the watermark (which may sweep, and so drop
+//! keys from the table) before the processor looks the key up once, then
+//! [`AggregateState::apply`] adds it to the key's windows.
 //!
 //! # Closing windows
 //!
@@ -28,13 +34,12 @@
 //! idle when a new key meets the limit depends only on the watermark and the
 //! events, never on when the engine's timer last fired.
 
-use hashbrown::HashMap;
-use hashbrown::hash_map::EntryRef;
 use serde::Serialize;
 
 use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, TimeSource};
 use crate::aggregate::extract::{self, Input};
 use crate::aggregate::hll::{self, SketchPool};
+use crate::aggregate::keys::{KeyState, KeyTable, spilled_bytes};
 use crate::aggregate::output::{ClosedWindow, KeyView, TopEntry, WindowView, top_order};
 
 /// A window's index in the sketch pool when it has no sketch.
@@ -53,82 +58,6 @@ pub(crate) struct WindowState {
     pub(crate) acc: f64,
     /// The sketch of a `distinct-estimate` window, else [`NO_SKETCH`].
     pub(crate) sketch: u32,
-}
-
-/// One key: its open windows (oldest first) and the last one closed.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct KeyState {
-    pub(crate) open: Vec<WindowState>,
-    pub(crate) last_closed: Option<WindowState>,
-}
-
-/// A key's slot in the table (for the memory formula).
-pub(crate) type KeySlot = (KeyBytes, KeyState);
-pub(crate) type KeyMap = HashMap<KeyBytes, KeyState, ahash::RandomState>;
-
-/// Keys up to this many bytes are stored in the table's slot itself.
-pub(crate) const KEY_INLINE_BYTES: usize = 22;
-
-/// A key's bytes in the table: inline when short (the lookup then costs no
-/// second cache miss for the key's own allocation, the largest share of an
-/// aggregate's per-event cost with many keys), else boxed. Hashes and
-/// compares as the byte slice, so the table is looked up by `&[u8]`.
-#[derive(Clone)]
-pub(crate) enum KeyBytes {
-    Inline { size: u8, bytes: [u8; KEY_INLINE_BYTES] },
-    Boxed(Box<[u8]>),
-}
-
-impl KeyBytes {
-    #[inline]
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBytes::Inline { size, bytes } => &bytes[..usize::from(*size)],
-            KeyBytes::Boxed(bytes) => bytes,
-        }
-    }
-}
-
-impl From<&[u8]> for KeyBytes {
-    #[inline]
-    fn from(key: &[u8]) -> KeyBytes {
-        if key.len() <= KEY_INLINE_BYTES {
-            let mut bytes = [0; KEY_INLINE_BYTES];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline { size: key.len() as u8, bytes }
-        } else {
-            KeyBytes::Boxed(key.into())
-        }
-    }
-}
-
-impl std::borrow::Borrow<[u8]> for KeyBytes {
-    #[inline]
-    fn borrow(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl std::hash::Hash for KeyBytes {
-    #[inline]
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_slice().hash(state);
-    }
-}
-
-impl PartialEq for KeyBytes {
-    #[inline]
-    fn eq(&self, other: &KeyBytes) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl Eq for KeyBytes {}
-
-impl std::fmt::Debug for KeyBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
-    }
 }
 
 /// What one aggregate counted on one partition. Every counter is a pure
@@ -186,15 +115,20 @@ impl Closing {
     }
 }
 
-/// Where the event goes, once the key is known.
-struct Windows {
-    /// First and last window start to update (inclusive), step apart.
+/// What an aggregate decided about an event before its key is looked up:
+/// the value it adds and the windows it goes to (first and last start,
+/// inclusive, step apart).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prepared {
+    input: Input,
     first_start_ms: u64,
     last_start_ms: u64,
     step_ms: u64,
 }
 
-/// One aggregate on one partition.
+/// One aggregate on one partition. Its keys' states are a column of the
+/// partition's [`KeyTable`]; the processor passes the table and the column
+/// to every call that reads or changes them.
 #[derive(Debug)]
 pub(crate) struct AggregateState {
     pub(crate) declaration: AggregateDeclaration,
@@ -203,90 +137,37 @@ pub(crate) struct AggregateState {
     pub(crate) windows_per_key: usize,
     /// Events below this offset are not counted (declared after them).
     pub(crate) from_offset: u64,
-    pub(crate) table: Table,
+    pub(crate) sketches: SketchPool,
+    pub(crate) keys_max: u32,
+    /// Keys this aggregate tracks: its non-empty states in the table.
+    pub(crate) key_count: u32,
+    /// The watermark at which idle keys were last collected for a key at
+    /// the limit: no key can become idle until the watermark moves, so the
+    /// limit does not rescan the table per refused event. Not checkpointed:
+    /// a collection more or less gives the same state.
+    collected_at_watermark_ms: Option<u64>,
     pub(crate) max_time_ms: Option<u64>,
     pub(crate) watermark_ms: Option<u64>,
     /// Earliest end of an open window (`u64::MAX` when none is open).
     pub(crate) min_open_end_ms: u64,
     pub(crate) next_sequence: u64,
     pub(crate) counters: AggregateCounters,
+    /// The last event time placed and where it went: the events of one
+    /// batch share their arrival time, so most events skip the divisions.
+    /// A pure function of (time, watermark), so not checkpointed.
+    placed: Option<Placed>,
 }
 
-/// The keys of one aggregate and the sketches their windows use.
-#[derive(Debug)]
-pub(crate) struct Table {
-    pub(crate) keys: KeyMap,
-    pub(crate) keys_max: u32,
-    pub(crate) sketches: SketchPool,
-    /// The watermark at which idle keys were last collected for a key at
-    /// the limit: no key can become idle until the watermark moves, so the
-    /// limit does not rescan the table per refused event. Not checkpointed:
-    /// a collection more or less gives the same table.
-    collected_at_watermark_ms: Option<u64>,
-}
-
-impl Table {
-    pub(crate) fn new(keys_max: u32) -> Table {
-        Table { keys: KeyMap::default(), keys_max, sketches: SketchPool::default(), collected_at_watermark_ms: None }
-    }
-
-    /// The key's state (inserted if new) and the sketches; `None` when the
-    /// key is new and the table is full even after dropping idle keys.
-    /// `expiry` is `(size_ms, watermark_ms)` of a windowed aggregate.
-    #[inline]
-    fn entry(
-        &mut self,
-        key: &[u8],
-        windows_per_key: usize,
-        expiry: Option<(u64, u64)>,
-        counters: &mut AggregateCounters,
-    ) -> Option<(&mut KeyState, &mut SketchPool)> {
-        if self.keys.len() >= self.keys_max as usize && !self.keys.contains_key(key) {
-            if let Some((size_ms, watermark_ms)) = expiry {
-                self.collect_idle_keys(size_ms, watermark_ms, counters);
-            }
-            if self.keys.len() >= self.keys_max as usize {
-                return None;
-            }
-        }
-        let state = match self.keys.entry_ref(key) {
-            EntryRef::Occupied(entry) => {
-                let state = entry.into_mut();
-                if let Some((size_ms, watermark_ms)) = expiry {
-                    // An idle key not yet collected starts over, exactly as
-                    // if it had been collected and seen anew.
-                    if is_idle(state, size_ms, watermark_ms) && state.last_closed.is_some() {
-                        release(&mut self.sketches, state.last_closed.take().map(|window| window.sketch));
-                        counters.keys_expired += 1;
-                    }
-                }
-                state
-            }
-            EntryRef::Vacant(entry) => {
-                entry.insert(KeyState { open: Vec::with_capacity(windows_per_key), last_closed: None })
-            }
-        };
-        Some((state, &mut self.sketches))
-    }
-
-    /// Drops every idle key.
-    fn collect_idle_keys(&mut self, size_ms: u64, watermark_ms: u64, counters: &mut AggregateCounters) {
-        if self.collected_at_watermark_ms == Some(watermark_ms) {
-            return;
-        }
-        self.collected_at_watermark_ms = Some(watermark_ms);
-        let sketches = &mut self.sketches;
-        let mut expired = 0;
-        self.keys.retain(|_, state| {
-            let idle = is_idle(state, size_ms, watermark_ms);
-            if idle {
-                release(sketches, state.last_closed.map(|window| window.sketch));
-                expired += 1;
-            }
-            !idle
-        });
-        counters.keys_expired += expired;
-    }
+/// [`AggregateState::place`]'s arithmetic for one (time, watermark).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    time_ms: u64,
+    watermark_ms: u64,
+    /// Start of the oldest window containing the time, of the first still
+    /// open, of the last.
+    oldest_start_ms: u64,
+    first_start_ms: u64,
+    last_start_ms: u64,
 }
 
 impl AggregateState {
@@ -298,64 +179,158 @@ impl AggregateState {
             window,
             windows_per_key,
             from_offset,
-            table: Table::new(keys_max),
+            sketches: SketchPool::default(),
+            keys_max,
+            key_count: 0,
+            collected_at_watermark_ms: None,
             max_time_ms: None,
             watermark_ms: None,
             min_open_end_ms: u64::MAX,
             next_sequence: 0,
             counters: AggregateCounters::default(),
+            placed: None,
         }
     }
 
-    /// Applies one event (the caller has checked its offset is new).
+    /// The first half of applying an event (the caller has checked its
+    /// offset is new): reads its time and value and moves time forward,
+    /// closing the windows the watermark passes (which may drop keys from
+    /// the table, so no row may be held across this call). `None` when the
+    /// aggregate skips the event (before its first offset, malformed, late).
+    /// `value` is the event's value as read for an earlier aggregate with
+    /// the same source ([`AggregateState::reads_value_as`]), if it was
+    /// read; else this one reads it and leaves it there for later ones.
     #[inline]
-    pub(crate) fn on_event<F: FnMut(&ClosedWindow<'_>)>(
+    pub(crate) fn prepare<F: FnMut(&ClosedWindow<'_>)>(
         &mut self,
-        event: Event<'_>,
+        (event, value): (Event<'_>, &mut Option<Option<Input>>),
         scratch: &mut Vec<u8>,
         closing: &mut Closing,
+        keys: (&mut KeyTable, usize),
         out: &mut F,
-    ) {
+    ) -> Option<Prepared> {
         if event.offset < self.from_offset {
-            return;
+            return None;
         }
         let time_ms = match self.window {
             None => 0,
             Some(_) => match extract::event_time_ms(&self.declaration.time, event.payload, event.arrival_ms, scratch) {
                 Some(time_ms) => time_ms,
-                None => return self.counters.time_malformed += 1,
+                None => {
+                    self.counters.time_malformed += 1;
+                    return None;
+                }
             },
         };
-        let input = match self.declaration.kind {
+        let input = *value.get_or_insert_with(|| match self.declaration.kind {
             AggregateKind::Count => Some(Input::Unit),
             AggregateKind::DistinctEstimate => {
                 extract::value_hash(&self.declaration.value, event.payload, scratch).map(Input::Hash)
             }
             _ => extract::number(&self.declaration.value, event.payload, scratch).map(Input::Number),
+        });
+        let Some(input) = input else {
+            self.counters.value_malformed += 1;
+            return None;
         };
-        let Some(input) = input else { return self.counters.value_malformed += 1 };
-        let windows = match self.window {
-            None => Windows { first_start_ms: 0, last_start_ms: 0, step_ms: 1 },
-            Some(_) => match self.place(time_ms, event.partition, closing, out) {
-                Some(windows) => windows,
-                None => return,
-            },
-        };
+        match self.window {
+            None => Some(Prepared { input, first_start_ms: 0, last_start_ms: 0, step_ms: 1 }),
+            Some(_) => self.place(time_ms, input, event.partition, closing, keys, out),
+        }
+    }
+
+    /// The second half: adds the event to the key's windows in `row` of
+    /// the table (refused, and counted, when the key is new and the
+    /// aggregate is at its key limit even after dropping idle keys).
+    #[inline]
+    pub(crate) fn apply(&mut self, prepared: Prepared, offset: u64, table: &mut KeyTable, row: u32, column: usize) {
+        if !self.admit(table, row, column) {
+            self.counters.keys_refused += 1;
+            return;
+        }
         let kind = self.declaration.kind;
-        let expiry = self.window.zip(self.watermark_ms).map(|((size_ms, _), watermark_ms)| (size_ms, watermark_ms));
-        let entry = self.table.entry(event.key, self.windows_per_key, expiry, &mut self.counters);
-        let Some((state, sketches)) = entry else { return self.counters.keys_refused += 1 };
-        let mut start_ms = windows.first_start_ms;
+        let windows_per_key = self.windows_per_key;
+        let state = table.state_mut(row, column);
+        let mut start_ms = prepared.first_start_ms;
         let mut refused = 0;
-        while start_ms <= windows.last_start_ms {
-            refused += u64::from(!add(state, sketches, kind, start_ms, event.offset, input));
-            start_ms += windows.step_ms;
+        while start_ms <= prepared.last_start_ms {
+            let added = add(state, &mut self.sketches, kind, windows_per_key, start_ms, offset, prepared.input);
+            refused += u64::from(!added);
+            start_ms += prepared.step_ms;
         }
         self.counters.windows_refused += refused;
         self.counters.events_applied += 1;
         if let Some((size_ms, _)) = self.window {
-            self.min_open_end_ms = self.min_open_end_ms.min(windows.first_start_ms + size_ms);
+            self.min_open_end_ms = self.min_open_end_ms.min(prepared.first_start_ms + size_ms);
         }
+    }
+
+    /// Whether this aggregate reads the same value from an event as
+    /// `other` (same source, read the same way), so one read serves both.
+    pub(crate) fn reads_value_as(&self, other: &AggregateState) -> bool {
+        let class = |kind: AggregateKind| match kind {
+            AggregateKind::Count => 0,
+            AggregateKind::DistinctEstimate => 1,
+            _ => 2,
+        };
+        class(self.declaration.kind) == class(other.declaration.kind)
+            && self.declaration.value == other.declaration.value
+    }
+
+    /// `(size_ms, watermark_ms)` of a windowed aggregate with a watermark.
+    fn expiry(&self) -> Option<(u64, u64)> {
+        self.window.zip(self.watermark_ms).map(|((size_ms, _), watermark_ms)| (size_ms, watermark_ms))
+    }
+
+    /// Whether the key in `row` may count here: a key already tracked may
+    /// (an idle one not yet collected starts over, exactly as if it had
+    /// been collected and seen anew); a new key only under the limit.
+    #[inline]
+    fn admit(&mut self, table: &mut KeyTable, row: u32, column: usize) -> bool {
+        let expiry = self.expiry();
+        let state = table.state_mut(row, column);
+        if !state.is_empty() {
+            if let Some((size_ms, watermark_ms)) = expiry
+                && is_idle(state, size_ms, watermark_ms)
+            {
+                release(&mut self.sketches, state.last_closed.take().map(|window| window.sketch));
+                self.counters.keys_expired += 1;
+            }
+            return true;
+        }
+        if self.key_count >= self.keys_max {
+            if let Some((size_ms, watermark_ms)) = expiry {
+                self.collect_idle_keys(table, column, row, size_ms, watermark_ms);
+            }
+            if self.key_count >= self.keys_max {
+                return false;
+            }
+        }
+        self.key_count += 1;
+        if self.windows_per_key > 1 {
+            table.state_mut(row, column).open.reserve_exact(self.windows_per_key);
+        }
+        true
+    }
+
+    /// Drops every idle key of this aggregate (keeping row `keep` in the
+    /// table: the caller holds it).
+    fn collect_idle_keys(&mut self, table: &mut KeyTable, column: usize, keep: u32, size_ms: u64, watermark_ms: u64) {
+        if self.collected_at_watermark_ms == Some(watermark_ms) {
+            return;
+        }
+        self.collected_at_watermark_ms = Some(watermark_ms);
+        let sketches = &mut self.sketches;
+        let mut expired = 0;
+        table.visit_column(column, Some(keep), |_, state| {
+            if !state.is_empty() && is_idle(state, size_ms, watermark_ms) {
+                release(sketches, state.last_closed.map(|window| window.sketch));
+                *state = KeyState::default();
+                expired += 1;
+            }
+        });
+        self.counters.keys_expired += expired;
+        self.key_count -= expired as u32;
     }
 
     /// Moves time forward to `time_ms` (closing what the watermark passes)
@@ -363,26 +338,30 @@ impl AggregateState {
     fn place<F: FnMut(&ClosedWindow<'_>)>(
         &mut self,
         time_ms: u64,
+        input: Input,
         partition: u32,
         closing: &mut Closing,
+        keys: (&mut KeyTable, usize),
         out: &mut F,
-    ) -> Option<Windows> {
+    ) -> Option<Prepared> {
         let (size_ms, step_ms) = self.window.expect("windowed");
         if self.max_time_ms.is_some_and(|max_time_ms| time_ms < max_time_ms) {
             self.counters.out_of_order_events += 1;
         }
         let max_time_ms = self.max_time_ms.map_or(time_ms, |max_time_ms| max_time_ms.max(time_ms));
         self.max_time_ms = Some(max_time_ms);
-        self.raise_watermark(max_time_ms.saturating_sub(self.declaration.allowed_lateness_ms), partition, closing, out);
+        let candidate_ms = max_time_ms.saturating_sub(self.declaration.allowed_lateness_ms);
+        self.raise_watermark(candidate_ms, partition, closing, keys, out);
         let watermark_ms = self.watermark_ms.expect("raised");
-        let last_start_ms = time_ms - time_ms % step_ms;
-        let oldest_start_ms = (last_start_ms + step_ms).saturating_sub(size_ms);
-        // The first start whose window ends after the watermark.
-        let first_open_ms = match watermark_ms.checked_sub(size_ms) {
-            None => 0,
-            Some(before) => before - before % step_ms + step_ms,
+        let placed = match self.placed {
+            Some(placed) if placed.time_ms == time_ms && placed.watermark_ms == watermark_ms => placed,
+            _ => {
+                let placed = windows_of(time_ms, watermark_ms, size_ms, step_ms);
+                self.placed = Some(placed);
+                placed
+            }
         };
-        let first_start_ms = oldest_start_ms.max(first_open_ms);
+        let Placed { oldest_start_ms, first_start_ms, last_start_ms, .. } = placed;
         if first_start_ms > last_start_ms {
             self.counters.late_events_dropped += 1;
             return None;
@@ -390,7 +369,7 @@ impl AggregateState {
         if first_start_ms > oldest_start_ms {
             self.counters.late_partial_events += 1;
         }
-        Some(Windows { first_start_ms, last_start_ms, step_ms })
+        Some(Prepared { input, first_start_ms, last_start_ms, step_ms })
     }
 
     /// Raises the watermark to `candidate_ms` if that is later, then closes
@@ -400,12 +379,13 @@ impl AggregateState {
         candidate_ms: u64,
         partition: u32,
         closing: &mut Closing,
+        keys: (&mut KeyTable, usize),
         out: &mut F,
     ) {
         if self.watermark_ms.is_none_or(|watermark_ms| candidate_ms > watermark_ms) {
             self.watermark_ms = Some(candidate_ms);
             if candidate_ms >= self.min_open_end_ms {
-                self.sweep(partition, closing, out);
+                self.sweep(partition, closing, keys, out);
             }
         }
     }
@@ -417,11 +397,12 @@ impl AggregateState {
         now_ms: u64,
         partition: u32,
         closing: &mut Closing,
+        keys: (&mut KeyTable, usize),
         out: &mut F,
     ) {
         if self.window.is_some() && self.declaration.time == TimeSource::Arrival {
             let candidate_ms = now_ms.saturating_sub(self.declaration.allowed_lateness_ms);
-            self.raise_watermark(candidate_ms, partition, closing, out);
+            self.raise_watermark(candidate_ms, partition, closing, keys, out);
         }
     }
 
@@ -434,7 +415,13 @@ impl AggregateState {
 
     /// Closes every window the watermark has passed, emits them in (end,
     /// key) order, and drops keys left idle.
-    fn sweep<F: FnMut(&ClosedWindow<'_>)>(&mut self, partition: u32, closing: &mut Closing, out: &mut F) {
+    fn sweep<F: FnMut(&ClosedWindow<'_>)>(
+        &mut self,
+        partition: u32,
+        closing: &mut Closing,
+        (table, column): (&mut KeyTable, usize),
+        out: &mut F,
+    ) {
         let (size_ms, _) = self.window.expect("only windowed aggregates sweep");
         let watermark_ms = self.watermark_ms.expect("a sweep follows a watermark");
         let kind = self.declaration.kind;
@@ -442,27 +429,34 @@ impl AggregateState {
         closing.keys.clear();
         let mut min_open_end_ms = u64::MAX;
         let mut expired = 0;
-        let Table { keys, sketches, .. } = &mut self.table;
-        keys.retain(|key, state| {
+        let sketches = &mut self.sketches;
+        table.visit_column(column, None, |key, state| {
+            if state.is_empty() {
+                return;
+            }
             let closed_count = state.open.iter().take_while(|window| window.start_ms + size_ms <= watermark_ms).count();
             for (index, window) in state.open.drain(..closed_count).enumerate() {
-                closing.push(key.as_slice(), window, value(kind, &window, sketches));
+                closing.push(key, window, value(kind, &window, sketches));
                 let replaced = if index + 1 == closed_count { state.last_closed.replace(window) } else { Some(window) };
                 release(sketches, replaced.map(|window| window.sketch));
             }
             if let Some(first) = state.open.first() {
                 min_open_end_ms = min_open_end_ms.min(first.start_ms + size_ms);
-                return true;
-            }
-            let idle = is_idle(state, size_ms, watermark_ms);
-            if idle {
+            } else if is_idle(state, size_ms, watermark_ms) {
                 release(sketches, state.last_closed.map(|window| window.sketch));
+                *state = KeyState::default();
                 expired += 1;
             }
-            !idle
         });
         self.min_open_end_ms = min_open_end_ms;
         self.counters.keys_expired += expired;
+        self.key_count -= expired as u32;
+        self.emit(partition, closing, size_ms, out);
+    }
+
+    /// Emits the windows a sweep closed, in (end, key) order.
+    fn emit<F: FnMut(&ClosedWindow<'_>)>(&mut self, partition: u32, closing: &mut Closing, size_ms: u64, out: &mut F) {
+        let kind = self.declaration.kind;
         let keys = &closing.keys;
         closing.entries.sort_unstable_by(|left, right| {
             (left.window.start_ms.cmp(&right.window.start_ms))
@@ -490,8 +484,7 @@ impl AggregateState {
     }
 
     /// One key's windows, for `GET /aggregates/NAME?key=K`.
-    pub(crate) fn view(&self, key: &[u8], partition: u32) -> Option<KeyView> {
-        let state = self.table.keys.get(key)?;
+    pub(crate) fn view(&self, state: &KeyState, partition: u32) -> Option<KeyView> {
         let open: Vec<WindowView> = state.open.iter().map(|window| self.window_view(window)).collect();
         let last_closed = self.visible_last_closed(state).map(|window| self.window_view(window));
         if open.is_empty() && last_closed.is_none() {
@@ -512,7 +505,7 @@ impl AggregateState {
         WindowView {
             window_start_ms: bounds.map(|(start_ms, _)| start_ms),
             window_end_ms: bounds.map(|(_, end_ms)| end_ms),
-            value: value(self.declaration.kind, window, &self.table.sketches),
+            value: value(self.declaration.kind, window, &self.sketches),
             count: window.count,
             first_offset: window.first_offset,
             last_offset: window.last_offset,
@@ -521,16 +514,15 @@ impl AggregateState {
 
     /// The `n` largest keys: running aggregates by their value, windowed
     /// ones by their last closed window.
-    pub(crate) fn top(&self, n: usize) -> Vec<TopEntry> {
-        let mut ranked: Vec<(f64, &[u8], &WindowState)> = Vec::with_capacity(self.table.keys.len());
-        for (key, state) in &self.table.keys {
-            let key = key.as_slice();
+    pub(crate) fn top(&self, (table, column): (&KeyTable, usize), n: usize) -> Vec<TopEntry> {
+        let mut ranked: Vec<(f64, &[u8], &WindowState)> = Vec::with_capacity(self.key_count as usize);
+        for (key, state) in table.iter_column(column) {
             let window = match self.window {
                 None => state.open.first(),
                 Some(_) => self.visible_last_closed(state),
             };
             if let Some(window) = window {
-                ranked.push((value(self.declaration.kind, window, &self.table.sketches), key, window));
+                ranked.push((value(self.declaration.kind, window, &self.sketches), key, window));
             }
         }
         let order = |left: &(f64, &[u8], &WindowState), right: &(f64, &[u8], &WindowState)| {
@@ -558,24 +550,30 @@ impl AggregateState {
         entries
     }
 
-    pub(crate) fn open_windows(&self) -> u64 {
-        self.table.keys.values().map(|state| state.open.len() as u64).sum()
+    pub(crate) fn open_windows(&self, (table, column): (&KeyTable, usize)) -> u64 {
+        table.iter_column(column).map(|(_, state)| state.open.len() as u64).sum()
     }
 
-    /// Estimated heap bytes: table, key bytes, windows, sketches.
-    pub(crate) fn memory_bytes(&self) -> u64 {
-        let table = self.table.keys.capacity() * (std::mem::size_of::<KeySlot>() + 1);
-        let per_key: usize = self
-            .table
-            .keys
-            .iter()
-            .map(|(key, state)| {
-                let key_bytes = if key.as_slice().len() > KEY_INLINE_BYTES { key.as_slice().len() } else { 0 };
-                key_bytes + state.open.capacity() * std::mem::size_of::<WindowState>() + 32
-            })
-            .sum();
-        (table + per_key + self.table.sketches.capacity_bytes()) as u64
+    /// Estimated heap bytes: an even share of the partition's key table,
+    /// this aggregate's spilled windows, its sketches.
+    pub(crate) fn memory_bytes(&self, (table, column): (&KeyTable, usize)) -> u64 {
+        let share = table.shared_bytes() / table.columns().max(1);
+        let spilled: usize = table.iter_column(column).map(|(_, state)| spilled_bytes(state)).sum();
+        (share + spilled + self.sketches.capacity_bytes()) as u64
     }
+}
+
+/// The windows an event at `time_ms` belongs to, given the watermark.
+fn windows_of(time_ms: u64, watermark_ms: u64, size_ms: u64, step_ms: u64) -> Placed {
+    let last_start_ms = time_ms - time_ms % step_ms;
+    let oldest_start_ms = (last_start_ms + step_ms).saturating_sub(size_ms);
+    // The first start whose window ends after the watermark.
+    let first_open_ms = match watermark_ms.checked_sub(size_ms) {
+        None => 0,
+        Some(before) => before - before % step_ms + step_ms,
+    };
+    let first_start_ms = oldest_start_ms.max(first_open_ms);
+    Placed { time_ms, watermark_ms, oldest_start_ms, first_start_ms, last_start_ms }
 }
 
 /// An event as the processor hands it to each aggregate.
@@ -617,6 +615,7 @@ fn add(
     state: &mut KeyState,
     sketches: &mut SketchPool,
     kind: AggregateKind,
+    windows_per_key: usize,
     start_ms: u64,
     offset: u64,
     input: Input,
@@ -625,7 +624,7 @@ fn add(
     let position = state.open.iter().rposition(|window| window.start_ms <= start_ms);
     let index = match position {
         Some(index) if state.open[index].start_ms == start_ms => index,
-        _ if state.open.len() == state.open.capacity() => return false,
+        _ if state.open.len() >= windows_per_key => return false,
         other => {
             let index = other.map_or(0, |index| index + 1);
             state.open.insert(index, WindowState::open(start_ms, kind, sketches));

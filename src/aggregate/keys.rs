@@ -1,0 +1,314 @@
+//! One key table per partition, shared by every aggregate of the partition.
+//!
+//! An event goes to every aggregate of its stream with the same key, so the
+//! partition looks the key up once: [`KeyTable::row_for`] hashes and probes
+//! the index (a hashbrown map from the key's bytes to a row number, short
+//! keys stored in the slot itself) and gives the key's *row*: one
+//! [`KeyState`] per aggregate (a *column*), side by side in one vector. So
+//! an event costs one probe and one row (a few adjacent cache lines)
+//! however many aggregates the partition runs; with a table per aggregate
+//! it cost a probe, a key and a window vector per aggregate, each a cache
+//! miss once the keys outgrow the cache (README, "Keyed aggregates").
+//!
+//! A key is in the table while any aggregate holds state for it. An
+//! aggregate's state for a key is *empty* ([`KeyState::is_empty`]: no open
+//! window, no last closed one) when the aggregate does not track the key;
+//! each aggregate counts its own non-empty states, so its key limit, its
+//! idle-key expiry and its checkpoint are exactly what they were with a
+//! table of its own. A row whose states are all empty leaves the index and
+//! goes to a free list for the next new key.
+
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use crate::aggregate::state::WindowState;
+
+/// Keys up to this many bytes are stored in the index's slot itself.
+pub(crate) const KEY_INLINE_BYTES: usize = 22;
+
+/// A key's bytes in the table: inline when short (the lookup then costs no
+/// second cache miss for the key's own allocation), else boxed. Hashes and
+/// compares as the byte slice, so the table is looked up by `&[u8]`.
+#[derive(Clone)]
+pub(crate) enum KeyBytes {
+    Inline { size: u8, bytes: [u8; KEY_INLINE_BYTES] },
+    Boxed(Box<[u8]>),
+}
+
+impl KeyBytes {
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { size, bytes } => &bytes[..usize::from(*size)],
+            KeyBytes::Boxed(bytes) => bytes,
+        }
+    }
+}
+
+impl From<&[u8]> for KeyBytes {
+    #[inline]
+    fn from(key: &[u8]) -> KeyBytes {
+        if key.len() <= KEY_INLINE_BYTES {
+            let mut bytes = [0; KEY_INLINE_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline { size: key.len() as u8, bytes }
+        } else {
+            KeyBytes::Boxed(key.into())
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for KeyBytes {
+    #[inline]
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::hash::Hash for KeyBytes {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for KeyBytes {
+    #[inline]
+    fn eq(&self, other: &KeyBytes) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for KeyBytes {}
+
+impl std::fmt::Debug for KeyBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
+    }
+}
+
+/// Open windows of one key in one aggregate, oldest first. The first is
+/// stored in the row itself (a running aggregate and a tumbling window
+/// without lateness never have more), so updating it touches no other
+/// memory; a key of an aggregate that may hold more reserves them all on
+/// its first event, so the vector never grows after.
+pub(crate) type OpenWindows = SmallVec<[WindowState; 1]>;
+
+/// One key in one aggregate: its open windows and the last one closed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct KeyState {
+    pub(crate) open: OpenWindows,
+    pub(crate) last_closed: Option<WindowState>,
+}
+
+impl KeyState {
+    /// The aggregate does not track this key.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.last_closed.is_none()
+    }
+}
+
+/// One slot of the index (for the memory formula).
+pub(crate) type IndexSlot = (KeyBytes, u32);
+
+/// The keys of every aggregate of one partition; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    index: HashMap<KeyBytes, u32, ahash::RandomState>,
+    /// Row `r` is `rows[r * columns .. (r + 1) * columns]`.
+    rows: Vec<KeyState>,
+    columns: usize,
+    /// Rows no key uses (all their states empty), reused first.
+    free: Vec<u32>,
+}
+
+impl KeyTable {
+    /// Keys in the table (tracked by at least one aggregate).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub(crate) fn columns(&self) -> usize {
+        self.columns
+    }
+
+    /// The key's row, if any aggregate tracks it.
+    #[inline]
+    pub(crate) fn row(&self, key: &[u8]) -> Option<u32> {
+        self.index.get(key).copied()
+    }
+
+    /// The key's row, added (every state empty) if the key is new, and
+    /// whether it was. One hash and probe; allocates only for a new key
+    /// longer than [`KEY_INLINE_BYTES`] or when the rows outgrow their vector.
+    #[inline]
+    pub(crate) fn row_for(&mut self, key: &[u8]) -> (u32, bool) {
+        let KeyTable { index, rows, columns, free } = self;
+        let mut added = false;
+        let row = *index.entry_ref(key).or_insert_with(|| {
+            added = true;
+            free.pop().unwrap_or_else(|| {
+                let row = (rows.len() / *columns) as u32;
+                rows.resize_with(rows.len() + *columns, KeyState::default);
+                row
+            })
+        });
+        (row, added)
+    }
+
+    #[inline]
+    pub(crate) fn state(&self, row: u32, column: usize) -> &KeyState {
+        &self.rows[row as usize * self.columns + column]
+    }
+
+    #[inline]
+    pub(crate) fn state_mut(&mut self, row: u32, column: usize) -> &mut KeyState {
+        &mut self.rows[row as usize * self.columns + column]
+    }
+
+    /// Drops the key if no aggregate tracks it any more (after an event
+    /// every aggregate refused or skipped).
+    pub(crate) fn remove_if_empty(&mut self, key: &[u8], row: u32) {
+        if self.row_is_empty(row) && self.index.remove(key).is_some() {
+            self.free.push(row);
+        }
+    }
+
+    fn row_is_empty(&self, row: u32) -> bool {
+        let start = row as usize * self.columns;
+        self.rows[start..start + self.columns].iter().all(KeyState::is_empty)
+    }
+
+    /// Calls `visit` with every key and its state in `column` (empty states
+    /// included: `visit` may fill or clear them), then drops the keys no
+    /// aggregate tracks any more, except the one in row `keep` (the key of
+    /// the event being applied, which the caller still holds).
+    pub(crate) fn visit_column(
+        &mut self,
+        column: usize,
+        keep: Option<u32>,
+        mut visit: impl FnMut(&[u8], &mut KeyState),
+    ) {
+        let KeyTable { index, rows, columns, free } = self;
+        let columns = *columns;
+        index.retain(|key, row| {
+            let start = *row as usize * columns;
+            let states = &mut rows[start..start + columns];
+            visit(key.as_slice(), &mut states[column]);
+            let drop = Some(*row) != keep && states.iter().all(KeyState::is_empty);
+            if drop {
+                free.push(*row);
+            }
+            !drop
+        });
+    }
+
+    /// Every key that `column` tracks, with its state, in table order.
+    pub(crate) fn iter_column(&self, column: usize) -> impl Iterator<Item = (&[u8], &KeyState)> {
+        self.index
+            .iter()
+            .map(move |(key, &row)| (key.as_slice(), self.state(row, column)))
+            .filter(|(_, state)| !state.is_empty())
+    }
+
+    /// Adds a column (a new aggregate) at the end, empty for every key.
+    pub(crate) fn add_column(&mut self) {
+        self.restride(|states| states.push(KeyState::default()));
+    }
+
+    /// Removes `column` (a dropped aggregate) and the keys only it tracked.
+    pub(crate) fn remove_column(&mut self, column: usize) {
+        self.restride(|states| {
+            states.remove(column);
+        });
+        if self.columns == 0 {
+            *self = KeyTable::default();
+            return;
+        }
+        self.visit_column(0, None, |_, _| {});
+    }
+
+    /// Rebuilds the rows with `change` applied to each row's states.
+    fn restride(&mut self, mut change: impl FnMut(&mut Vec<KeyState>)) {
+        let row_count = self.rows.len().checked_div(self.columns).unwrap_or(0);
+        let old = std::mem::take(&mut self.rows);
+        let mut states = Vec::with_capacity(self.columns + 1);
+        let mut old = old.into_iter();
+        let mut columns = self.columns;
+        for _ in 0..row_count {
+            states.clear();
+            states.extend(old.by_ref().take(self.columns));
+            change(&mut states);
+            columns = states.len();
+            self.rows.append(&mut states);
+        }
+        if row_count == 0 {
+            let mut probe = vec![KeyState::default(); self.columns];
+            change(&mut probe);
+            columns = probe.len();
+        }
+        self.columns = columns;
+    }
+
+    /// Estimated heap bytes shared by the columns: index, rows, boxed keys
+    /// (each column's spilled windows are its own: [`spilled_bytes`]).
+    pub(crate) fn shared_bytes(&self) -> usize {
+        let index = self.index.capacity() * (std::mem::size_of::<IndexSlot>() + 1);
+        let rows = self.rows.capacity() * std::mem::size_of::<KeyState>() + self.free.capacity() * 4;
+        let boxed_keys: usize = self.index.keys().map(|key| boxed_key_bytes(key.as_slice())).sum();
+        index + rows + boxed_keys
+    }
+}
+
+/// Heap bytes a key's own allocation takes (none when stored inline).
+pub(crate) fn boxed_key_bytes(key: &[u8]) -> usize {
+    if key.len() > KEY_INLINE_BYTES { key.len() } else { 0 }
+}
+
+/// Heap bytes of a state's windows beyond the one stored inline.
+pub(crate) fn spilled_bytes(state: &KeyState) -> usize {
+    if state.open.spilled() { state.open.capacity() * std::mem::size_of::<WindowState>() } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(start_ms: u64) -> WindowState {
+        WindowState { start_ms, count: 1, first_offset: 0, last_offset: 0, acc: 0.0, sketch: u32::MAX }
+    }
+
+    /// Keys share one row across columns, leave when every column drops them, and their rows
+    /// are reused; adding and removing columns keeps every other column's states.
+    #[test]
+    fn rows_are_shared_dropped_when_empty_and_reused() {
+        let mut table = KeyTable::default();
+        table.add_column();
+        table.add_column();
+        let (alice, added) = table.row_for(b"alice");
+        assert!(added);
+        assert_eq!(table.row_for(b"alice"), (alice, false));
+        table.state_mut(alice, 0).open.push(window(0));
+        table.state_mut(alice, 1).open.push(window(1000));
+        let (bob, _) = table.row_for(b"bob");
+        table.state_mut(bob, 1).open.push(window(2000));
+        assert_eq!(table.iter_column(0).count(), 1, "only alice in column 0");
+        table.visit_column(1, None, |_, state| state.open.clear());
+        assert_eq!(table.len(), 1, "bob was only in column 1: gone; alice stays for column 0");
+        assert_eq!(table.row(b"bob"), None);
+        let (carol, added) = table.row_for(b"carol");
+        assert!(added && carol == bob, "the free row is reused");
+        table.remove_if_empty(b"carol", carol);
+        assert_eq!(table.row(b"carol"), None);
+        table.add_column();
+        assert_eq!(table.columns(), 3);
+        assert_eq!(table.state(alice, 0).open[0].start_ms, 0, "restride keeps states");
+        table.remove_column(0);
+        assert_eq!((table.columns(), table.len()), (2, 0), "alice was only in the removed column");
+        table.remove_column(0);
+        table.remove_column(0);
+        assert_eq!(table.columns(), 0);
+    }
+}
