@@ -63,6 +63,7 @@ pub mod kafka;
 mod net;
 pub mod partition;
 pub mod protocol;
+pub mod replication;
 pub mod routing;
 pub mod runtime;
 mod serve;

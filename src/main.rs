@@ -28,11 +28,34 @@ enum Command {
     /// Declare, list, delete and query keyed aggregates (through the admin port).
     Aggregate(spate::cli::aggregate::AggregateArgs),
     /// Run the deterministic balancer simulator (same stealing rule as the
-    /// server, simulated clock, seeded randomness; the seed is printed).
-    Simulate(spate::balance::sim::SimArgs),
+    /// server, simulated clock, seeded randomness; the seed is printed), or
+    /// with --nodes the cluster replication simulator.
+    Simulate(SimulateArgs),
     /// Load generator: drive a server (or start one) and report events/s,
     /// latency percentiles and per-shard balance.
     Bench(spate::bench::BenchArgs),
+}
+
+/// The balancer simulator's flags, and the cluster simulator's with `--nodes`.
+#[derive(clap::Args)]
+struct SimulateArgs {
+    #[command(flatten)]
+    balance: spate::balance::sim::SimArgs,
+    #[command(flatten)]
+    cluster: spate::replication::sim::ClusterSimArgs,
+}
+
+fn simulate(args: &SimulateArgs) -> Result<(), String> {
+    match args.cluster.nodes {
+        Some(nodes) => {
+            spate::replication::sim::try_run(nodes, &args.cluster, args.balance.seed, args.balance.partitions)
+                .map(|report| println!("{report}"))
+                .map_err(|error| error.to_string())
+        }
+        None => spate::balance::sim::try_run(&args.balance)
+            .map(|report| println!("{report}"))
+            .map_err(|error| error.to_string()),
+    }
 }
 
 fn main() {
@@ -44,9 +67,7 @@ fn main() {
         Command::Stream(args) => spate::cli::stream::run_stream(&args),
         Command::Aggregate(args) => spate::cli::aggregate::run_aggregate(&args),
         Command::Bench(args) => spate::bench::run(&args).map(drop).map_err(|error| error.to_string()),
-        Command::Simulate(args) => {
-            spate::balance::sim::try_run(&args).map(|report| println!("{report}")).map_err(|error| error.to_string())
-        }
+        Command::Simulate(args) => simulate(&args),
     };
     if let Err(error) = result {
         eprintln!("spate: {error}");

@@ -38,7 +38,7 @@ pub(crate) mod driver;
 pub mod identity;
 pub mod load;
 pub mod membership;
-mod rng;
+pub(crate) mod rng;
 pub mod sim;
 
 pub(crate) use driver::{ClusterHandle, ClusterRequest, ClusterSetup, ClusterView};

@@ -1,0 +1,873 @@
+//! A node's many Raft groups: one raft-rs [`RawNode`] per (stream,
+//! partition) the node replicates, one [`LogStore`] under all of them, and
+//! one outgoing [`PeerBatch`] per peer node per round.
+//!
+//! The host is sans-IO: the driver (the simulator now, the cluster thread
+//! or a shard later) calls [`ReplicaHost::tick`] every [`RAFT_TICK_MS`],
+//! [`ReplicaHost::receive`] with each batch from a peer, and
+//! [`ReplicaHost::process`] after either, then ships
+//! [`ReplicaHost::take_batches`] and hands [`ReplicaHost::take_acks`] to
+//! whoever proposed.
+//!
+//! # A round
+//!
+//! [`process`](ReplicaHost::process) takes every group's `Ready`, queues the
+//! messages a leader may send before its own write, applies the committed
+//! entries, and writes every group's new entries and hard state to the
+//! store; then it syncs the store *once* for all groups, and only then
+//! queues the messages raft-rs holds until the write is durable (votes,
+//! append acknowledgements) and advances every group. So one fsync covers
+//! every group of the node, and nothing is promised before it is durable.
+//!
+//! # Quiet groups (TiKV's hibernated regions)
+//!
+//! A group with nothing to do costs nothing: it is not ticked and sends no
+//! heartbeats. The exact rule:
+//!
+//! - A **leader** goes quiet after [`HostConfig::quiesce_ticks`] ticks in a
+//!   row in which it was settled: every entry committed and applied, every
+//!   peer (voter or learner) matching its last index, no configuration
+//!   change or leadership transfer pending, and placement asking for no
+//!   change. Those ticks are more than two heartbeat intervals, so the
+//!   followers have heard the final commit index. Going quiet, it sends
+//!   each peer a quiet notice (in the peer batch) carrying its term.
+//! - A **follower** goes quiet on a quiet notice from its current leader in
+//!   its current term while the membership shows that leader alive.
+//! - Any group wakes (is ticked again) on: any Raft message for it other
+//!   than its quiet leader's heartbeats and their late responses (stepped,
+//!   but they need no ticks) or a message from a peer outside the group's
+//!   configuration (a removed replica campaigning), a proposal, a change in the live members (a quiet follower whose leader
+//!   is no longer alive campaigns as usual after an election timeout), and
+//!   after [`HostConfig::quiet_recheck_ticks`] quiet ticks (a slow
+//!   safety net for a link cut that membership does not see).
+//!
+//! Why it is safe: Raft's safety (one leader per term, log matching, leader
+//! completeness) never depends on timers or on heartbeats arriving, only
+//! on messages and durable state; quiescing only withholds ticks, which is
+//! indistinguishable from a slow clock or lost heartbeats. What it can cost
+//! is liveness, and the wake rules restore it: a quiet leader that died is
+//! replaced once membership says so (SWIM detection instead of the election
+//! timeout), a lost quiet notice leaves a follower awake (its pre-vote is
+//! rejected by a leader in lease, which then heartbeats and goes quiet
+//! again). Pre-vote and check-quorum are on, so a woken or partitioned
+//! replica cannot disrupt a healthy leader.
+//!
+//! # Randomness
+//!
+//! raft-rs draws election timeouts from a thread-local generator; the host
+//! overrides each draw from its own seeded one whenever a group's term,
+//! role or leader changes (where raft-rs draws), so a simulation replays
+//! from its seed.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, Entry, EntryType, Message,
+    MessageType,
+};
+use raft::{RawNode, StateRole};
+
+use crate::cluster::rng::SeededRng;
+use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
+use crate::replication::placement::{Candidate, desired_replicas};
+use crate::replication::reconfig::{self, LeaderView, Step};
+use crate::replication::store::{GroupLog, GroupStorage, LogStore};
+use crate::replication::wire::{BATCH_MESSAGES_MAX, PeerBatch};
+use crate::replication::{GroupId, ReplicaId};
+
+/// How often the driver calls [`ReplicaHost::tick`]: raft-rs counts time
+/// in ticks, and every `*_ticks` setting is in these.
+pub const RAFT_TICK_MS: u64 = 100;
+/// Most groups one node hosts; a message for a new group past it is dropped.
+pub const GROUPS_MAX: usize = 1 << 16;
+
+/// How the host's groups behave; every duration is in ticks of [`RAFT_TICK_MS`].
+#[derive(Clone, Copy, Debug)]
+pub struct HostConfig {
+    /// A follower that hears no leader for between this and twice this
+    /// campaigns (1 to 2 s).
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    pub quiesce_ticks: u32,
+    pub quiet_recheck_ticks: u32,
+    /// A group this node is not a member of, silent this long, is dropped.
+    pub garbage_ticks: u32,
+    pub replication_factor: usize,
+    /// Reconfiguration steps the node's leaders may propose per window,
+    /// so a join does not flood the disks.
+    pub reconfig_steps_per_window_max: u32,
+    pub reconfig_window_ticks: u32,
+    /// Bytes of entries in one append message.
+    pub message_bytes_max: u64,
+    pub inflight_messages_max: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> HostConfig {
+        HostConfig {
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            quiesce_ticks: 5,
+            quiet_recheck_ticks: 300,
+            garbage_ticks: 600,
+            replication_factor: 3,
+            reconfig_steps_per_window_max: 4,
+            reconfig_window_ticks: 10,
+            message_bytes_max: 1 << 20,
+            inflight_messages_max: 256,
+        }
+    }
+}
+
+/// A proposal of this node applied (so committed): the proposer may answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    pub group: GroupId,
+    pub header: ProposalHeader,
+    pub index: u64,
+}
+
+/// Why a proposal was not taken.
+#[derive(Debug)]
+pub enum ProposeError {
+    UnknownGroup { group: GroupId },
+    NotLeader { group: GroupId, leader: Option<ReplicaId> },
+    Raft(raft::Error),
+}
+
+impl std::fmt::Display for ProposeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "proposal refused: {self:?}")
+    }
+}
+
+impl std::error::Error for ProposeError {}
+
+/// What the host did, for metrics and the simulator's report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostCounters {
+    pub messages_sent: u64,
+    pub batches_sent: u64,
+    pub syncs: u64,
+    pub proposals: u64,
+    pub applied_entries: u64,
+    pub reconfig_steps: u64,
+    pub transfers: u64,
+    pub quiet_notices: u64,
+    pub messages_refused: u64,
+    pub groups_created: u64,
+    /// Changes of the live member set (each wakes every group).
+    pub member_changes: u64,
+    pub groups_dropped: u64,
+    /// Configuration changes raft-rs refused to apply: must stay 0.
+    pub conf_change_errors: u64,
+    pub frame_errors: u64,
+}
+
+/// One group's state on this node: its Raft state machine, whose log and
+/// hard state live in the node's store, and the host's bookkeeping.
+struct Group<S: LogStore> {
+    raw: RawNode<GroupStorage<S>>,
+    quiet: bool,
+    /// Ticks the leader was settled in a row, or ticks spent quiet.
+    quiet_ticks: u32,
+    /// Ticks since a message for this group arrived.
+    silent_ticks: u32,
+    /// Where raft-rs last drew an election timeout (term, role, leader).
+    drawn_at: (u64, StateRole, u64),
+}
+
+/// A group's state as others see it (`GET /cluster`, the simulator).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    pub role: StateRole,
+    pub term: u64,
+    pub leader: ReplicaId,
+    pub commit: u64,
+    pub last_index: u64,
+    pub voters: Vec<ReplicaId>,
+    pub learners: Vec<ReplicaId>,
+    pub quiet: bool,
+}
+
+/// Every Raft group of one node.
+pub struct ReplicaHost<S: LogStore> {
+    id: ReplicaId,
+    config: HostConfig,
+    store: Rc<RefCell<S>>,
+    groups: BTreeMap<GroupId, Group<S>>,
+    /// Groups dropped here, with the applied index then: a message from
+    /// before is stale, one with a higher commit re-creates the group.
+    tombstones: BTreeMap<GroupId, u64>,
+    members: Vec<Candidate>,
+    rng: SeededRng,
+    outbox: BTreeMap<ReplicaId, PeerBatch>,
+    acks: Vec<Ack>,
+    /// Leaders that applied their own removal this round.
+    step_downs: Vec<GroupId>,
+    reconfig_budget: u32,
+    ticks: u64,
+    logger: slog::Logger,
+    pub counters: HostCounters,
+}
+
+impl<S: LogStore> ReplicaHost<S> {
+    /// The host of node `id` over `store`, with every group the store
+    /// holds (a restarting node picks up where its durable state is).
+    pub fn new(id: ReplicaId, config: HostConfig, store: Rc<RefCell<S>>, seed: u64) -> ReplicaHost<S> {
+        let mut host = ReplicaHost {
+            id,
+            config,
+            store,
+            groups: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
+            members: Vec::new(),
+            rng: SeededRng::new(seed),
+            outbox: BTreeMap::new(),
+            acks: Vec::new(),
+            step_downs: Vec::new(),
+            reconfig_budget: config.reconfig_steps_per_window_max,
+            ticks: 0,
+            logger: slog::Logger::root(slog::Discard, slog::o!()),
+            counters: HostCounters::default(),
+        };
+        let stored = host.store.borrow().groups();
+        for group in stored {
+            host.open_group(group);
+        }
+        host
+    }
+
+    pub fn id(&self) -> ReplicaId {
+        self.id
+    }
+
+    /// Creates `group` with `voters` as its first configuration, the same
+    /// way on every one of them: entries 1..=n add one voter each (as
+    /// etcd's bootstrap does), already committed and applied, so a replica
+    /// added later replays the configuration from its log. Nothing happens
+    /// if the store already has the group.
+    pub fn bootstrap(&mut self, group: GroupId, voters: &[ReplicaId]) {
+        if self.store.borrow().log(group).is_some() || voters.is_empty() {
+            return;
+        }
+        let mut log = GroupLog::default();
+        for (position, voter) in voters.iter().enumerate() {
+            let change = conf_change(&[(ConfChangeType::AddNode, *voter)]);
+            let data = change.write_to_bytes().unwrap_or_default();
+            let index = position as u64 + 1;
+            log.entries.push(Entry {
+                entry_type: EntryType::EntryConfChangeV2,
+                term: 1,
+                index,
+                data: data.into(),
+                ..Entry::default()
+            });
+        }
+        log.hard_state.term = 1;
+        log.hard_state.commit = voters.len() as u64;
+        log.conf_state.voters = voters.to_vec();
+        log.applied = voters.len() as u64;
+        self.store.borrow_mut().create(group, log);
+        self.open_group(group);
+    }
+
+    fn open_group(&mut self, group: GroupId) -> bool {
+        if self.groups.len() >= GROUPS_MAX {
+            return false;
+        }
+        let applied = self.store.borrow().log(group).map_or(0, |log| log.applied);
+        let config = raft::Config {
+            id: self.id,
+            election_tick: self.config.election_ticks,
+            heartbeat_tick: self.config.heartbeat_ticks,
+            min_election_tick: self.config.election_ticks,
+            max_election_tick: 2 * self.config.election_ticks,
+            applied,
+            max_size_per_msg: self.config.message_bytes_max,
+            max_inflight_msgs: self.config.inflight_messages_max,
+            check_quorum: true,
+            pre_vote: true,
+            ..raft::Config::default()
+        };
+        let storage = GroupStorage { store: self.store.clone(), group };
+        let Ok(raw) = RawNode::new(&config, storage, &self.logger) else { return false };
+        let drawn_at = (u64::MAX, StateRole::Follower, 0);
+        let mut state = Group { raw, quiet: false, quiet_ticks: 0, silent_ticks: 0, drawn_at };
+        redraw_election_timeout(&mut state, &mut self.rng, self.config.election_ticks);
+        self.groups.insert(group, state);
+        self.counters.groups_created += 1;
+        true
+    }
+
+    /// The live members placement chooses from (this node included when it
+    /// is live). A change wakes every group: its leader may have to move
+    /// replicas, its followers may have lost their leader.
+    pub fn set_members(&mut self, mut members: Vec<Candidate>) {
+        members.sort_by_key(|member| member.replica);
+        let changed = members.len() != self.members.len()
+            || members
+                .iter()
+                .zip(&self.members)
+                .any(|(new, old)| new.replica != old.replica || new.weight != old.weight);
+        if changed {
+            self.counters.member_changes += 1;
+            self.members = members;
+            for group in self.groups.values_mut() {
+                wake(group);
+            }
+        }
+    }
+
+    fn is_live(&self, replica: ReplicaId) -> bool {
+        self.members.iter().any(|member| member.replica == replica)
+    }
+
+    /// One tick of every awake group, then quiescence, garbage and
+    /// reconfiguration; call [`process`](Self::process) after.
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(u64::from(self.config.reconfig_window_ticks.max(1))) {
+            self.reconfig_budget = self.config.reconfig_steps_per_window_max;
+        }
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            self.tick_group(id);
+        }
+        self.reconfigure();
+    }
+
+    fn tick_group(&mut self, id: GroupId) {
+        let Some(group) = self.groups.get_mut(&id) else { return };
+        group.silent_ticks = group.silent_ticks.saturating_add(1);
+        if group.quiet {
+            group.quiet_ticks += 1;
+            if group.quiet_ticks >= self.config.quiet_recheck_ticks {
+                wake(group);
+            }
+        } else {
+            group.raw.tick();
+            redraw_election_timeout(group, &mut self.rng, self.config.election_ticks);
+            self.maybe_quiesce(id);
+        }
+        self.maybe_drop(id);
+    }
+
+    /// The leader's side of the quiet rule (module doc).
+    fn maybe_quiesce(&mut self, id: GroupId) {
+        let desired_settled = self.placement_settled(id);
+        let Some(group) = self.groups.get_mut(&id) else { return };
+        if group.raw.raft.state != StateRole::Leader || !desired_settled || !leader_settled(&group.raw) {
+            group.quiet_ticks = 0;
+            return;
+        }
+        group.quiet_ticks += 1;
+        if group.quiet_ticks < self.config.quiesce_ticks {
+            return;
+        }
+        group.quiet = true;
+        group.quiet_ticks = 0;
+        let term = group.raw.raft.term;
+        let peers: Vec<ReplicaId> =
+            group.raw.raft.prs().iter().map(|(peer, _)| *peer).filter(|peer| *peer != self.id).collect();
+        for peer in peers {
+            self.batch_for(peer).quiet.push((id, term));
+            self.counters.quiet_notices += 1;
+        }
+    }
+
+    /// Drops a group this node is not a member of once it has been silent
+    /// for [`HostConfig::garbage_ticks`]: a replica removed while it was
+    /// away, or one created by a stale message.
+    fn maybe_drop(&mut self, id: GroupId) {
+        let Some(group) = self.groups.get(&id) else { return };
+        if group.silent_ticks < self.config.garbage_ticks
+            || group.raw.raft.prs().conf().to_conf_state().voters.contains(&self.id)
+        {
+            return;
+        }
+        let conf = group.raw.raft.prs().conf().to_conf_state();
+        if conf.learners.contains(&self.id) || conf.voters_outgoing.contains(&self.id) {
+            return;
+        }
+        let applied = group.raw.raft.raft_log.applied;
+        self.groups.remove(&id);
+        self.tombstones.insert(id, applied);
+        self.store.borrow_mut().remove(id);
+        self.counters.groups_dropped += 1;
+    }
+
+    /// Steps every message of a peer's batch into its group, creating the
+    /// group for a leader's first message to a new replica.
+    pub fn receive(&mut self, batch: PeerBatch) {
+        if batch.to != self.id {
+            self.counters.messages_refused += batch.messages.len() as u64;
+            return;
+        }
+        for (id, message) in batch.messages {
+            self.receive_message(id, message);
+        }
+        for (id, term) in batch.quiet {
+            let live = self.is_live(batch.from);
+            let Some(group) = self.groups.get_mut(&id) else { continue };
+            let raft = &group.raw.raft;
+            if live && raft.state == StateRole::Follower && raft.term == term && raft.leader_id == batch.from {
+                group.quiet = true;
+                group.quiet_ticks = 0;
+            }
+        }
+    }
+
+    fn receive_message(&mut self, id: GroupId, message: Message) {
+        if message.to != self.id {
+            self.counters.messages_refused += 1;
+            return;
+        }
+        if !self.groups.contains_key(&id) && !self.may_create(id, &message) {
+            self.counters.messages_refused += 1;
+            return;
+        }
+        let Some(group) = self.groups.get_mut(&id) else { return };
+        if group.quiet && wakes_quiet_group(&group.raw.raft, &message) {
+            wake(group);
+        }
+        group.silent_ticks = 0;
+        if group.raw.step(message).is_err() {
+            self.counters.messages_refused += 1;
+        }
+        redraw_election_timeout(group, &mut self.rng, self.config.election_ticks);
+    }
+
+    /// Whether a message for a group this node lacks may create it: only a
+    /// leader's append or heartbeat, and past the group's tombstone.
+    fn may_create(&mut self, id: GroupId, message: &Message) -> bool {
+        let from_leader = matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgHeartbeat);
+        let past_tombstone = self.tombstones.get(&id).is_none_or(|applied| message.commit > *applied);
+        if !from_leader || !past_tombstone || message.term == 0 {
+            return false;
+        }
+        self.tombstones.remove(&id);
+        self.store.borrow_mut().create(id, GroupLog::default());
+        self.open_group(id)
+    }
+
+    /// Proposes `records` (a spate frame) to `group`, as `header` says; the
+    /// [`Ack`] comes once it is committed and applied here.
+    pub fn propose(&mut self, group: GroupId, header: ProposalHeader, records: &[u8]) -> Result<(), ProposeError> {
+        let Some(state) = self.groups.get_mut(&group) else { return Err(ProposeError::UnknownGroup { group }) };
+        if state.raw.raft.state != StateRole::Leader {
+            let leader = Some(state.raw.raft.leader_id).filter(|leader| *leader != 0);
+            return Err(ProposeError::NotLeader { group, leader });
+        }
+        wake(state);
+        state.raw.propose(Vec::new(), encode_proposal(header, records)).map_err(ProposeError::Raft)?;
+        self.counters.proposals += 1;
+        Ok(())
+    }
+}
+
+impl<S: LogStore> ReplicaHost<S> {
+    /// Handles every group's `Ready` with one sync for all of them (module
+    /// doc, "A round").
+    pub fn process(&mut self) {
+        let mut readies = Vec::new();
+        let mut wrote = false;
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            let Some(group) = self.groups.get_mut(&id) else { continue };
+            if !group.raw.has_ready() {
+                continue;
+            }
+            let mut ready = group.raw.ready();
+            let messages = ready.take_messages();
+            let committed = ready.take_committed_entries();
+            {
+                let mut store = self.store.borrow_mut();
+                if !ready.entries().is_empty() || ready.hs().is_some() {
+                    wrote = true;
+                }
+                store.append(id, ready.entries());
+                if let Some(hard_state) = ready.hs() {
+                    store.set_hard_state(id, hard_state);
+                }
+            }
+            self.queue_messages(id, messages);
+            self.apply_committed(id, committed);
+            readies.push((id, ready));
+        }
+        if wrote {
+            self.store.borrow_mut().sync();
+            self.counters.syncs += 1;
+        }
+        self.advance_all(readies);
+        for id in std::mem::take(&mut self.step_downs) {
+            // A leader that applied its own removal: one elected while its
+            // predecessor's change was in flight. raft-rs leaves it leading
+            // with no progress of its own (and panics on the next append
+            // response); it steps down into the next term, as raft-rs's own
+            // note says it should, once its Ready is advanced (a higher
+            // term is always safe).
+            let Some(group) = self.groups.get_mut(&id) else { continue };
+            let raft = &mut group.raw.raft;
+            if raft.state == StateRole::Leader {
+                let term = raft.term + 1;
+                raft.become_follower(term, raft::INVALID_ID);
+            }
+        }
+    }
+
+    fn advance_all(&mut self, readies: Vec<(GroupId, raft::Ready)>) {
+        for (id, mut ready) in readies {
+            self.queue_messages(id, ready.take_persisted_messages());
+            let Some(group) = self.groups.get_mut(&id) else { continue };
+            let mut light = group.raw.advance(ready);
+            if let Some(commit) = light.commit_index() {
+                self.store.borrow_mut().set_commit(id, commit);
+            }
+            let (messages, committed) = (light.take_messages(), light.take_committed_entries());
+            self.queue_messages(id, messages);
+            self.apply_committed(id, committed);
+            if let Some(group) = self.groups.get_mut(&id) {
+                group.raw.advance_apply();
+                redraw_election_timeout(group, &mut self.rng, self.config.election_ticks);
+            }
+        }
+    }
+
+    /// Applies committed entries: configuration changes go to raft-rs and
+    /// the store (with the index they take effect at), a frame proposed by
+    /// this node becomes an [`Ack`]. The partition's apply (its log, its
+    /// aggregates) hooks in here when the host is wired to a shard.
+    fn apply_committed(&mut self, id: GroupId, entries: Vec<Entry>) {
+        let Some(last) = entries.last().map(|entry| entry.index) else { return };
+        let mut conf_state = None;
+        for entry in entries {
+            self.counters.applied_entries += 1;
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if entry.data.is_empty() => {}
+                EntryType::EntryNormal => match decode_proposal(&entry.data) {
+                    Ok((header, _)) if header.source_node == self.id => {
+                        self.acks.push(Ack { group: id, header, index: entry.index });
+                    }
+                    Ok(_) => {}
+                    Err(_) => self.counters.frame_errors += 1,
+                },
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    conf_state = self.apply_conf_change(id, &entry).or(conf_state);
+                }
+            }
+        }
+        self.store.borrow_mut().set_applied(id, last, conf_state.as_ref());
+    }
+
+    fn apply_conf_change(&mut self, id: GroupId, entry: &Entry) -> Option<raft::eraftpb::ConfState> {
+        let group = self.groups.get_mut(&id)?;
+        let applied = if entry.get_entry_type() == EntryType::EntryConfChangeV2 {
+            let change = ConfChangeV2::parse_from_bytes(&entry.data).ok();
+            change.map(|change| group.raw.apply_conf_change(&change))
+        } else {
+            let change = ConfChange::parse_from_bytes(&entry.data).ok();
+            change.map(|change| group.raw.apply_conf_change(&change))
+        };
+        let raft = &group.raw.raft;
+        if raft.state == StateRole::Leader && !raft.prs().conf().voters().contains(self.id) {
+            self.step_downs.push(id);
+        }
+        match applied {
+            Some(Ok(conf_state)) => Some(conf_state),
+            _ => {
+                self.counters.conf_change_errors += 1;
+                None
+            }
+        }
+    }
+
+    fn batch_for(&mut self, peer: ReplicaId) -> &mut PeerBatch {
+        let from = self.id;
+        self.outbox.entry(peer).or_insert_with(|| PeerBatch { from, to: peer, ..PeerBatch::default() })
+    }
+
+    fn queue_messages(&mut self, id: GroupId, messages: Vec<Message>) {
+        for message in messages {
+            self.batch_for(message.to).messages.push((id, message));
+            self.counters.messages_sent += 1;
+        }
+    }
+
+    /// This round's batches, one per peer (more only past
+    /// [`BATCH_MESSAGES_MAX`] messages).
+    pub fn take_batches(&mut self) -> Vec<PeerBatch> {
+        let mut batches = Vec::with_capacity(self.outbox.len());
+        for (_, mut batch) in std::mem::take(&mut self.outbox) {
+            while batch.messages.len() > BATCH_MESSAGES_MAX {
+                let rest = batch.messages.split_off(BATCH_MESSAGES_MAX);
+                let full =
+                    PeerBatch { messages: std::mem::replace(&mut batch.messages, rest), quiet: Vec::new(), ..batch };
+                batches.push(full);
+            }
+            batches.push(batch);
+        }
+        self.counters.batches_sent += batches.len() as u64;
+        batches
+    }
+
+    /// The proposals of this node applied since the last call.
+    pub fn take_acks(&mut self) -> Vec<Ack> {
+        std::mem::take(&mut self.acks)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.groups.keys().copied()
+    }
+
+    pub fn status(&self, id: GroupId) -> Option<GroupStatus> {
+        let group = self.groups.get(&id)?;
+        let raft = &group.raw.raft;
+        let mut conf = raft.prs().conf().to_conf_state();
+        conf.voters.sort_unstable();
+        conf.learners.sort_unstable();
+        Some(GroupStatus {
+            role: raft.state,
+            term: raft.term,
+            leader: raft.leader_id,
+            commit: raft.raft_log.committed,
+            last_index: raft.raft_log.last_index(),
+            voters: conf.voters,
+            learners: conf.learners,
+            quiet: group.quiet,
+        })
+    }
+
+    /// Groups not ticked now.
+    pub fn quiet_groups(&self) -> usize {
+        self.groups.values().filter(|group| group.quiet).count()
+    }
+}
+
+impl<S: LogStore> ReplicaHost<S> {
+    /// Where placement wants `id`'s replicas; empty before membership is known.
+    fn desired(&self, id: GroupId) -> crate::replication::placement::DesiredReplicas {
+        if self.members.is_empty() {
+            return crate::replication::placement::DesiredReplicas::default();
+        }
+        desired_replicas(id, &self.members, self.config.replication_factor)
+    }
+
+    /// The reconfiguration step `id`'s leader (this node) would take, if any.
+    fn next_reconfig_step(&self, id: GroupId) -> Option<Step> {
+        let group = self.groups.get(&id)?;
+        let raft = &group.raw.raft;
+        if raft.state != StateRole::Leader || raft.lead_transferee.is_some() {
+            return None;
+        }
+        let conf = raft.prs().conf().to_conf_state();
+        let membership = reconfig::Membership {
+            voters: sorted(conf.voters),
+            learners: sorted(conf.learners),
+            voters_outgoing: sorted(conf.voters_outgoing),
+        };
+        let matched: Vec<(ReplicaId, u64)> =
+            raft.prs().iter().map(|(peer, progress)| (*peer, progress.matched)).collect();
+        let desired = self.desired(id);
+        let view = LeaderView {
+            leader: self.id,
+            membership: &membership,
+            matched: &matched,
+            last_index: raft.raft_log.last_index(),
+            change_pending: raft.has_pending_conf(),
+            desired: &desired,
+        };
+        reconfig::next_step(&view)
+    }
+
+    fn placement_settled(&self, id: GroupId) -> bool {
+        self.next_reconfig_step(id).is_none()
+    }
+
+    /// Lets each group this node leads take its next reconfiguration step,
+    /// within the node's budget per window.
+    fn reconfigure(&mut self) {
+        let ids: Vec<GroupId> = self.groups.iter().filter(|(_, group)| !group.quiet).map(|(id, _)| *id).collect();
+        for id in ids {
+            if self.reconfig_budget == 0 {
+                return;
+            }
+            let Some(step) = self.next_reconfig_step(id) else { continue };
+            let Some(group) = self.groups.get_mut(&id) else { continue };
+            let proposed = match step {
+                Step::TransferLeader(replica) => {
+                    group.raw.transfer_leader(replica);
+                    self.counters.transfers += 1;
+                    true
+                }
+                Step::LeaveJoint => group.raw.propose_conf_change(Vec::new(), ConfChangeV2::default()).is_ok(),
+                Step::AddLearner(replica) => {
+                    let change = conf_change(&[(ConfChangeType::AddLearnerNode, replica)]);
+                    group.raw.propose_conf_change(Vec::new(), change).is_ok()
+                }
+                Step::Promote { learner, remove } => {
+                    let mut changes = vec![(ConfChangeType::AddNode, learner)];
+                    changes.extend(remove.map(|voter| (ConfChangeType::RemoveNode, voter)));
+                    group.raw.propose_conf_change(Vec::new(), conf_change(&changes)).is_ok()
+                }
+                Step::RemoveLearner(replica) | Step::RemoveVoter(replica) => {
+                    let change = conf_change(&[(ConfChangeType::RemoveNode, replica)]);
+                    group.raw.propose_conf_change(Vec::new(), change).is_ok()
+                }
+            };
+            if proposed {
+                self.reconfig_budget -= 1;
+                self.counters.reconfig_steps += 1;
+            }
+        }
+    }
+}
+
+fn sorted(mut replicas: Vec<ReplicaId>) -> Vec<ReplicaId> {
+    replicas.sort_unstable();
+    replicas
+}
+
+/// A configuration change of `changes`; two or more enter a joint
+/// configuration that raft-rs leaves by itself once it is applied.
+fn conf_change(changes: &[(ConfChangeType, ReplicaId)]) -> ConfChangeV2 {
+    let mut change = ConfChangeV2::default();
+    let singles: Vec<ConfChangeSingle> = changes
+        .iter()
+        .map(|(kind, replica)| {
+            let mut single = ConfChangeSingle::default();
+            single.set_change_type(*kind);
+            single.node_id = *replica;
+            single
+        })
+        .collect();
+    change.set_changes(singles.into());
+    change.set_transition(ConfChangeTransition::Auto);
+    change
+}
+
+/// Whether `message` wakes a quiet group: anything but the heartbeat
+/// traffic of the quiet leader it is settling with (its own heartbeats, or
+/// late responses to them), which raft-rs handles without needing ticks,
+/// and anything from a peer outside the group's configuration (a replica
+/// removed while it was down, campaigning on its stale configuration: raft-rs
+/// refuses its votes with or without ticks, and waking for it would keep
+/// the group busy for as long as the stale replica lives).
+fn wakes_quiet_group<S: LogStore>(raft: &raft::Raft<GroupStorage<S>>, message: &Message) -> bool {
+    if raft.prs().get(message.from).is_none() {
+        return false;
+    }
+    let heartbeat = match message.get_msg_type() {
+        MessageType::MsgHeartbeat => raft.state == StateRole::Follower && message.from == raft.leader_id,
+        MessageType::MsgHeartbeatResponse => raft.state == StateRole::Leader,
+        _ => false,
+    };
+    !(heartbeat && message.term == raft.term)
+}
+
+fn wake<S: LogStore>(group: &mut Group<S>) {
+    group.quiet = false;
+    group.quiet_ticks = 0;
+}
+
+/// Whether a leader has nothing left to do (module doc, "Quiet groups").
+fn leader_settled<S: LogStore>(raw: &RawNode<GroupStorage<S>>) -> bool {
+    let raft = &raw.raft;
+    let last = raft.raft_log.last_index();
+    raft.raft_log.committed == last
+        && raft.raft_log.applied == last
+        && raft.lead_transferee.is_none()
+        && !raft.has_pending_conf()
+        && raft.prs().iter().all(|(peer, progress)| *peer == raft.id || progress.matched == last)
+}
+
+/// Replaces raft-rs's election timeout draw with one from the host's
+/// seeded generator wherever raft-rs drew (module doc, "Randomness").
+fn redraw_election_timeout<S: LogStore>(group: &mut Group<S>, rng: &mut SeededRng, election_ticks: usize) {
+    let raft = &mut group.raw.raft;
+    let at = (raft.term, raft.state, raft.leader_id);
+    if at != group.drawn_at {
+        group.drawn_at = at;
+        let spread = election_ticks.max(1) as u64;
+        raft.set_randomized_election_timeout(election_ticks + (rng.next() % spread) as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::store::MemoryLogStore;
+
+    const GROUP: GroupId = GroupId { stream_id: 1, partition: 0 };
+
+    fn hosts(count: u64) -> Vec<ReplicaHost<MemoryLogStore>> {
+        let voters: Vec<ReplicaId> = (1..=count).collect();
+        let members: Vec<Candidate> =
+            voters.iter().map(|replica| Candidate { replica: *replica, weight: 1.0 }).collect();
+        voters
+            .iter()
+            .map(|replica| {
+                let store = Rc::new(RefCell::new(MemoryLogStore::new()));
+                let mut host = ReplicaHost::new(*replica, HostConfig::default(), store, *replica);
+                host.bootstrap(GROUP, &voters);
+                host.set_members(members.clone());
+                host
+            })
+            .collect()
+    }
+
+    /// One tick of every host, with every batch delivered at once.
+    fn round(hosts: &mut [ReplicaHost<MemoryLogStore>]) -> usize {
+        let mut batches = Vec::new();
+        for host in hosts.iter_mut() {
+            host.tick();
+            host.process();
+            batches.extend(host.take_batches());
+        }
+        let sent = batches.iter().map(|batch| batch.messages.len()).sum();
+        for batch in batches {
+            if let Some(host) = hosts.iter_mut().find(|host| host.id() == batch.to) {
+                host.receive(batch);
+                host.process();
+            }
+        }
+        sent
+    }
+
+    fn leader(hosts: &[ReplicaHost<MemoryLogStore>]) -> Option<usize> {
+        hosts.iter().position(|host| host.status(GROUP).is_some_and(|status| status.role == StateRole::Leader))
+    }
+
+    /// Three hosts elect a leader, a proposal on it is acknowledged once,
+    /// every replica commits it at the same index with one sync per round,
+    /// and then the group goes quiet: no messages at all.
+    #[test]
+    fn a_group_elects_commits_acknowledges_and_goes_quiet() {
+        let mut hosts = hosts(3);
+        for _ in 0..40 {
+            round(&mut hosts);
+        }
+        let Some(leader) = leader(&hosts) else { panic!("no leader after 4 s") };
+        let header = ProposalHeader { source_node: hosts[leader].id(), source_sequence: 0, record_count: 1 };
+        hosts[leader].propose(GROUP, header, b"record").expect("the leader takes it");
+        for _ in 0..3 {
+            round(&mut hosts);
+        }
+        let acks = hosts[leader].take_acks();
+        assert_eq!(acks.len(), 1, "{acks:?}");
+        let commits: Vec<u64> =
+            hosts.iter().filter_map(|host| host.status(GROUP)).map(|status| status.commit).collect();
+        assert!(commits.iter().all(|commit| *commit >= acks[0].index), "{commits:?} {acks:?}");
+        for _ in 0..20 {
+            round(&mut hosts);
+        }
+        assert_eq!(hosts.iter().map(|host| host.quiet_groups()).sum::<usize>(), 3);
+        assert_eq!(round(&mut hosts), 0, "a quiet group sends nothing");
+        let follower = (leader + 1) % 3;
+        let refused = hosts[follower].propose(GROUP, header, b"x");
+        assert!(matches!(refused, Err(ProposeError::NotLeader { leader: Some(_), .. })), "{refused:?}");
+    }
+}

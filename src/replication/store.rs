@@ -1,0 +1,282 @@
+//! Where a node keeps the Raft state of all its groups: one [`LogStore`]
+//! per node (later: per shard), so a single [`LogStore::sync`] makes every
+//! group's new entries and hard state durable at once, the way the shard
+//! write-ahead log makes one fdatasync cover every partition it touches.
+//!
+//! Writes are buffered until `sync`; reads see them at once (as a page
+//! cache would). raft-rs reads a group through [`GroupStorage`], a handle on
+//! the node's store that implements [`raft::Storage`].
+//!
+//! [`MemoryLogStore`] is the store until the shard WAL implements the trait.
+//! With durability tracking on, it is also the simulator's disk: it keeps
+//! the synced state apart, and [`MemoryLogStore::crash`] throws away every
+//! write since the last sync, as a power cut would.
+//!
+//! Logs are not compacted yet: a new replica catches up from index 1. The
+//! WAL brings compaction, and snapshots that stream segments.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, StorageError};
+
+use crate::replication::GroupId;
+
+/// A group's persistent Raft state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GroupLog {
+    /// Entries from index 1 on (no compaction yet): `entries[i].index == i + 1`.
+    pub entries: Vec<Entry>,
+    pub hard_state: HardState,
+    /// The configuration as of `applied`, written with it.
+    pub conf_state: ConfState,
+    pub applied: u64,
+}
+
+impl GroupLog {
+    pub fn last_index(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    pub fn entry(&self, index: u64) -> Option<&Entry> {
+        index.checked_sub(1).and_then(|position| self.entries.get(usize::try_from(position).ok()?))
+    }
+
+    /// Appends `entries`, first cutting off any suffix they replace.
+    fn append(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first() else { return };
+        let keep = usize::try_from(first.index.saturating_sub(1)).unwrap_or(usize::MAX);
+        self.entries.truncate(keep);
+        self.entries.extend_from_slice(entries);
+    }
+}
+
+/// One write to a node's store.
+#[derive(Clone, Debug)]
+enum Write {
+    Create(Box<GroupLog>),
+    Append(Vec<Entry>),
+    HardState(HardState),
+    Commit(u64),
+    Applied { applied: u64, conf_state: Option<ConfState> },
+    Remove,
+}
+
+fn apply_write(groups: &mut BTreeMap<GroupId, GroupLog>, group: GroupId, write: Write) {
+    if let Write::Create(log) = write {
+        groups.insert(group, *log);
+        return;
+    }
+    if let Write::Remove = write {
+        groups.remove(&group);
+        return;
+    }
+    let Some(log) = groups.get_mut(&group) else { return };
+    match write {
+        Write::Append(entries) => log.append(&entries),
+        Write::HardState(hard_state) => log.hard_state = hard_state,
+        Write::Commit(commit) => log.hard_state.commit = commit,
+        Write::Applied { applied, conf_state } => {
+            log.applied = applied;
+            if let Some(conf_state) = conf_state {
+                log.conf_state = conf_state;
+            }
+        }
+        Write::Create(_) | Write::Remove => {}
+    }
+}
+
+/// A node's store of every group's Raft log and state. The shard WAL will
+/// implement it: writes append WAL records, `sync` is the group commit's
+/// one fdatasync, reads come from the segments and the tail cache.
+pub trait LogStore {
+    /// The groups the store holds (a restarting node recreates them).
+    fn groups(&self) -> Vec<GroupId>;
+    fn log(&self, group: GroupId) -> Option<&GroupLog>;
+    fn create(&mut self, group: GroupId, log: GroupLog);
+    fn append(&mut self, group: GroupId, entries: &[Entry]);
+    fn set_hard_state(&mut self, group: GroupId, hard_state: &HardState);
+    fn set_commit(&mut self, group: GroupId, commit: u64);
+    /// Records what the node applied, with the configuration as of it
+    /// when a configuration change was applied.
+    fn set_applied(&mut self, group: GroupId, applied: u64, conf_state: Option<&ConfState>);
+    fn remove(&mut self, group: GroupId);
+    /// Makes every write so far durable: one fsync for all groups.
+    fn sync(&mut self);
+}
+
+/// The in-memory store; with durability tracking, the simulated disk.
+#[derive(Debug, Default)]
+pub struct MemoryLogStore {
+    current: BTreeMap<GroupId, GroupLog>,
+    /// The synced state, kept only when durability is tracked.
+    durable: Option<BTreeMap<GroupId, GroupLog>>,
+    unsynced: Vec<(GroupId, Write)>,
+    pub syncs: u64,
+}
+
+impl MemoryLogStore {
+    pub fn new() -> MemoryLogStore {
+        MemoryLogStore::default()
+    }
+
+    /// A store that remembers what is synced, so [`crash`](Self::crash) can
+    /// lose the rest.
+    pub fn with_durability() -> MemoryLogStore {
+        MemoryLogStore { durable: Some(BTreeMap::new()), ..MemoryLogStore::default() }
+    }
+
+    /// A power cut: every write since the last sync is gone.
+    pub fn crash(&mut self) {
+        self.unsynced.clear();
+        if let Some(durable) = &self.durable {
+            self.current = durable.clone();
+        }
+    }
+
+    fn write(&mut self, group: GroupId, write: Write) {
+        if self.durable.is_some() {
+            self.unsynced.push((group, write.clone()));
+        }
+        apply_write(&mut self.current, group, write);
+    }
+}
+
+impl LogStore for MemoryLogStore {
+    fn groups(&self) -> Vec<GroupId> {
+        self.current.keys().copied().collect()
+    }
+
+    fn log(&self, group: GroupId) -> Option<&GroupLog> {
+        self.current.get(&group)
+    }
+
+    fn create(&mut self, group: GroupId, log: GroupLog) {
+        self.write(group, Write::Create(Box::new(log)));
+    }
+
+    fn append(&mut self, group: GroupId, entries: &[Entry]) {
+        if !entries.is_empty() {
+            self.write(group, Write::Append(entries.to_vec()));
+        }
+    }
+
+    fn set_hard_state(&mut self, group: GroupId, hard_state: &HardState) {
+        self.write(group, Write::HardState(hard_state.clone()));
+    }
+
+    fn set_commit(&mut self, group: GroupId, commit: u64) {
+        self.write(group, Write::Commit(commit));
+    }
+
+    fn set_applied(&mut self, group: GroupId, applied: u64, conf_state: Option<&ConfState>) {
+        self.write(group, Write::Applied { applied, conf_state: conf_state.cloned() });
+    }
+
+    fn remove(&mut self, group: GroupId) {
+        self.write(group, Write::Remove);
+    }
+
+    fn sync(&mut self) {
+        self.syncs += 1;
+        if let Some(durable) = &mut self.durable {
+            for (group, write) in self.unsynced.drain(..) {
+                apply_write(durable, group, write);
+            }
+        }
+    }
+}
+
+/// One group's view of its node's store, as raft-rs reads it.
+pub struct GroupStorage<S: LogStore> {
+    pub store: Rc<RefCell<S>>,
+    pub group: GroupId,
+}
+
+fn unavailable() -> raft::Error {
+    raft::Error::Store(StorageError::Unavailable)
+}
+
+impl<S: LogStore> raft::Storage for GroupStorage<S> {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let store = self.store.borrow();
+        let log = store.log(self.group).ok_or_else(unavailable)?;
+        Ok(RaftState { hard_state: log.hard_state.clone(), conf_state: log.conf_state.clone() })
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let store = self.store.borrow();
+        let log = store.log(self.group).ok_or_else(unavailable)?;
+        if low == 0 {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > log.last_index() + 1 || low > high {
+            return Err(unavailable());
+        }
+        let range = usize::try_from(low - 1).map_err(|_| unavailable())?
+            ..usize::try_from(high - 1).map_err(|_| unavailable())?;
+        let mut entries = log.entries[range].to_vec();
+        raft::util::limit_size(&mut entries, max_size.into());
+        Ok(entries)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        let store = self.store.borrow();
+        let log = store.log(self.group).ok_or_else(unavailable)?;
+        if index == 0 {
+            return Ok(0);
+        }
+        log.entry(index).map(|entry| entry.term).ok_or_else(unavailable)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        let store = self.store.borrow();
+        Ok(store.log(self.group).map_or(0, GroupLog::last_index))
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Logs are never compacted, so a peer never needs one (module doc).
+        Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry { index, term, ..Entry::default() }
+    }
+
+    /// A crash loses exactly the writes after the last sync, for every
+    /// group at once; an untracked store has nothing to lose.
+    #[test]
+    fn a_crash_loses_only_unsynced_writes() {
+        let (first, second) = (GroupId { stream_id: 0, partition: 0 }, GroupId { stream_id: 0, partition: 1 });
+        let mut store = MemoryLogStore::with_durability();
+        for group in [first, second] {
+            store.create(group, GroupLog::default());
+            store.append(group, &[entry(1, 1), entry(2, 1)]);
+        }
+        store.sync();
+        store.append(first, &[entry(2, 2), entry(3, 2)]);
+        store.set_commit(second, 2);
+        assert_eq!(store.log(first).map(GroupLog::last_index), Some(3));
+        store.crash();
+        assert_eq!(store.log(first).map(|log| log.entries.clone()), Some(vec![entry(1, 1), entry(2, 1)]));
+        assert_eq!(store.log(second).map(|log| log.hard_state.commit), Some(0));
+        assert_eq!(store.syncs, 1);
+    }
+}
