@@ -247,7 +247,7 @@ async fn finish_delete(state: &AdminState, catalog: &mut Catalog, spec: &StreamS
 /// start) and the next offset of every partition.
 pub async fn list(state: &AdminState) -> Result<String, Failure> {
     let specs: Vec<StreamSpec> = state.catalog.lock().await.streams().to_vec();
-    let partitions = collect_partitions(state).await?;
+    let partitions = collect_every_partition(state, &specs).await?;
     let mut by_stream: BTreeMap<&str, Vec<&crate::shard::control::PartitionInfo>> = BTreeMap::new();
     for info in &partitions {
         by_stream.entry(info.stream.as_str()).or_default().push(info);
@@ -276,6 +276,34 @@ pub async fn list(state: &AdminState) -> Result<String, Failure> {
         })
         .collect();
     Ok(serde_json::to_string_pretty(&json!({ "streams": streams })).expect("json serializes"))
+}
+
+/// Asks at most this many times for a listing that names every partition.
+const LISTING_ATTEMPTS_MAX: u32 = 20;
+/// Between two attempts, in ms.
+const LISTING_RETRY_MS: u64 = 5;
+
+/// Every shard's partitions. A partition moving between shards is listed
+/// by neither for a moment (the old owner has handed it over, the thief
+/// has not installed it): ask again, 5 ms apart and at most 20 times,
+/// until every partition of `specs` is there. Past that (a migration
+/// stuck for 100 ms) the listing says `null` for the partition's offset.
+async fn collect_every_partition(
+    state: &AdminState,
+    specs: &[StreamSpec],
+) -> Result<Vec<crate::shard::control::PartitionInfo>, Failure> {
+    let names: std::collections::HashSet<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
+    let expected: usize = specs.iter().map(|spec| spec.partitions as usize).sum();
+    let mut attempts = 1;
+    loop {
+        let partitions = collect_partitions(state).await?;
+        let listed = partitions.iter().filter(|info| names.contains(info.stream.as_str())).count();
+        if listed >= expected || attempts == LISTING_ATTEMPTS_MAX {
+            return Ok(partitions);
+        }
+        attempts += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(LISTING_RETRY_MS)).await;
+    }
 }
 
 /// Writes the catalog (disk storage), atomically and durably.
