@@ -409,16 +409,8 @@ fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
     let mut position = start + 1;
     let mut escaped = false;
     loop {
-        // Eight bytes at a time to the first that needs a look, as the
-        // scanner does (memchr's set-up costs more on strings this short).
-        while let Some(word) = bytes.get(position..position + 8) {
-            let special = string_special_mask(u64::from_le_bytes(word.try_into().expect("eight bytes")));
-            if special != 0 {
-                position += (special.trailing_zeros() / 8) as usize;
-                break;
-            }
-            position += 8;
-        }
+        // memchr's set-up costs more than this on strings this short.
+        position = skip_plain_words(bytes, position);
         match bytes.get(position)? {
             b'"' => return Some((position + 1, escaped)),
             b'\\' => {
@@ -784,16 +776,8 @@ impl<'a, 't> Scanner<'a, 't> {
         let mut position = self.position + 1;
         let mut escaped = false;
         loop {
-            // Jump over plain bytes eight at a time, straight to the first
-            // byte that needs a look; the line's last few bytes go one by one.
-            while let Some(word) = bytes.get(position..position + 8) {
-                let special = string_special_mask(u64::from_le_bytes(word.try_into().expect("eight bytes")));
-                if special != 0 {
-                    position += (special.trailing_zeros() / 8) as usize;
-                    break;
-                }
-                position += 8;
-            }
+            // The line's last few bytes go one by one.
+            position = skip_plain_words(bytes, position);
             while position < bytes.len() && STRING_PLAIN[usize::from(bytes[position])] {
                 position += 1;
             }
@@ -903,6 +887,21 @@ impl<'a, 't> Scanner<'a, 't> {
         self.position += text.len();
         Ok(kind)
     }
+}
+
+/// Jumps over a string's plain bytes eight at a time, to the first byte
+/// that needs a look (`"`, `\`, a control character, a non-ASCII byte), or
+/// to where fewer than eight bytes are left.
+#[inline(always)]
+fn skip_plain_words(bytes: &[u8], mut position: usize) -> usize {
+    while let Some(word) = bytes.get(position..position + 8) {
+        let special = string_special_mask(u64::from_le_bytes(word.try_into().expect("eight bytes")));
+        if special != 0 {
+            return position + (special.trailing_zeros() / 8) as usize;
+        }
+        position += 8;
+    }
+    position
 }
 
 /// A mask with the high bit set in each of the eight bytes of `word` that
