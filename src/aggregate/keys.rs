@@ -217,12 +217,12 @@ impl KeyTable {
 
     /// Adds a column (a new aggregate) at the end, empty for every key.
     pub(crate) fn add_column(&mut self) {
-        self.restride(|states| states.push(KeyState::default()));
+        self.restride(self.columns + 1, |states| states.push(KeyState::default()));
     }
 
     /// Removes `column` (a dropped aggregate) and the keys only it tracked.
     pub(crate) fn remove_column(&mut self, column: usize) {
-        self.restride(|states| {
+        self.restride(self.columns - 1, |states| {
             states.remove(column);
         });
         if self.columns == 0 {
@@ -232,24 +232,16 @@ impl KeyTable {
         self.visit_column(0, None, |_, _| {});
     }
 
-    /// Rebuilds the rows with `change` applied to each row's states.
-    fn restride(&mut self, mut change: impl FnMut(&mut Vec<KeyState>)) {
-        let row_count = self.rows.len().checked_div(self.columns).unwrap_or(0);
-        let old = std::mem::take(&mut self.rows);
-        let mut states = Vec::with_capacity(self.columns + 1);
-        let mut old = old.into_iter();
-        let mut columns = self.columns;
-        for _ in 0..row_count {
-            states.clear();
+    /// Rebuilds the rows as `columns` wide, `change` turning each row's
+    /// states into the new ones.
+    fn restride(&mut self, columns: usize, mut change: impl FnMut(&mut Vec<KeyState>)) {
+        let mut old = std::mem::take(&mut self.rows).into_iter();
+        let mut states = Vec::with_capacity(columns.max(self.columns));
+        while old.len() > 0 {
             states.extend(old.by_ref().take(self.columns));
             change(&mut states);
-            columns = states.len();
+            debug_assert_eq!(states.len(), columns);
             self.rows.append(&mut states);
-        }
-        if row_count == 0 {
-            let mut probe = vec![KeyState::default(); self.columns];
-            change(&mut probe);
-            columns = probe.len();
         }
         self.columns = columns;
     }
