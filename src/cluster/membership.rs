@@ -47,6 +47,7 @@ use crate::cluster::MEMBERS_MAX;
 use crate::cluster::identity::{MemberId, NodeId};
 use crate::cluster::load::{LoadBroadcast, LoadEntry, LoadHandler, LoadSummary, LoadTable};
 use crate::cluster::rng::SeededRng;
+use crate::cluster::scheduled::Scheduled;
 
 /// How often each member probes another one, in ms.
 pub const PROBE_PERIOD_MS: u64 = 1000;
@@ -141,33 +142,6 @@ pub struct MembershipCounters {
     pub loads_published: u64,
 }
 
-/// A foca timer and when it is due.
-struct ScheduledTimer {
-    at: Duration,
-    sequence: u64,
-    timer: Timer<MemberId>,
-}
-
-impl PartialEq for ScheduledTimer {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.sequence) == (other.at, other.sequence)
-    }
-}
-
-impl Eq for ScheduledTimer {}
-
-impl PartialOrd for ScheduledTimer {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for ScheduledTimer {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.sequence).cmp(&(other.at, other.sequence))
-    }
-}
-
 type Swim = Foca<MemberId, PostcardCodec, SeededRng, LoadHandler>;
 
 /// foca's configuration for spate: the constants above.
@@ -198,7 +172,7 @@ pub fn foca_config() -> foca::Config {
 pub struct Membership {
     foca: Swim,
     runtime: AccumulatingRuntime<MemberId>,
-    timers: BinaryHeap<Reverse<ScheduledTimer>>,
+    timers: BinaryHeap<Reverse<Scheduled<Timer<MemberId>>>>,
     timer_sequence: u64,
     outbox: VecDeque<(SocketAddr, Bytes)>,
     notifications: VecDeque<OwnedNotification<MemberId>>,
@@ -305,7 +279,7 @@ impl Membership {
             let Some(Reverse(scheduled)) = self.timers.pop() else { break };
             self.loads.borrow_mut().now = now;
             // foca errors only on encoding, which our codec does not fail.
-            let _ = self.foca.handle_timer(scheduled.timer, &mut self.runtime);
+            let _ = self.foca.handle_timer(scheduled.item, &mut self.runtime);
             self.drain(now);
         }
     }
@@ -390,7 +364,7 @@ impl Membership {
                 continue;
             }
             self.timer_sequence += 1;
-            self.timers.push(Reverse(ScheduledTimer { at: now + after, sequence: self.timer_sequence, timer }));
+            self.timers.push(Reverse(Scheduled { at: now + after, sequence: self.timer_sequence, item: timer }));
         }
         while let Some(notification) = self.runtime.to_notify() {
             if self.left && notification == OwnedNotification::Defunct {

@@ -39,6 +39,7 @@ pub mod identity;
 pub mod load;
 pub mod membership;
 pub(crate) mod rng;
+pub(crate) mod scheduled;
 pub mod sim;
 
 pub(crate) use driver::{ClusterHandle, ClusterRequest, ClusterSetup, ClusterView};

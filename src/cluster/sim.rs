@@ -21,6 +21,7 @@ use crate::cluster::identity::{MemberAddresses, MemberId, NodeId, NodeIdentity};
 use crate::cluster::load::LoadSummary;
 use crate::cluster::membership::{MemberState, MemberView, Membership};
 use crate::cluster::rng::SeededRng;
+use crate::cluster::scheduled::Scheduled;
 
 /// How a simulation runs.
 #[derive(Clone, Copy, Debug)]
@@ -53,31 +54,9 @@ impl Default for SimConfig {
 }
 
 /// A datagram on the simulated network.
-struct InFlight {
-    at: Duration,
-    sequence: u64,
+struct Datagram {
     to: usize,
     data: Bytes,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.sequence) == (other.at, other.sequence)
-    }
-}
-
-impl Eq for InFlight {}
-
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for InFlight {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.sequence).cmp(&(other.at, other.sequence))
-    }
 }
 
 struct SimNode {
@@ -93,7 +72,7 @@ pub struct Simulation {
     rng: SeededRng,
     nodes: Vec<SimNode>,
     by_address: HashMap<SocketAddr, usize>,
-    network: BinaryHeap<Reverse<InFlight>>,
+    network: BinaryHeap<Reverse<Scheduled<Datagram>>>,
     sequence: u64,
     trace: u64,
     pub delivered: u64,
@@ -237,13 +216,12 @@ impl Simulation {
 
     fn deliver_due(&mut self) {
         while self.network.peek().is_some_and(|Reverse(datagram)| datagram.at <= self.now) {
-            let Some(Reverse(datagram)) = self.network.pop() else { break };
+            let Some(Reverse(Scheduled { at, item: datagram, .. })) = self.network.pop() else { break };
             if !self.nodes[datagram.to].running {
                 continue;
             }
-            self.trace =
-                xxhash_rust::xxh3::xxh3_64_with_seed(&datagram.data, self.trace ^ datagram.at.as_micros() as u64)
-                    ^ datagram.to as u64;
+            self.trace = xxhash_rust::xxh3::xxh3_64_with_seed(&datagram.data, self.trace ^ at.as_micros() as u64)
+                ^ datagram.to as u64;
             self.delivered += 1;
             self.nodes[datagram.to].membership.handle_datagram(self.now, &datagram.data);
             self.route(datagram.to);
@@ -263,7 +241,7 @@ impl Simulation {
             let delay_ms = self.config.delay_ms_min + self.rng.next() % spread;
             self.sequence += 1;
             let at = self.now + Duration::from_millis(delay_ms);
-            self.network.push(Reverse(InFlight { at, sequence: self.sequence, to, data }));
+            self.network.push(Reverse(Scheduled { at, sequence: self.sequence, item: Datagram { to, data } }));
         }
         while self.nodes[from].membership.take_notification().is_some() {}
     }

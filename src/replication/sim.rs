@@ -43,6 +43,7 @@ use crate::cluster::identity::{MemberAddresses, MemberId, NodeId, NodeIdentity};
 use crate::cluster::load::LoadSummary;
 use crate::cluster::membership::{MemberState, Membership};
 use crate::cluster::rng::SeededRng;
+use crate::cluster::scheduled::Scheduled;
 use crate::replication::frame::{ProposalHeader, decode_proposal};
 use crate::replication::host::{Ack, HostConfig, RAFT_TICK_MS, ReplicaHost};
 use crate::replication::placement::{Candidate, REPLICATION_FACTOR_MAX, desired_replicas};
@@ -293,32 +294,10 @@ enum Packet {
     Raft(Vec<u8>),
 }
 
-struct InFlight {
-    at: Duration,
-    sequence: u64,
+struct Routed {
     from: usize,
     to: usize,
     packet: Packet,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.sequence) == (other.at, other.sequence)
-    }
-}
-
-impl Eq for InFlight {}
-
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for InFlight {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.sequence).cmp(&(other.at, other.sequence))
-    }
 }
 
 /// What a run did.
@@ -389,7 +368,7 @@ pub struct ClusterSim {
     rng: SeededRng,
     nodes: Vec<SimNode>,
     by_address: HashMap<SocketAddr, usize>,
-    network: BinaryHeap<Reverse<InFlight>>,
+    network: BinaryHeap<Reverse<Scheduled<Routed>>>,
     packet_sequence: u64,
     /// Cut links (lower index first) and the step they heal at.
     cuts: BTreeMap<(usize, usize), u64>,
@@ -592,7 +571,7 @@ impl ClusterSim {
         let delay_ms = self.config.delay_ms_min + self.rng.next() % spread;
         self.packet_sequence += 1;
         let at = self.now + Duration::from_millis(delay_ms);
-        self.network.push(Reverse(InFlight { at, sequence: self.packet_sequence, from, to, packet }));
+        self.network.push(Reverse(Scheduled { at, sequence: self.packet_sequence, item: Routed { from, to, packet } }));
     }
 
     fn is_cut(&self, one: usize, other: usize) -> bool {
@@ -601,7 +580,7 @@ impl ClusterSim {
 
     fn deliver_due(&mut self) {
         while self.network.peek().is_some_and(|Reverse(packet)| packet.at <= self.now) {
-            let Some(Reverse(packet)) = self.network.pop() else { break };
+            let Some(Reverse(Scheduled { item: packet, .. })) = self.network.pop() else { break };
             if self.nodes[packet.to].state != NodeState::Running || self.is_cut(packet.from, packet.to) {
                 self.report.packets_dropped += 1;
                 continue;
