@@ -278,6 +278,7 @@ fn grant_back(router: &mut Router, owner: u16, batch: DataBatch, recycle: bool) 
         more_recycled: Vec::new(),
         sync: false,
         grant_now: false,
+        offset_asks: None,
     };
     router.grant(owner, grant);
 }

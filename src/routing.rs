@@ -24,6 +24,14 @@
 //! owner is holding: every batch it sent since it fell below half asked for
 //! them.
 //!
+//! A Kafka Produce must tell its producer the offsets its records got, and
+//! only the owner knows them, as it applies. So a source may ask for the
+//! offset of a record as it batches it ([`OffsetAsk`], a few per Produce,
+//! never one per record): the asks travel with the batch, the owner writes
+//! each asked record's offset into them as it applies the batch, and they
+//! come back in its grant. Lines ask for nothing and carry nothing but an
+//! empty `Option` (no allocation, no work at the owner).
+//!
 //! Nothing here does I/O or waits: it is unit-tested and benchmarked without
 //! executors. The shard's ingress service (`shard::ingress`) drives it.
 
@@ -69,14 +77,17 @@ pub fn route(
 /// a global id the caller checked is in the stream) and encodes it as an
 /// extended record into its owner's open batch: the same batches, credits,
 /// holds and backpressure as [`route`], only the partition is not hashed.
+/// With `ask`, the batch also asks the owner for the record's offset
+/// ([`OffsetAsk`]); the ask is returned, to match the grant's answer.
 #[inline]
 pub fn route_extended(
     placement: &PlacementTable,
     router: &mut Router,
     partition: u32,
     record: &ExtendedRecord<'_>,
+    ask: bool,
     mut deliver: impl FnMut(u16, DataBatch),
-) -> Result<u16, Blocked> {
+) -> Result<(u16, Option<OffsetAsk>), Blocked> {
     let owner = placement.owner(partition);
     if router.is_held(partition) {
         return Err(Blocked { owner, credit_bytes_needed: 0, held: Some(partition) });
@@ -86,12 +97,37 @@ pub fn route_extended(
     {
         deliver(owner, batch);
     }
-    let batch_full = router.try_push_extended(owner, partition, record)?;
+    let (batch_full, asked) = router.try_push_extended(owner, partition, record, ask)?;
     if batch_full && let Some(batch) = router.take_batch(owner) {
         deliver(owner, batch);
     }
-    Ok(owner)
+    Ok((owner, asked))
 }
+
+/// A source's question to an owner: which offset did the record at
+/// `position` of batch `sequence` get? Asked for a Kafka Produce's first
+/// and last record of each partition (its answer names the first record's
+/// offset, and the records' offsets must be consecutive for the client to
+/// number them from it); answered by the owner as it applies the batch
+/// ([`crate::partition::apply::apply_batch`]), returned in its grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetAsk {
+    pub sequence: u64,
+    /// Where the record starts in the batch's bytes.
+    pub position: u32,
+    /// The record's offset; -1 until answered, and when the owner did not
+    /// store it as it applied the batch (its partition was still migrating
+    /// there, or its stream was deleted).
+    pub offset: i64,
+    /// The partition's earliest readable offset then (Kafka's
+    /// `log_start_offset`); -1 likewise.
+    pub log_start_offset: i64,
+}
+
+/// A batch's asks, boxed so that a batch or grant without any (every line
+/// batch) carries one null pointer: frames cross the mesh by value and stay
+/// within [`crate::config::limits::MESH_FRAME_BYTES_MAX`].
+pub type OffsetAsks = Option<Box<Vec<OffsetAsk>>>;
 
 /// One destination (owner shard) as seen by this source.
 #[derive(Debug)]
@@ -112,7 +148,26 @@ struct Destination {
     /// The next batch (possibly an empty one) must ask for its grant at
     /// once: a `#SYNC`, a drain or a stall waits for the owner's grants.
     grant_requested: bool,
+    /// The open batch's offset asks (Kafka only), and one spare box of
+    /// them returned by a grant, for reuse.
+    offset_asks: OffsetAsks,
+    spare_offset_asks: OffsetAsks,
 }
+
+impl Destination {
+    /// Adds an ask for the record about to be encoded into the open batch.
+    fn ask_offset(&mut self) -> OffsetAsk {
+        let position = u32::try_from(self.batch.len()).expect("a batch is smaller than 4 GiB");
+        let ask = OffsetAsk { sequence: self.sequence_sent + 1, position, offset: -1, log_start_offset: -1 };
+        let spare = &mut self.spare_offset_asks;
+        self.offset_asks.get_or_insert_with(|| spare.take().unwrap_or_default()).push(ask);
+        ask
+    }
+}
+
+/// The most asks a spare box kept for reuse may have room for (a box that
+/// grew past it in a burst is freed): 64 KiB per destination at most.
+pub const OFFSET_ASKS_KEPT_MAX: usize = 2048;
 
 /// Why an event cannot be batched now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +212,8 @@ impl Router {
                 markers: Vec::new(),
                 sync: false,
                 grant_requested: false,
+                offset_asks: None,
+                spare_offset_asks: None,
             })
             .collect();
         Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches, held: Vec::new() }
@@ -200,23 +257,36 @@ impl Router {
         Ok(destination.batch.len() >= self.batch_bytes)
     }
 
-    /// [`Router::try_push`] for an extended (Kafka) record.
+    /// [`Router::try_push`] for an extended (Kafka) record; with `ask`, the
+    /// open batch asks the owner for the record's offset (the ask is
+    /// returned too).
     #[inline]
     pub fn try_push_extended(
         &mut self,
         owner: u16,
         partition: u32,
         record: &ExtendedRecord<'_>,
-    ) -> Result<bool, Blocked> {
+        ask: bool,
+    ) -> Result<(bool, Option<OffsetAsk>), Blocked> {
         let size = record.batch_size();
         let destination = &mut self.destinations[usize::from(owner)];
         if destination.credit_bytes < size {
             return Err(Blocked { owner, credit_bytes_needed: size, held: None });
         }
         destination.credit_bytes -= size;
+        let asked = ask.then(|| destination.ask_offset());
         encode_extended_batch_record(&mut destination.batch, partition, record);
         destination.batch_event_count += 1;
-        Ok(destination.batch.len() >= self.batch_bytes)
+        Ok((destination.batch.len() >= self.batch_bytes, asked))
+    }
+
+    /// Takes back the asks a grant returned, as the open batches' next box.
+    pub fn recycle_offset_asks(&mut self, owner: u16, mut asks: Box<Vec<OffsetAsk>>) {
+        let destination = &mut self.destinations[usize::from(owner)];
+        if destination.spare_offset_asks.is_none() && asks.capacity() <= OFFSET_ASKS_KEPT_MAX {
+            asks.clear();
+            destination.spare_offset_asks = Some(asks);
+        }
     }
 
     /// Whether a record of `size` bytes would push `owner`'s open batch past
@@ -256,9 +326,10 @@ impl Router {
         let markers = std::mem::take(&mut destination.markers);
         let sync = std::mem::take(&mut destination.sync);
         let requested = std::mem::take(&mut destination.grant_requested);
+        let offset_asks = destination.offset_asks.take();
         let sequence = destination.sequence_sent;
         let grant_now = requested || sync || self.below_half(owner);
-        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now })
+        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now, offset_asks })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
@@ -370,6 +441,9 @@ pub struct DataBatch {
     /// (`shard::grants`). Otherwise grants may wait at the owner
     /// to leave several in one frame.
     pub grant_now: bool,
+    /// Records whose offsets the source asks for ([`OffsetAsk`]), in
+    /// position order; `None` for nearly every batch.
+    pub offset_asks: OffsetAsks,
 }
 
 /// Credits returned by an owner after applying `batch_count` batches, the
@@ -392,6 +466,9 @@ pub struct CreditGrant {
     pub sync: bool,
     /// A covered batch asked for its grant at once ([`DataBatch::grant_now`]).
     pub grant_now: bool,
+    /// The covered batches' offset asks, answered, in sequence and position
+    /// order ([`OffsetAsk`]).
+    pub offset_asks: OffsetAsks,
 }
 
 impl CreditGrant {
@@ -405,6 +482,11 @@ impl CreditGrant {
         self.more_recycled.extend(next.more_recycled);
         self.sync |= next.sync;
         self.grant_now |= next.grant_now;
+        match (&mut self.offset_asks, next.offset_asks) {
+            (Some(asks), Some(more)) => asks.extend_from_slice(&more),
+            (asks @ None, more) => *asks = more,
+            (Some(_), None) => {}
+        }
     }
 }
 
@@ -419,7 +501,16 @@ impl crate::partition::apply::Batch for DataBatch {
         &self.markers
     }
 
-    /// The grant returns the batch's credits and its buffer, for reuse.
+    fn take_offset_asks(&mut self) -> OffsetAsks {
+        self.offset_asks.take()
+    }
+
+    fn put_offset_asks(&mut self, asks: OffsetAsks) {
+        self.offset_asks = asks;
+    }
+
+    /// The grant returns the batch's credits and its buffer, for reuse,
+    /// and its answered offset asks.
     fn into_grant(self) -> CreditGrant {
         CreditGrant {
             sequence: self.sequence,
@@ -429,6 +520,7 @@ impl crate::partition::apply::Batch for DataBatch {
             more_recycled: Vec::new(),
             sync: self.sync,
             grant_now: self.grant_now,
+            offset_asks: self.offset_asks,
         }
     }
 }
@@ -462,6 +554,43 @@ mod tests {
         router.grant(1, grant_for(batch));
         assert!(router.try_push(1, 5, b"key", b"0123456789").is_ok(), "applying does");
         assert_eq!(router.credits_outstanding_bytes(), size);
+    }
+
+    /// A Kafka record's offset ask names the batch and position it was
+    /// encoded at, leaves with that batch (a line batch carries none), and
+    /// comes back in the grant, merged in order with the next batches'.
+    #[test]
+    fn offset_asks_travel_with_their_batch_and_grant() {
+        let record = ExtendedRecord { key: Some(b"k"), value: Some(b"value"), headers: &[0], timestamp_ms: 5 };
+        let mut router = Router::new(1, 1 << 16, 1 << 20, 8);
+        assert_eq!(router.try_push_extended(0, 3, &record, false).unwrap(), (false, None));
+        let (_, first) = router.try_push_extended(0, 3, &record, true).unwrap();
+        let first = first.expect("asked");
+        assert_eq!((first.sequence, first.position as usize, first.offset), (1, record.batch_size(), -1));
+        let batch = router.take_batch(0).unwrap();
+        assert_eq!(batch.offset_asks.as_deref(), Some(&vec![first]));
+        router.try_push(0, 3, b"line", b"payload").unwrap();
+        let lines = router.take_batch(0).unwrap();
+        assert!(lines.offset_asks.is_none(), "a line batch asks nothing");
+        let (_, second) = router.try_push_extended(0, 3, &record, true).unwrap();
+        assert_eq!((second.unwrap().sequence, second.unwrap().position), (3, 0));
+        let third = router.take_batch(0).unwrap();
+        let mut grant = grant_for(batch);
+        grant.merge(grant_for(lines));
+        grant.merge(grant_for(third));
+        let asks = grant.offset_asks.take().expect("the asks come back");
+        assert_eq!(
+            asks.iter().map(|ask| (ask.sequence, ask.position)).collect::<Vec<_>>(),
+            [(1, first.position), (3, 0)]
+        );
+        router.grant(0, grant);
+        router.recycle_offset_asks(0, asks);
+        let (_, reused) = router.try_push_extended(0, 3, &record, true).unwrap();
+        assert_eq!(reused.unwrap().sequence, 4);
+        assert!(
+            router.take_batch(0).unwrap().offset_asks.is_some_and(|asks| asks.capacity() >= 2),
+            "the box is reused"
+        );
     }
 
     /// Batch slots bound the number of batches in flight, and sequences are

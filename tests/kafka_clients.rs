@@ -719,3 +719,188 @@ fn murmur2_streams_route_lines_as_kafka_clients_do() {
     );
     assert_eq!(status, 400, "{body}");
 }
+
+// ---------------------------------------------------------------------------
+// Offsets in Produce answers.
+
+/// confluent-kafka: a keyed producer printing, per delivery report, the
+/// value and the partition and offset the broker answered.
+const CONFLUENT_PRODUCE_REPORTING: &str = r#"
+import json, sys
+from confluent_kafka import Producer
+broker, topic, count, acks, prefix = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+producer = Producer({"bootstrap.servers": broker, "acks": acks, "linger.ms": 5, "compression.type": "none"})
+reports = []
+def delivered(error, message):
+    if error is not None:
+        sys.exit("delivery failed: %s" % error)
+    reports.append({"v": message.value().decode(), "p": message.partition(), "o": message.offset()})
+for index in range(count):
+    producer.produce(topic, value=("%s%d" % (prefix, index)).encode(), key=("key-%d" % (index % 29)).encode(),
+                     on_delivery=delivered)
+    producer.poll(0)
+if producer.flush(30):
+    sys.exit("messages not delivered")
+for report in reports:
+    print(json.dumps(report))
+"#;
+
+/// kafka-python: the same, from the futures' record metadata.
+const KAFKA_PYTHON_PRODUCE_REPORTING: &str = r#"
+import json, sys
+from kafka import KafkaProducer
+broker, topic, count, acks, prefix = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+producer = KafkaProducer(bootstrap_servers=broker, acks=(acks if acks == "all" else int(acks)), linger_ms=5)
+futures = [(index, producer.send(topic, key=("key-%d" % (index % 29)).encode(),
+                                 value=("%s%d" % (prefix, index)).encode())) for index in range(count)]
+for index, future in futures:
+    metadata = future.get(timeout=30)
+    print(json.dumps({"v": "%s%d" % (prefix, index), "p": metadata.partition, "o": metadata.offset}))
+producer.flush()
+"#;
+
+/// The (value, partition, offset) a producer script reported for each record.
+fn reported(
+    script: &str,
+    server: &Server,
+    topic: &str,
+    count: usize,
+    acks: &str,
+    prefix: &str,
+) -> Vec<(String, u64, i64)> {
+    let out = python(script, &[&server.ingest_kafka.to_string(), topic, &count.to_string(), acks, prefix]);
+    let reports: Vec<(String, u64, i64)> = out
+        .lines()
+        .map(|line| {
+            let report: serde_json::Value = serde_json::from_str(line).unwrap();
+            (
+                report["v"].as_str().unwrap().to_string(),
+                report["p"].as_u64().unwrap(),
+                report["o"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(reports.len(), count, "a report per record");
+    reports
+}
+
+/// The offsets Kafka producers are told are the offsets their records are
+/// stored at: confluent-kafka (librdkafka) delivery reports and
+/// kafka-python's record metadata, with acks=1 and acks=all, on a stream
+/// whose partitions already hold lines and are owned by both shards, name
+/// for every record the partition and offset a `SUB` subscriber then reads
+/// it at (the answers' base offset was -1, which the clients report as
+/// offset -1 or a count from -1).
+#[test]
+fn producers_are_told_the_offsets_sub_reads_their_records_at() {
+    let server = Server::start(&["--shards", "2", "--partitions", "4", "--fsync", "interval"]);
+    server.create_stream(serde_json::json!({"name": "acked", "partitions": 4}));
+    let lines: String = (0..40).map(|index| format!("line-key-{index} line-{index}\n")).collect();
+    send_and_sync(server.ingest, format!("#STREAM acked\n{lines}").as_bytes());
+    let mut reports = Vec::new();
+    for (script, acks, prefix) in [
+        (CONFLUENT_PRODUCE_REPORTING, "1", "c1-"),
+        (CONFLUENT_PRODUCE_REPORTING, "all", "call-"),
+        (KAFKA_PYTHON_PRODUCE_REPORTING, "1", "k1-"),
+        (KAFKA_PYTHON_PRODUCE_REPORTING, "all", "kall-"),
+    ] {
+        reports.extend(reported(script, &server, "acked", 500, acks, prefix));
+    }
+    let mut subscriber = common::Subscriber::connect(server.subscribe, "SUB acked * earliest");
+    let stored: std::collections::HashMap<String, (u64, i64)> = subscriber
+        .take(40 + reports.len())
+        .into_iter()
+        .map(|event| (String::from_utf8(event.payload).unwrap(), (u64::from(event.partition), event.offset as i64)))
+        .collect();
+    let mut wrong = Vec::new();
+    for (value, partition, offset) in &reports {
+        if stored.get(value) != Some(&(*partition, *offset)) {
+            wrong.push(format!("{value}: told p{partition} o{offset}, stored at {:?}", stored.get(value)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} reports wrong, first: {:?}",
+        wrong.len(),
+        reports.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+/// A Produce v3 request frame (size prefix included) of `batch` to
+/// partition 0 of `topic`.
+fn produce_frame(topic: &str, batch: &[u8], correlation_id: i32, acks: i16) -> Vec<u8> {
+    let mut request = Vec::new();
+    request.extend_from_slice(&0i16.to_be_bytes());
+    request.extend_from_slice(&3i16.to_be_bytes());
+    request.extend_from_slice(&correlation_id.to_be_bytes());
+    put_string(&mut request, "raw");
+    request.extend_from_slice(&(-1i16).to_be_bytes()); // no transactional id
+    request.extend_from_slice(&acks.to_be_bytes());
+    request.extend_from_slice(&30_000i32.to_be_bytes());
+    request.extend_from_slice(&1i32.to_be_bytes());
+    put_string(&mut request, topic);
+    request.extend_from_slice(&1i32.to_be_bytes());
+    request.extend_from_slice(&0i32.to_be_bytes());
+    request.extend_from_slice(&(batch.len() as i32).to_be_bytes());
+    request.extend_from_slice(batch);
+    let mut frame = (request.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&request);
+    frame
+}
+
+/// Reads one Produce v3 answer of a one-partition request to `topic`:
+/// (correlation id, error code, base offset).
+fn read_produce_answer(stream: &mut TcpStream, topic: &str) -> (i32, i16, i64) {
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size).expect("an answer");
+    let mut response = vec![0u8; i32::from_be_bytes(size) as usize];
+    stream.read_exact(&mut response).unwrap();
+    let correlation_id = i32::from_be_bytes(response[..4].try_into().unwrap());
+    // correlation id (4), topics (4), name (2 + len), partitions (4), index (4).
+    let at = 4 + 4 + 2 + topic.len() + 4 + 4;
+    let code = i16::from_be_bytes(response[at..at + 2].try_into().unwrap());
+    let base_offset = i64::from_be_bytes(response[at + 2..at + 10].try_into().unwrap());
+    (correlation_id, code, base_offset)
+}
+
+/// A Kafka connection pipelines Produce requests: sent twelve at once to a
+/// partition whose owner takes 400 ms per record (a test knob), the first
+/// eight are routed while the first still waits for its owner (before
+/// any answer leaves), the connection stops reading at eight in flight,
+/// and the answers come in request order, each with the base offset its
+/// record got (a connection that handled one request at a time routed the
+/// second only after answering the first).
+#[test]
+fn a_connection_routes_produce_requests_while_earlier_ones_wait() {
+    let server = Server::start(&[
+        "--shards",
+        "1",
+        "--partitions",
+        "1",
+        "--storage",
+        "memory",
+        "--apply-delay-ns-per-event",
+        "400000000",
+    ]);
+    let mut stream = TcpStream::connect(server.ingest_kafka).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut frames = Vec::new();
+    for index in 0..12 {
+        let batch = record_batch(-1, -1, -1, &[&format!("r{index}")]);
+        frames.extend(produce_frame("default", &batch, 100 + index, 1));
+    }
+    stream.write_all(&frames).unwrap();
+    let routed = || server.metric("spate_kafka_records_produced_total");
+    wait_until(Duration::from_secs(2), "eight requests routed while the first waits", || routed() >= 8.0);
+    let routed_then = routed();
+    stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let answered = !matches!(stream.peek(&mut byte), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock);
+    stream.set_nonblocking(false).unwrap();
+    assert!(!answered, "no answer has left yet (the first record takes 400 ms to apply)");
+    assert_eq!(routed_then, 8.0, "at most eight requests in flight: the connection stopped reading");
+    let answers: Vec<(i32, i16, i64)> = (0..12).map(|_| read_produce_answer(&mut stream, "default")).collect();
+    let expected: Vec<(i32, i16, i64)> = (0..12).map(|index| (100 + index, 0, i64::from(index))).collect();
+    assert_eq!(answers, expected, "answers in request order, each with its record's offset");
+}

@@ -120,6 +120,24 @@ pub const KAFKA_MEMBER_BYTES_MAX: usize = 8 * KIB;
 /// One Kafka group member besides its metadata and assignment: its ids,
 /// timeouts and the waiting requests' channels.
 pub const KAFKA_MEMBER_STATE_BYTES: usize = 512;
+/// Produce requests one Kafka connection may have routed and not yet
+/// answered (Kafka clients keep up to 5 in flight: librdkafka's and the Java
+/// client's `max.in.flight` for idempotent producers). The connection reads
+/// and routes its next requests while earlier ones wait for their owners,
+/// and answers in request order; at this many it stops reading its socket
+/// until the oldest is answered (backpressure, as for `#SYNC`s).
+pub const KAFKA_PRODUCES_IN_FLIGHT_MAX: usize = 8;
+/// Partition entries (a topic's partition in a Produce request) one Kafka
+/// connection may hold in flight over all its Produce requests: past it
+/// the connection waits for the oldest answer before routing another (one
+/// request with more is still served, alone, as when nothing is
+/// pipelined). Each costs [`KAFKA_PRODUCE_ENTRY_BYTES`]: a term of the
+/// memory formula.
+pub const KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX: usize = 1024;
+/// One partition entry of a Produce in flight: what its answer needs, the
+/// cells its first and last record's offsets are answered into, their
+/// waiters in the shard's ingress and their asks in the owner's batch.
+pub const KAFKA_PRODUCE_ENTRY_BYTES: usize = 256;
 
 // ---------------------------------------------------------------------------
 // Ingest connections.
@@ -210,8 +228,9 @@ pub const MESH_CONTROL_SLOTS: usize = 256;
 /// Bytes one frame takes in a mesh ring (frames move by value; batches and
 /// replies live on the heap): the mesh term of the memory formula counts
 /// every slot of every ring at this size. `shard::frame` asserts that a
-/// `MeshFrame` fits.
-pub const MESH_FRAME_BYTES_MAX: usize = 80;
+/// `MeshFrame` fits. (88, not 80, since a credit grant carries a pointer to
+/// the offset asks it answers: `routing::OffsetAsks`.)
+pub const MESH_FRAME_BYTES_MAX: usize = 88;
 /// How long a thief waits for an answer to a steal request before it may ask
 /// again (an answer is a refusal or the placement update of a migration), in
 /// ms. The simulator runs the same rule with the same timeout.

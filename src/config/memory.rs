@@ -434,11 +434,18 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::LongLineWorstCase,
         storage: None,
-        expression: || "C * 2 * kafka_request_size_max".to_string(),
-        what: "Kafka connections each holding a request and a response of the largest size",
+        expression: || {
+            format!(
+                "C * (2 * kafka_request_size_max + {} * {})",
+                KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX, KAFKA_PRODUCE_ENTRY_BYTES
+            )
+        },
+        what: "Kafka connections each holding a request and a response of the largest size, and Produce requests in flight",
         bytes: |config| {
             let kafka_on = config.ingest_kafka.0.is_some();
-            if kafka_on { product(&[connections(config), 2, config.kafka_request_size_max]) } else { 0 }
+            let in_flight = KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX * KAFKA_PRODUCE_ENTRY_BYTES;
+            let per_connection = product(&[2, config.kafka_request_size_max]).saturating_add(in_flight);
+            if kafka_on { product(&[connections(config), per_connection]) } else { 0 }
         },
     },
 ];

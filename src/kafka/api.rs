@@ -81,8 +81,11 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
             respond(out, key, version, correlation_id, &response)
         }
         ApiKey::Produce => {
-            let request = decode(&mut body, version)?;
-            match super::produce::produce(shard, face, request).await {
+            // The connection pipelines Produce requests (`decode_produce`);
+            // answered here, one is routed and waited for at once.
+            let routed = super::produce::route(shard, face, decode(&mut body, version)?).await;
+            routed.answerable(shard.ingress()).await;
+            match routed.answer(face).await {
                 Some(response) => respond(out, key, version, correlation_id, &response),
                 None => Ok(false),
             }
@@ -106,6 +109,12 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
             handle_group(shard, face, request, out).await
         }
     }
+}
+
+/// Decodes a Produce request's body (of `version`): the connection routes
+/// it ([`super::produce::route`]) and answers it once it is answerable.
+pub fn decode_produce(version: i16, mut body: Bytes) -> Result<kafka_protocol::messages::ProduceRequest, FrameError> {
+    decode(&mut body, version)
 }
 
 /// A request the group APIs serve, decoded up to its body.

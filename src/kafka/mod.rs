@@ -20,11 +20,19 @@
 //! client's connections land on any shard.
 //!
 //! Requests and responses are decoded and encoded by the `kafka-protocol`
-//! crate; record batches by [`batch`]. A connection handles one request at
-//! a time, in order (Kafka answers a connection's requests in order): it
-//! reads the 4-byte size, refuses a size over `--kafka-request-size-max` by
-//! closing (Kafka's own broker does the same: the frame cannot be skipped
-//! without reading it), reads the request, answers it, reads the next.
+//! crate; record batches by [`batch`]. A connection reads a request's
+//! 4-byte size, refuses a size over `--kafka-request-size-max` by closing
+//! (Kafka's own broker does the same: the frame cannot be skipped without
+//! reading it), and reads the request. Kafka answers a connection's
+//! requests in order, and producers keep several Produce requests in
+//! flight: so a Produce is routed as soon as it is read, and the connection
+//! reads and routes the next ones while it waits for its owners; answers
+//! leave in request order as they become answerable. At most
+//! [`crate::config::KAFKA_PRODUCES_IN_FLIGHT_MAX`] requests (and
+//! [`crate::config::KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX`] partition entries)
+//! are in flight; then the connection stops reading until the oldest is
+//! answered. Any other request is served alone, after the answers before
+//! it.
 //! ApiVersions answers exactly the versions [`api::SUPPORTED`] lists; a
 //! request of another version or API key gets UNSUPPORTED_VERSION where its
 //! response can be encoded, and otherwise closes the connection (counted in
@@ -43,14 +51,16 @@ mod topics;
 pub use groups::KafkaGroups;
 pub use producers::ProducerTable;
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use kafka_protocol::messages::ApiKey;
 
-use crate::config::Config;
+use crate::config::{Config, KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX, KAFKA_PRODUCES_IN_FLIGHT_MAX};
 use crate::net::accept::Acceptor;
 use crate::net::socket::tune_accepted;
 use crate::net::{Connection, Face, ShardNet};
@@ -240,21 +250,29 @@ pub fn decode_request(request: Bytes, record_size_max: usize) -> Result<(), Fram
     api::decode_body(frame.api_key, frame.api_version, &mut frame.body, record_size_max)
 }
 
-/// Reads one request: the size prefix, then that many bytes. `None` at a
-/// clean EOF between requests.
-async fn read_request(
+/// Waits for the first byte of the next request: one read, so it is
+/// cancel-safe (glommio polls readiness and takes bytes only when the read
+/// completes), and the connection may stop waiting to answer a Produce.
+/// `None` at a clean EOF between requests.
+async fn read_request_start(stream: &mut TcpStream, connection: &Connection) -> std::io::Result<Option<u8>> {
+    let mut first = [0u8; 1];
+    connection.set_reading(Some(Instant::now()));
+    let read = stream.read(&mut first).await;
+    connection.set_reading(None);
+    Ok((read? == 1).then_some(first[0]))
+}
+
+/// Reads the rest of a request that began with `first`: the size prefix,
+/// then that many bytes (not cancel-safe: a request once begun is read
+/// whole, within `--line-timeout-ms`).
+async fn read_request_rest(
     stream: &mut TcpStream,
     connection: &Connection,
     face: &KafkaFace,
-) -> std::io::Result<Result<Option<Bytes>, FrameError>> {
+    first: u8,
+) -> std::io::Result<Result<Bytes, FrameError>> {
     let request_size_max = face.request_size_max;
-    let mut size = [0u8; 4];
-    connection.set_reading(Some(Instant::now()));
-    let read = stream.read(&mut size[..1]).await;
-    connection.set_reading(None);
-    if read? == 0 {
-        return Ok(Ok(None));
-    }
+    let mut size = [first, 0, 0, 0];
     // A request has begun: the rest must come within --line-timeout-ms.
     connection.set_partial_line(Some(1), Instant::now());
     connection.set_reading(Some(Instant::now()));
@@ -276,40 +294,198 @@ async fn read_request(
     read?;
     connection.set_reading(None);
     connection.set_partial_line(None, Instant::now());
-    Ok(Ok(Some(body)))
+    Ok(Ok(body))
 }
 
-/// Serves one connection's requests in order until it closes, sends a
-/// frame that cannot be answered, or the server shuts down.
-async fn serve_connection(shard: &Shard, face: &KafkaFace, mut stream: TcpStream, connection: &Connection) {
-    let mut response = Vec::new();
-    loop {
-        let read = read_request(&mut stream, connection, face);
-        let request = match first(read, shard.lifecycle().shutdown_requested()).await {
-            Either::Left(Ok(Ok(Some(request)))) => request,
-            Either::Left(Ok(Err(error))) => return refuse_frame(shard, error),
-            Either::Left(Ok(Ok(None)) | Err(_)) | Either::Right(()) => return,
-        };
-        connection.greet();
-        let frame = match decode_frame(request) {
-            Ok(frame) => frame,
-            Err(error) => return refuse_frame(shard, error),
-        };
-        response.clear();
-        ShardMetrics::add(&shard.metrics().kafka_requests, 1);
-        match api::handle(shard, face, frame, &mut response).await {
-            Ok(true) => {
-                if stream.write_all(&response).await.is_err() {
-                    return;
-                }
-            }
-            Ok(false) => {}
-            Err(error) => return refuse_frame(shard, error),
-        }
-        if response.capacity() > face.request_size_max {
-            response = Vec::new();
+/// A Produce request routed and not yet answered, with what its answer's
+/// header needs.
+struct InFlight {
+    version: i16,
+    correlation_id: i32,
+    produce: produce::RoutedProduce,
+}
+
+/// The Produce requests a connection has routed and not yet answered,
+/// oldest first: at most [`KAFKA_PRODUCES_IN_FLIGHT_MAX`] holding at most
+/// [`KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX`] partition entries (one larger
+/// request alone).
+#[derive(Default)]
+struct Pipeline {
+    requests: VecDeque<InFlight>,
+    entry_count: usize,
+}
+
+impl Pipeline {
+    /// Whether a request of `entry_count` entries must wait for the oldest
+    /// answer before it is routed.
+    fn is_full(&self, entry_count: usize) -> bool {
+        !self.requests.is_empty()
+            && (self.requests.len() >= KAFKA_PRODUCES_IN_FLIGHT_MAX
+                || self.entry_count + entry_count > KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX)
+    }
+
+    fn push(&mut self, request: InFlight) {
+        self.entry_count += request.produce.entry_count();
+        self.requests.push_back(request);
+    }
+
+    /// Resolves once the oldest request is answerable; never, when none is
+    /// in flight.
+    async fn oldest_answerable(&self, shard: &Shard) {
+        match self.requests.front() {
+            Some(oldest) => oldest.produce.answerable(shard.ingress()).await,
+            None => std::future::pending().await,
         }
     }
+
+    /// Encodes into `out` the answers of the oldest requests, in order: of
+    /// those answerable now, or (`count` > 0) waiting for at least the
+    /// `count` oldest.
+    async fn answer(
+        &mut self,
+        shard: &Shard,
+        face: &KafkaFace,
+        out: &mut Vec<u8>,
+        mut count: usize,
+    ) -> Result<(), FrameError> {
+        while let Some(oldest) = self.requests.front() {
+            if count > 0 {
+                oldest.produce.answerable(shard.ingress()).await;
+                count -= 1;
+            } else if !oldest.produce.is_answerable(shard.ingress()) {
+                break;
+            }
+            let Some(InFlight { version, correlation_id, produce }) = self.requests.pop_front() else { break };
+            self.entry_count -= produce.entry_count();
+            if let Some(response) = produce.answer(face).await {
+                api::respond(out, ApiKey::Produce, version, correlation_id, &response)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What waiting for the next request ended with.
+enum Next {
+    Request(Bytes),
+    /// The oldest Produce in flight can be answered.
+    Answerable,
+    /// EOF, a read error or shutdown: answer what is in flight and close.
+    End,
+    Refused(FrameError),
+}
+
+/// Waits for the next request, or for the oldest Produce in flight to be
+/// answerable, or for shutdown.
+async fn next_request(
+    shard: &Shard,
+    face: &KafkaFace,
+    stream: &mut TcpStream,
+    connection: &Connection,
+    pipeline: &Pipeline,
+) -> Next {
+    let start = read_request_start(stream, connection);
+    let first_byte =
+        match first(first(start, pipeline.oldest_answerable(shard)), shard.lifecycle().shutdown_requested()).await {
+            Either::Left(Either::Left(Ok(Some(byte)))) => byte,
+            Either::Left(Either::Right(())) => return Next::Answerable,
+            Either::Left(Either::Left(Ok(None) | Err(_))) | Either::Right(()) => return Next::End,
+        };
+    let rest = read_request_rest(stream, connection, face, first_byte);
+    match first(rest, shard.lifecycle().shutdown_requested()).await {
+        Either::Left(Ok(Ok(request))) => Next::Request(request),
+        Either::Left(Ok(Err(error))) => Next::Refused(error),
+        Either::Left(Err(_)) | Either::Right(()) => Next::End,
+    }
+}
+
+/// Serves one connection's requests until it closes, sends a frame that
+/// cannot be answered, or the server shuts down. Produce requests are
+/// pipelined: each is routed as soon as it is read, and answered, in
+/// request order, once its owners have applied it ([`Pipeline`]); any other
+/// request waits for the answers before it, and is served alone.
+async fn serve_connection(shard: &Shard, face: &KafkaFace, mut stream: TcpStream, connection: &Connection) {
+    let mut response = Vec::new();
+    let mut pipeline = Pipeline::default();
+    loop {
+        let answered = pipeline.answer(shard, face, &mut response, 0).await;
+        if flush(shard, &mut stream, &mut response, answered, face).await.is_err() {
+            return;
+        }
+        let request = match next_request(shard, face, &mut stream, connection, &pipeline).await {
+            Next::Request(request) => request,
+            Next::Answerable => continue,
+            Next::End => {
+                let answered = pipeline.answer(shard, face, &mut response, pipeline.requests.len()).await;
+                let _ = flush(shard, &mut stream, &mut response, answered, face).await;
+                return;
+            }
+            Next::Refused(error) => return refuse_frame(shard, error),
+        };
+        connection.greet();
+        ShardMetrics::add(&shard.metrics().kafka_requests, 1);
+        let served = match decode_frame(request) {
+            Ok(frame)
+                if frame.api_key == ApiKey::Produce as i16 && api::is_supported(frame.api_key, frame.api_version) =>
+            {
+                route_produce(shard, face, frame, &mut pipeline, &mut response).await
+            }
+            Ok(frame) => {
+                // Answered after every Produce before it, alone.
+                let in_flight = pipeline.requests.len();
+                match pipeline.answer(shard, face, &mut response, in_flight).await {
+                    Ok(()) => api::handle(shard, face, frame, &mut response).await.map(|_| ()),
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        if flush(shard, &mut stream, &mut response, served, face).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Routes a Produce request into the pipeline, first answering (into
+/// `out`) as many of the oldest as must make room for it.
+async fn route_produce(
+    shard: &Shard,
+    face: &KafkaFace,
+    frame: Frame,
+    pipeline: &mut Pipeline,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let request = api::decode_produce(frame.api_version, frame.body)?;
+    let entry_count = produce::entry_count(&request);
+    while pipeline.is_full(entry_count) {
+        pipeline.answer(shard, face, out, 1).await?;
+    }
+    let produce = produce::route(shard, face, request).await;
+    pipeline.push(InFlight { version: frame.api_version, correlation_id: frame.correlation_id, produce });
+    Ok(())
+}
+
+/// Writes the answers in `response` (if `served`; else refuses the frame
+/// and fails, closing the connection), then empties it.
+async fn flush(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    response: &mut Vec<u8>,
+    served: Result<(), FrameError>,
+    face: &KafkaFace,
+) -> Result<(), ()> {
+    if let Err(error) = served {
+        refuse_frame(shard, error);
+        return Err(());
+    }
+    if !response.is_empty() {
+        stream.write_all(response).await.map_err(|_| ())?;
+        response.clear();
+    }
+    if response.capacity() > face.request_size_max {
+        *response = Vec::new();
+    }
+    Ok(())
 }
 
 /// Counts and logs a request the connection cannot go on after.

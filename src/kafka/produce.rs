@@ -10,10 +10,31 @@
 //! the request into the owner's batch). While an owner has no credits the
 //! connection waits, and does not read its next request.
 //!
-//! The answer waits as `acks` asks: `0` none; `1` until every owner the
-//! request touched has applied its records (stored and visible to
-//! subscribers); `all` (-1) until they are durable under `--fsync`, exactly
-//! as a `#SYNC` waits.
+//! A request is handled in two steps, so that a connection can route its
+//! next requests while earlier ones wait ([`super::serve_connection`]):
+//! [`route`] routes its records and notes, per owner it touched, the batch
+//! whose grant answers it ([`RoutedProduce`]); [`RoutedProduce::answer`]
+//! builds the answer once those grants came back
+//! ([`RoutedProduce::answerable`]). The answer waits as `acks` asks: `0`
+//! none; `1` until every owner the request touched has applied its records
+//! (stored and visible to subscribers); `all` (-1) until they are durable
+//! under `--fsync`, exactly as a `#SYNC` waits.
+//!
+//! **Offsets.** The owner assigns offsets as it applies batches from every
+//! connection, so the request asks it for two: those of the first and the
+//! last record it routes to each partition ([`crate::routing::OffsetAsk`],
+//! answered in the grant the answer waits for anyway). The answer's base
+//! offset is the first, and its log start offset the partition's earliest
+//! then. A client numbers the records of a batch from the base offset, so
+//! the base offset is given only when the records are consecutive in the
+//! partition (the last's offset is the first's plus the count): always,
+//! unless another connection's records for the same partition came between
+//! them (the request's records were split over two owner batches, or it
+//! waited for credits halfway); then, and for a partition still migrating
+//! when its records arrived, it is -1 (unknown), as before offsets were
+//! returned (librdkafka, kafka-python and the Java client report it as
+//! unknown). A retry of an idempotent producer's stored batch answers -1
+//! too (the original's offsets are not kept).
 //!
 //! Batches of idempotent producers are checked against the producer table
 //! first ([`super::producers`]): a retry of a stored batch is not routed
@@ -22,79 +43,186 @@
 //! With `--kafka-produce-discard` (a hidden benchmark knob) the batches are
 //! decoded and checked as above and answered without being routed: what a
 //! client reaches against it is its own ceiling against this listener.
-//!
-//! The response's base offset is -1 (unknown): offsets are assigned by the
-//! owner as it applies batches from many connections, after the records
-//! left this shard, and the owner's answer to the source (a credit grant,
-//! shared with every line) carries no offsets. Returning them would widen
-//! the grant every line batch pays for; clients need no base offset to
-//! produce (librdkafka and the Java client report -1 as "unknown").
+
+use std::cell::Cell;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
 
 use std::time::{Duration, Instant};
 
 use super::batch::{ProducedBatch, check_batches};
 use super::producers::{BatchIdentity, Verdict};
 use super::{KafkaFace, codes};
+use crate::config::limits::KAFKA_PRODUCE_ENTRY_BYTES;
 use crate::routing::Blocked;
 use crate::shard::Shard;
+use crate::shard::ingress::{Ingress, OffsetSlots};
 use crate::shard::metrics::ShardMetrics;
 
-/// Handles a Produce request; `None` for acks=0 (no response is sent).
-pub async fn produce(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> Option<ProduceResponse> {
+/// A Produce request whose records are routed, waiting to be answered.
+pub struct RoutedProduce {
+    acks: i16,
+    /// Per owner shard: the batch sequence whose grant answers the request
+    /// (0: nothing to wait for).
+    sequences: Vec<u64>,
+    /// Each topic of the request, with its entries in `partitions`.
+    topics: Vec<(TopicName, std::ops::Range<usize>)>,
+    partitions: Vec<RoutedPartition>,
+    /// Per entry of `partitions`, the offsets of its first (`2 * i`) and
+    /// last (`2 * i + 1`) routed record; empty when nothing is asked
+    /// (acks=0, `--kafka-produce-discard`).
+    slots: OffsetSlots,
+    /// Idempotent batches it took: their duplicates wait for this answer.
+    taken: Vec<(u32, BatchIdentity)>,
+    /// Retries of batches already taken: answered once the original is.
+    duplicates: Vec<(u32, BatchIdentity)>,
+}
+
+/// One partition entry of a Produce request, as routed.
+#[derive(Debug, Clone, Copy)]
+struct RoutedPartition {
+    index: i32,
+    code: i16,
+    /// Records routed for it.
+    routed_count: u64,
+    /// Every batch of it was routed (none was a retry already stored).
+    whole: bool,
+}
+
+// The memory formula's cost per entry in flight covers the entry, its two
+// offset cells, the two waiters of the shard's ingress and the two asks of
+// the batches that carry them.
+const _: () = assert!(
+    std::mem::size_of::<RoutedPartition>()
+        + 2 * std::mem::size_of::<Cell<(i64, i64)>>()
+        + 2 * 48
+        + 2 * std::mem::size_of::<crate::routing::OffsetAsk>()
+        <= KAFKA_PRODUCE_ENTRY_BYTES
+);
+
+/// Partition entries of a Produce request: what it holds in flight.
+pub fn entry_count(request: &ProduceRequest) -> usize {
+    request.topic_data.iter().map(|topic| topic.partition_data.len()).sum()
+}
+
+/// Checks and routes every record of a Produce request (waiting for credits
+/// or held partitions as a line does); the answer is built later, by
+/// [`RoutedProduce::answer`].
+pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> RoutedProduce {
     let acks = request.acks;
-    let mut pending = Pending { touched: vec![false; usize::from(shard.shard_count())], ..Pending::default() };
-    let mut responses = Vec::with_capacity(request.topic_data.len());
+    let shard_count = usize::from(shard.shard_count());
+    let entries = entry_count(&request);
+    let asking = acks != 0 && !face.produce_discard;
+    let slots: OffsetSlots = (0..if asking { 2 * entries } else { 0 }).map(|_| Cell::new((-1, -1))).collect();
+    let mut routed = RoutedProduce {
+        acks,
+        sequences: vec![0; shard_count],
+        topics: Vec::with_capacity(request.topic_data.len()),
+        partitions: Vec::with_capacity(entries),
+        slots,
+        taken: Vec::new(),
+        duplicates: Vec::new(),
+    };
+    let mut touched = vec![false; shard_count];
     for topic in request.topic_data {
         let name = topic.name.0.to_string();
         let route = match shard.route_for(name.as_bytes()) {
             None => super::topics::auto_create(shard, face, &name).await,
             route => route,
         };
-        let mut partitions = Vec::with_capacity(topic.partition_data.len());
+        let start = routed.partitions.len();
         for data in topic.partition_data {
-            let code = match route {
+            let entry = routed.partitions.len();
+            let mut partition = RoutedPartition { index: data.index, code: codes::NONE, routed_count: 0, whole: true };
+            partition.code = match route {
                 _ if !matches!(acks, -1..=1) => codes::INVALID_REQUIRED_ACKS,
                 Some(route) if (0..route.partitions as i64).contains(&i64::from(data.index)) => {
                     let records = data.records.unwrap_or_default();
-                    produce_partition(shard, face, route.base + data.index as u32, records, &mut pending).await
+                    let global = route.base + data.index as u32;
+                    let mut target = Target { partition: global, entry, touched: &mut touched, routed: &mut routed };
+                    let (code, count, whole) = produce_partition(shard, face, &mut target, records).await;
+                    (partition.routed_count, partition.whole) = (count, whole);
+                    code
                 }
                 _ => codes::UNKNOWN_TOPIC_OR_PARTITION,
             };
-            if code != codes::NONE {
+            if partition.code != codes::NONE {
                 ShardMetrics::add(&shard.metrics().kafka_errors_partition, 1);
             }
-            let response = PartitionProduceResponse::default()
-                .with_index(data.index)
-                .with_error_code(code)
-                .with_base_offset(-1)
-                .with_log_append_time_ms(-1)
-                .with_log_start_offset(-1);
-            partitions.push(response);
+            routed.partitions.push(partition);
         }
-        responses.push(TopicProduceResponse::default().with_name(topic.name).with_partition_responses(partitions));
+        // Owned, so the request's buffer is not held while it waits.
+        routed.topics.push((TopicName(StrBytes::from_string(name)), start..routed.partitions.len()));
     }
     if acks != 0 {
-        wait_for_owners(shard, &pending.touched, acks == -1).await;
+        routed.sequences = answering_points(shard, &touched, acks == -1);
     }
-    for (partition, batch) in &pending.taken {
-        face.producers.answered(*partition, batch);
-    }
-    wait_for_originals(face, &pending.duplicates).await;
-    (acks != 0).then(|| ProduceResponse::default().with_responses(responses))
+    routed
 }
 
-/// What one Produce request waits for before it answers.
-#[derive(Default)]
-struct Pending {
-    /// Owners the request routed records to.
-    touched: Vec<bool>,
-    /// Idempotent batches it took: their duplicates wait for this answer.
-    taken: Vec<(u32, BatchIdentity)>,
-    /// Retries of batches already taken: answered once the original is.
-    duplicates: Vec<(u32, BatchIdentity)>,
+/// Where one partition entry's records go, and what they report to.
+struct Target<'a> {
+    /// Global partition id.
+    partition: u32,
+    /// The entry's index in the request (its offset slots).
+    entry: usize,
+    touched: &'a mut [bool],
+    routed: &'a mut RoutedProduce,
+}
+
+impl RoutedProduce {
+    /// Partition entries it holds while in flight.
+    pub fn entry_count(&self) -> usize {
+        self.partitions.len()
+    }
+
+    /// Whether every owner it waits for has granted back its batch.
+    pub fn is_answerable(&self, ingress: &Ingress) -> bool {
+        self.sequences.iter().enumerate().all(|(owner, &sequence)| ingress.granted(owner as u16, sequence))
+    }
+
+    /// Resolves once [`RoutedProduce::is_answerable`].
+    pub async fn answerable(&self, ingress: &Ingress) {
+        ingress.wait_granted(&self.sequences).await;
+    }
+
+    /// The answer, once answerable (waiting only for originals of retried
+    /// batches); `None` for acks=0 (no response is sent).
+    pub async fn answer(self, face: &KafkaFace) -> Option<ProduceResponse> {
+        for (partition, batch) in &self.taken {
+            face.producers.answered(*partition, batch);
+        }
+        wait_for_originals(face, &self.duplicates).await;
+        if self.acks == 0 {
+            return None;
+        }
+        let mut responses = Vec::with_capacity(self.topics.len());
+        for (name, entries) in &self.topics {
+            let partitions = entries.clone().map(|entry| self.partition_response(entry)).collect();
+            responses
+                .push(TopicProduceResponse::default().with_name(name.clone()).with_partition_responses(partitions));
+        }
+        Some(ProduceResponse::default().with_responses(responses))
+    }
+
+    /// The answer for entry `entry`, with its offsets when they are known
+    /// and consecutive (see the module doc).
+    fn partition_response(&self, entry: usize) -> PartitionProduceResponse {
+        let partition = self.partitions[entry];
+        let slot = |index: usize| self.slots.get(index).map_or((-1, -1), Cell::get);
+        let (first, log_start) = slot(2 * entry);
+        let last = if partition.routed_count == 1 { first } else { slot(2 * entry + 1).0 };
+        let consecutive = first >= 0 && last - first + 1 == partition.routed_count as i64;
+        let known = partition.code == codes::NONE && partition.whole && consecutive;
+        PartitionProduceResponse::default()
+            .with_index(partition.index)
+            .with_error_code(partition.code)
+            .with_base_offset(if known { first } else { -1 })
+            .with_log_append_time_ms(-1)
+            .with_log_start_offset(if known { log_start } else { -1 })
+    }
 }
 
 /// The longest a retry waits for its original's answer (a request waiting
@@ -116,62 +244,75 @@ async fn wait_for_originals(face: &KafkaFace, duplicates: &[(u32, BatchIdentity)
     }
 }
 
-/// Checks one partition's batches and routes their records; the Kafka code
-/// for the partition.
+/// Checks one partition's batches and routes their records: the Kafka code
+/// for the partition, the records routed, and whether every batch was.
 async fn produce_partition(
     shard: &Shard,
     face: &KafkaFace,
-    partition: u32,
+    target: &mut Target<'_>,
     records: bytes::Bytes,
-    pending: &mut Pending,
-) -> i16 {
+) -> (i16, u64, bool) {
     let batches = match check_batches(records, face.record_size_max) {
         Ok(batches) => batches,
         Err(error) => {
             if error.code() == codes::CORRUPT_MESSAGE {
                 ShardMetrics::add(&shard.metrics().kafka_errors_corrupt_batch, 1);
             }
-            return error.code();
+            return (error.code(), 0, false);
         }
     };
     if face.produce_discard {
         // Checked whole above, as when stored; nothing is routed.
-        return codes::NONE;
+        return (codes::NONE, 0, false);
     }
+    let last = batches.len().saturating_sub(1);
     if batches.iter().all(|batch| batch.producer_id < 0) {
         // Not an idempotent producer: nothing to check, no lock taken.
-        for batch in &batches {
-            route_batch(shard, partition, batch, &mut pending.touched).await;
+        let mut count = 0;
+        for (index, batch) in batches.iter().enumerate() {
+            count += route_batch(shard, target, batch, (index == 0, index == last)).await;
         }
-        return codes::NONE;
+        return (codes::NONE, count, true);
     }
     let identities: Vec<BatchIdentity> = batches.iter().map(ProducedBatch::identity).collect();
     let mut verdicts = Vec::with_capacity(batches.len());
-    if let Err(code) = face.producers.check(partition, &identities, &mut verdicts) {
-        return code;
+    if let Err(code) = face.producers.check(target.partition, &identities, &mut verdicts) {
+        return (code, 0, false);
     }
-    for ((batch, identity), verdict) in batches.iter().zip(identities).zip(verdicts) {
+    let (mut count, mut whole) = (0, true);
+    for (index, ((batch, identity), verdict)) in batches.iter().zip(identities).zip(verdicts).enumerate() {
         match verdict {
             Verdict::Duplicate => {
                 ShardMetrics::add(&shard.metrics().kafka_duplicate_batches, 1);
-                pending.duplicates.push((partition, identity));
+                target.routed.duplicates.push((target.partition, identity));
+                whole = false;
             }
             Verdict::Take | Verdict::Refuse(_) => {
-                route_batch(shard, partition, batch, &mut pending.touched).await;
+                count += route_batch(shard, target, batch, (index == 0, index == last)).await;
                 if identity.producer_id >= 0 {
-                    pending.taken.push((partition, identity));
+                    target.routed.taken.push((target.partition, identity));
                 }
             }
         }
     }
-    codes::NONE
+    (codes::NONE, count, whole)
 }
 
-/// Routes a checked batch's records to `partition`, waiting for credits or
-/// a held partition whenever routing is blocked, and resuming at the record
-/// that was blocked.
-async fn route_batch(shard: &Shard, partition: u32, batch: &ProducedBatch, touched: &mut [bool]) {
+/// Routes a checked batch's records to the target partition, waiting for
+/// credits or a held partition whenever routing is blocked, and resuming at
+/// the record that was blocked. `(first, last)`: whether the batch is the
+/// entry's first or last, whose first or last record's offset is asked
+/// for. Returns the records routed.
+async fn route_batch(
+    shard: &Shard,
+    target: &mut Target<'_>,
+    batch: &ProducedBatch,
+    (first, last): (bool, bool),
+) -> u64 {
+    let record_count = u64::try_from(batch.record_count).unwrap_or(0);
+    let slots = (!target.routed.slots.is_empty()).then(|| target.routed.slots.clone());
     let mut records = batch.records().map_while(Result::ok).peekable();
+    let mut index = 0u64;
     loop {
         let (mut count, mut bytes) = (0u64, 0u64);
         let blocked = {
@@ -181,10 +322,19 @@ async fn route_batch(shard: &Shard, partition: u32, batch: &ProducedBatch, touch
             route.drained = true;
             let mut blocked = None;
             while let Some(record) = records.peek() {
-                match route.route_extended(partition, record) {
+                let ask = match &slots {
+                    Some(slots) if first && index == 0 => Some((slots, 2 * target.entry)),
+                    // The last record, unless the first's ask was its own.
+                    Some(slots) if last && index + 1 == record_count && !(first && index == 0) => {
+                        Some((slots, 2 * target.entry + 1))
+                    }
+                    _ => None,
+                };
+                match route.route_extended(target.partition, record, ask) {
                     Ok(owner) => {
-                        touched[usize::from(owner)] = true;
+                        target.touched[usize::from(owner)] = true;
                         count += 1;
+                        index += 1;
                         bytes += record.log_size() as u64;
                         records.next();
                     }
@@ -201,7 +351,7 @@ async fn route_batch(shard: &Shard, partition: u32, batch: &ProducedBatch, touch
         ShardMetrics::add(&metrics.bytes_ingested, bytes);
         ShardMetrics::add(&metrics.kafka_records_produced, count);
         match blocked {
-            None => return,
+            None => return index,
             Some(Blocked { held: Some(held), .. }) => {
                 shard.ingress().wait_for_release(held).await;
             }
@@ -212,16 +362,16 @@ async fn route_batch(shard: &Shard, partition: u32, batch: &ProducedBatch, touch
     }
 }
 
-/// Waits until every touched owner has applied (`durable`: made durable
-/// under the fsync policy) what this request routed to it: a `#SYNC`'s wait.
-async fn wait_for_owners(shard: &Shard, touched: &[bool], durable: bool) {
+/// Per owner, the batch sequence whose grant means that what this request
+/// routed to it is applied (`durable`: made durable under the fsync
+/// policy): a `#SYNC`'s point ([`crate::shard::ingress::Route::sync_point`]).
+/// 0 for owners it did not touch.
+fn answering_points(shard: &Shard, touched: &[bool], durable: bool) -> Vec<u64> {
     let mut sequences = vec![0u64; touched.len()];
-    {
-        let mut route = shard.begin_route();
-        for (owner, _) in touched.iter().enumerate().filter(|(_, touched)| **touched) {
-            let owner_id = owner as u16;
-            sequences[owner] = if durable { route.sync_point(owner_id) } else { route.applied_point(owner_id) };
-        }
+    let mut route = shard.begin_route();
+    for (owner, _) in touched.iter().enumerate().filter(|(_, touched)| **touched) {
+        let owner_id = owner as u16;
+        sequences[owner] = if durable { route.sync_point(owner_id) } else { route.applied_point(owner_id) };
     }
-    shard.ingress().wait_granted(&sequences).await;
+    sequences
 }

@@ -24,6 +24,7 @@
 use crate::partition::migration::{Effect, Marker, Migrations};
 use crate::partition::{Partition, PartitionManager};
 use crate::protocol::record::{BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, decode_log_record};
+use crate::routing::{OffsetAsk, OffsetAsks};
 
 /// Batches smaller than this are applied in arrival order: a small batch
 /// touches few partitions, and grouping would cost more than it saves.
@@ -137,6 +138,12 @@ pub trait OwnedPartitions {
     /// [`OwnedPartitions::put_record_order`] gives it back).
     fn take_record_order(&mut self) -> RecordOrder;
     fn put_record_order(&mut self, order: RecordOrder);
+    /// An owned partition's next offset (the one its next append gets) and
+    /// its earliest readable one; `None` when it is not owned here. Asked
+    /// only for records a source asked the offset of ([`OffsetAsk`]).
+    fn offsets(&self, _partition_id: u32) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 impl OwnedPartitions for PartitionManager {
@@ -168,6 +175,11 @@ impl OwnedPartitions for PartitionManager {
     fn put_record_order(&mut self, order: RecordOrder) {
         self.record_order = order;
     }
+
+    fn offsets(&self, partition_id: u32) -> Option<(u64, u64)> {
+        let partition = self.get(partition_id)?;
+        Some((partition.log.next_offset(), partition.log.earliest_offset()))
+    }
 }
 
 /// What applying a batch stored.
@@ -189,6 +201,13 @@ pub trait Batch {
     fn records(&self) -> &[u8];
     fn markers(&self) -> &[Marker];
     fn into_grant(self) -> Self::Grant;
+    /// The records whose offsets the source asked for, to be answered as
+    /// they are applied (see [`OffsetAsk`]); none unless the batch has them.
+    fn take_offset_asks(&mut self) -> OffsetAsks {
+        None
+    }
+    /// Puts the answered asks back, to leave with the grant.
+    fn put_offset_asks(&mut self, _asks: OffsetAsks) {}
 }
 
 /// Applies one batch from `source`: its records, then its markers, then its
@@ -197,7 +216,7 @@ pub fn apply_batch<B: Batch, O: OwnedPartitions>(
     partitions: &mut O,
     migrations: &mut ShardMigrations<B::Grant>,
     source: u16,
-    batch: B,
+    mut batch: B,
     now_ms: u64,
     effects: &mut Vec<Effect<B::Grant>>,
 ) -> Applied {
@@ -205,25 +224,85 @@ pub fn apply_batch<B: Batch, O: OwnedPartitions>(
     // Incoming partitions this batch carried records for (almost always
     // none; a Vec that stays empty does not allocate).
     let mut held_for: Vec<u32> = Vec::new();
+    let mut asks = batch.take_offset_asks();
     let records = batch.records();
+    let asked = asks.as_deref_mut().filter(|asks| !asks.is_empty());
     if records.len() >= GROUPED_APPLY_BYTES_MIN {
         let mut order = partitions.take_record_order();
+        let mut answers = Answers::new(asked, records, true);
         for &position in order.group(records) {
             let (partition_id, record) =
                 BatchIter::new(&records[position as usize..]).next().expect("grouping found a record here");
+            answers.answer(position, partition_id, partitions);
             apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
         }
+        answers.finish();
         partitions.put_record_order(order);
     } else {
+        let mut answers = Answers::new(asked, records, false);
+        let mut position = 0;
         for (partition_id, record) in BatchIter::new(records) {
+            answers.answer(position, partition_id, partitions);
+            position += (BATCH_HEADER_SIZE - LOG_HEADER_SIZE + record.log_record.len()) as u32;
             apply_record(partitions, migrations, source, partition_id, &record, &mut applied, &mut held_for);
         }
     }
+    batch.put_offset_asks(asks);
     for marker in batch.markers() {
         migrations.on_marker(source, *marker, now_ms, effects);
     }
     migrations.settle_grant(source, batch.into_grant(), held_for, effects);
     applied
+}
+
+/// A batch's offset asks as its records are applied: each asked record's
+/// offset is read just before it is appended. The asks are in position
+/// order; a grouped batch is applied partition by partition, so they are
+/// sorted the same way first (by partition, then position) and back after,
+/// and either way one cursor finds each ask as its record comes: a small
+/// cost per batch with asks, one branch per record without.
+struct Answers<'a> {
+    asks: Option<&'a mut [OffsetAsk]>,
+    next: usize,
+}
+
+impl<'a> Answers<'a> {
+    fn new(asks: Option<&'a mut Vec<OffsetAsk>>, records: &[u8], grouped: bool) -> Answers<'a> {
+        let mut asks = asks.map(|asks| asks.as_mut_slice());
+        if grouped && let Some(asks) = asks.as_deref_mut() {
+            let partition_at = |position: u32| -> u32 {
+                let start = position as usize;
+                records
+                    .get(start..start + 4)
+                    .map_or(u32::MAX, |bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+            };
+            asks.sort_unstable_by_key(|ask| (partition_at(ask.position), ask.position));
+        }
+        Answers { asks, next: 0 }
+    }
+
+    /// The record at `position`, of `partition_id`, is applied next.
+    #[inline]
+    fn answer<O: OwnedPartitions>(&mut self, position: u32, partition_id: u32, partitions: &O) {
+        let Some(asks) = self.asks.as_deref_mut() else { return };
+        if let Some(ask) = asks.get_mut(self.next)
+            && ask.position == position
+        {
+            if let Some((next_offset, earliest_offset)) = partitions.offsets(partition_id) {
+                ask.offset = next_offset as i64;
+                ask.log_start_offset = earliest_offset as i64;
+            }
+            self.next += 1;
+        }
+    }
+
+    /// Puts the asks back in position order, as their source keeps them.
+    fn finish(self) {
+        if let Some(asks) = self.asks {
+            debug_assert_eq!(self.next, asks.len(), "every ask is of a record in the batch");
+            asks.sort_unstable_by_key(|ask| ask.position);
+        }
+    }
 }
 
 /// Applies one record of a batch from `source`: appends it to its
@@ -437,6 +516,83 @@ mod tests {
         assert_eq!(installed.stored, 2);
         assert_eq!(payloads(&partitions, 2), ["early", "late1", "late2"]);
         assert!(effects.contains(&Effect::Grant { source: 0, grant: 9 }));
+    }
+
+    /// A test batch that asks for the offsets of some of its records.
+    struct AskingBatch(Vec<u8>, OffsetAsks);
+
+    impl Batch for AskingBatch {
+        type Grant = Vec<OffsetAsk>;
+        fn records(&self) -> &[u8] {
+            &self.0
+        }
+        fn markers(&self) -> &[Marker] {
+            &[]
+        }
+        fn into_grant(self) -> Vec<OffsetAsk> {
+            self.1.map(|asks| *asks).unwrap_or_default()
+        }
+        fn take_offset_asks(&mut self) -> OffsetAsks {
+            self.1.take()
+        }
+        fn put_offset_asks(&mut self, asks: OffsetAsks) {
+            self.1 = asks;
+        }
+    }
+
+    /// Applies `events` as one batch asking for the offsets of the records
+    /// at `asked` (indexes into `events`); the asks' (offset, log start) in
+    /// position order, as the grant returns them.
+    fn answered(
+        partitions: &mut PartitionManager,
+        migrations: &mut ShardMigrations<Vec<OffsetAsk>>,
+        events: &[(u32, String)],
+        asked: &[usize],
+    ) -> Vec<(i64, i64)> {
+        let mut bytes = Vec::new();
+        let mut asks = Vec::new();
+        for (index, (partition, payload)) in events.iter().enumerate() {
+            if asked.contains(&index) {
+                asks.push(OffsetAsk { sequence: 1, position: bytes.len() as u32, offset: -1, log_start_offset: -1 });
+            }
+            encode_batch_record(&mut bytes, *partition, b"k", payload.as_bytes());
+        }
+        let mut effects = Vec::new();
+        apply_batch(partitions, migrations, 0, AskingBatch(bytes, Some(Box::new(asks))), 0, &mut effects);
+        let Some(Effect::Grant { grant, .. }) = effects.pop() else { panic!("the grant goes back") };
+        assert!(grant.windows(2).all(|pair| pair[0].position < pair[1].position), "in position order");
+        grant.iter().map(|ask| (ask.offset, ask.log_start_offset)).collect()
+    }
+
+    /// An owner answers each asked record with the offset it stored it at
+    /// (and its partition's earliest offset), whether the batch is applied
+    /// in arrival order or grouped by partition; a record that is not
+    /// stored (its stream was deleted) is answered -1.
+    #[test]
+    fn asked_records_are_answered_with_their_offsets() {
+        let mut partitions = manager(&[0, 3]);
+        partitions.retire(6);
+        let mut migrations: ShardMigrations<Vec<OffsetAsk>> = Migrations::new(1, 2);
+        let small: Vec<(u32, String)> = [(3, "a"), (0, "b"), (3, "c"), (6, "d"), (0, "e")]
+            .iter()
+            .map(|&(partition, payload)| (partition, payload.to_string()))
+            .collect();
+        assert_eq!(
+            answered(&mut partitions, &mut migrations, &small, &[0, 2, 3, 4]),
+            [(0, 0), (1, 0), (-1, -1), (1, 0)]
+        );
+        let owners = [3, 0, 6, 0, 3];
+        let large: Vec<(u32, String)> =
+            (0..1000).map(|index| (owners[index % owners.len()], format!("event-{index}"))).collect();
+        // Partition 3 holds 2 before this batch, 0 holds 2: index 0 is p3's
+        // 3rd (offset 2), 1 is p0's 3rd, 4 is p3's 4th, 999 is p3 again
+        // (its 400th of the batch), 2 is p6's.
+        let asked = [0, 1, 2, 4, 999];
+        assert_eq!(
+            answered(&mut partitions, &mut migrations, &large, &asked),
+            [(2, 0), (2, 0), (-1, -1), (3, 0), (401, 0)]
+        );
+        assert_eq!(partitions.get(3).unwrap().log.next_offset(), 402);
     }
 
     /// A record for a partition neither owned nor incoming is a routing bug.

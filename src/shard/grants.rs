@@ -101,6 +101,7 @@ mod tests {
             more_recycled: Vec::new(),
             sync: false,
             grant_now,
+            offset_asks: None,
         }
     }
 

@@ -19,23 +19,42 @@
 //! to flush.
 
 use std::cell::{Cell, RefCell, RefMut};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::protocol::record::ExtendedRecord;
-use crate::routing::{Blocked, CreditGrant, DataBatch, Router, route, route_extended};
+use crate::routing::{Blocked, CreditGrant, DataBatch, OffsetAsk, Router, route, route_extended};
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::outbox::Outbox;
 use crate::stream::StreamRoute;
 
+/// Where a Kafka Produce reads the offsets its asked records got
+/// ([`OffsetAsk`]): one cell per ask, `(offset, log_start_offset)`, -1 until
+/// the owner's grant answers it. One allocation per request.
+pub type OffsetSlots = Rc<[Cell<(i64, i64)>]>;
+
+/// An ask this shard's batches carry, and the cell its answer goes to.
+struct OffsetWaiter {
+    sequence: u64,
+    position: u32,
+    slots: OffsetSlots,
+    index: usize,
+}
+
 /// One shard's source side: its router, the flush timer, and the
 /// connections waiting for credits.
 pub struct Ingress {
     router: RefCell<Router>,
+    /// Per owner, the offset asks in flight to it, in the order its grants
+    /// answer them (batch sequence, then position). Bounded by the credit
+    /// window: at most one per record in flight, and Kafka asks two per
+    /// partition of a Produce.
+    offset_waiters: RefCell<Vec<VecDeque<OffsetWaiter>>>,
     /// Per owner: tasks waiting for that owner's credits or grants.
     credit_waiters: Vec<WaitList>,
     /// Connections waiting for a held partition's release.
@@ -76,11 +95,24 @@ impl Route<'_> {
 
 impl Route<'_> {
     /// Routes one Kafka record to the partition its producer chose; see
-    /// [`crate::routing::route_extended`].
+    /// [`crate::routing::route_extended`]. With `ask`, the owner's grant
+    /// will write the offset it gives the record into that slot.
     #[inline]
-    pub fn route_extended(&mut self, partition: u32, record: &ExtendedRecord<'_>) -> Result<u16, Blocked> {
+    pub fn route_extended(
+        &mut self,
+        partition: u32,
+        record: &ExtendedRecord<'_>,
+        ask: Option<(&OffsetSlots, usize)>,
+    ) -> Result<u16, Blocked> {
         let Route { ingress, placement, router, .. } = self;
-        route_extended(placement, router, partition, record, |owner, batch| ingress.deliver(owner, batch))
+        let deliver = |owner, batch| ingress.deliver(owner, batch);
+        let (owner, asked) = route_extended(placement, router, partition, record, ask.is_some(), deliver)?;
+        if let (Some((slots, index)), Some(asked)) = (ask, asked) {
+            let waiter =
+                OffsetWaiter { sequence: asked.sequence, position: asked.position, slots: slots.clone(), index };
+            ingress.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
+        }
+        Ok(owner)
     }
 
     /// Like [`Route::sync_point`], but without asking for durability: once
@@ -141,6 +173,7 @@ impl Ingress {
             Router::new(shard_count, config.batch_bytes, config.credit_window_bytes(), config.credit_window_batches());
         Ingress {
             router: RefCell::new(router),
+            offset_waiters: RefCell::new((0..shard_count).map(|_| VecDeque::new()).collect()),
             credit_waiters: (0..shard_count).map(|_| WaitList::default()).collect(),
             hold_waiters: WaitList::default(),
             flush_notify: Notify::default(),
@@ -229,11 +262,36 @@ impl Ingress {
     }
 
     /// Credits from `owner` came back.
-    pub fn on_grant(&self, owner: u16, grant: CreditGrant) {
+    pub fn on_grant(&self, owner: u16, mut grant: CreditGrant) {
+        if let Some(asks) = grant.offset_asks.take() {
+            self.answer_offsets(owner, &asks);
+            self.router.borrow_mut().recycle_offset_asks(owner, asks);
+        }
         self.router.borrow_mut().grant(owner, grant);
         self.credit_waiters[usize::from(owner)].wake_all();
         if self.router.borrow().has_pending(owner) {
             self.request_flush();
+        }
+    }
+
+    /// Writes the answers of a grant from `owner` into their waiters' slots.
+    /// Asks and waiters are in the same order; a waiter older than the
+    /// answer in hand (never, unless an ask got lost) is left at -1.
+    fn answer_offsets(&self, owner: u16, asks: &[OffsetAsk]) {
+        let mut waiters = self.offset_waiters.borrow_mut();
+        let waiters = &mut waiters[usize::from(owner)];
+        for ask in asks {
+            while let Some(waiter) = waiters.front() {
+                let key = (waiter.sequence, waiter.position);
+                if key > (ask.sequence, ask.position) {
+                    break;
+                }
+                if key == (ask.sequence, ask.position) {
+                    waiter.slots[waiter.index].set((ask.offset, ask.log_start_offset));
+                }
+                debug_assert_eq!(key, (ask.sequence, ask.position), "asks are answered in order");
+                waiters.pop_front();
+            }
         }
     }
 

@@ -146,6 +146,7 @@ mod tests {
             more_recycled: Vec::new(),
             sync: false,
             grant_now: false,
+            offset_asks: None,
         })
     }
 
