@@ -904,3 +904,109 @@ fn a_connection_routes_produce_requests_while_earlier_ones_wait() {
     let expected: Vec<(i32, i16, i64)> = (0..12).map(|index| (100 + index, 0, i64::from(index))).collect();
     assert_eq!(answers, expected, "answers in request order, each with its record's offset");
 }
+
+/// A Fetch v4 request frame body for `topic`: `(partition, fetch offset,
+/// partition_max_bytes)` each, `max_bytes` for the response, no wait.
+fn fetch_body(topic: &str, partitions: &[(i32, i64, i32)], max_bytes: i32) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(-1i32).to_be_bytes()); // replica id
+    body.extend_from_slice(&0i32.to_be_bytes()); // max wait ms
+    body.extend_from_slice(&1i32.to_be_bytes()); // min bytes
+    body.extend_from_slice(&max_bytes.to_be_bytes());
+    body.push(0); // isolation level
+    body.extend_from_slice(&1i32.to_be_bytes());
+    put_string(&mut body, topic);
+    body.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
+    for &(partition, offset, partition_max_bytes) in partitions {
+        body.extend_from_slice(&partition.to_be_bytes());
+        body.extend_from_slice(&offset.to_be_bytes());
+        body.extend_from_slice(&partition_max_bytes.to_be_bytes());
+    }
+    body
+}
+
+/// Per partition of a Fetch v4 answer (one topic): its records' bytes and
+/// the offsets of the records its batches hold.
+fn fetched(response: &[u8], topic: &str) -> Vec<(i32, usize, Vec<i64>)> {
+    let mut at = 4 + 4 + 2 + topic.len(); // throttle time, topics, name
+    let take = |at: &mut usize, size: usize| {
+        *at += size;
+        &response[*at - size..*at]
+    };
+    let count = i32::from_be_bytes(take(&mut at, 4).try_into().unwrap());
+    let mut partitions = Vec::new();
+    for _ in 0..count {
+        let partition = i32::from_be_bytes(take(&mut at, 4).try_into().unwrap());
+        assert_eq!(take(&mut at, 2), [0, 0], "no error");
+        take(&mut at, 16); // high watermark, last stable offset
+        let aborted = i32::from_be_bytes(take(&mut at, 4).try_into().unwrap());
+        assert!(aborted <= 0);
+        let size = i32::from_be_bytes(take(&mut at, 4).try_into().unwrap()).max(0) as usize;
+        let records = take(&mut at, size);
+        let mut offsets = Vec::new();
+        let mut batch = records;
+        while !batch.is_empty() {
+            let base = i64::from_be_bytes(batch[..8].try_into().unwrap());
+            let length = i32::from_be_bytes(batch[8..12].try_into().unwrap()) as usize;
+            let count = i32::from_be_bytes(batch[57..61].try_into().unwrap());
+            offsets.extend((0..i64::from(count)).map(|delta| base + delta));
+            batch = &batch[12 + length..];
+        }
+        partitions.push((partition, size, offsets));
+    }
+    partitions
+}
+
+/// A Fetch answer respects the client's sizes, counted in the bytes it
+/// receives: a partition's records stay within its `partition_max_bytes`
+/// and the response's within `max_bytes`, from the requested offset on,
+/// and a first record larger than either still comes (alone), so a
+/// consumer always progresses (before, the caps were not applied:
+/// `partition_max_bytes` was ignored and each owner shard filled
+/// `max_bytes` on its own).
+#[test]
+fn fetch_answers_stay_within_the_clients_sizes() {
+    let server = Server::start(&["--shards", "2", "--partitions", "1", "--storage", "memory"]);
+    server.create_stream(serde_json::json!({"name": "sized", "partitions": 2}));
+    let mut stream = TcpStream::connect(server.ingest_kafka).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let value = "v".repeat(100);
+    let values: Vec<&str> = vec![value.as_str(); 50];
+    let mut frames = Vec::new();
+    for partition in [0, 1] {
+        let mut frame = produce_frame("sized", &record_batch(-1, -1, -1, &values), partition, 1);
+        // produce_frame targets partition 0: patch the partition index.
+        let at = frame.len() - record_batch(-1, -1, -1, &values).len() - 8;
+        frame[at..at + 4].copy_from_slice(&partition.to_be_bytes());
+        frames.extend(frame);
+    }
+    stream.write_all(&frames).unwrap();
+    for _ in 0..2 {
+        assert_eq!(read_produce_answer(&mut stream, "sized").1, 0);
+    }
+    let fetch = |partitions: &[(i32, i64, i32)], max_bytes: i32| {
+        let response = exchange(&mut stream_for(&server), 1, 4, &fetch_body("sized", partitions, max_bytes));
+        fetched(&response, "sized")
+    };
+    let one = fetch(&[(0, 0, 1000)], 1 << 20);
+    assert!(one[0].1 <= 1000 && one[0].2.len() >= 5, "within partition_max_bytes: {:?}", (one[0].1, one[0].2.len()));
+    assert_eq!(one[0].2, (0..one[0].2.len() as i64).collect::<Vec<_>>());
+    let from = one[0].2.len() as i64;
+    let next = fetch(&[(0, from, 1000)], 1 << 20);
+    assert_eq!(next[0].2.first(), Some(&from), "the next fetch starts at the first record left out");
+    let tiny = fetch(&[(0, 3, 10)], 1 << 20);
+    assert_eq!(tiny[0].2, [3], "a record larger than partition_max_bytes comes alone");
+    let both = fetch(&[(0, 0, 1 << 20), (1, 0, 1 << 20)], 3000);
+    let total: usize = both.iter().map(|partition| partition.1).sum();
+    assert!(total <= 3000 && total > 2000, "within max_bytes: {total}");
+    let least = fetch(&[(0, 0, 1 << 20), (1, 0, 1 << 20)], 10);
+    assert_eq!(least.iter().map(|partition| partition.2.len()).sum::<usize>(), 1, "one record past max_bytes");
+    let whole = fetch(&[(0, 0, 1 << 20), (1, 0, 1 << 20)], 1 << 20);
+    assert_eq!(whole.iter().map(|partition| partition.2.len()).sum::<usize>(), 100, "everything within large caps");
+}
+
+fn stream_for(server: &Server) -> TcpStream {
+    let stream = TcpStream::connect(server.ingest_kafka).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream
+}

@@ -332,15 +332,48 @@ pub fn write_batch<'a>(out: &mut Vec<u8>, base_offset: u64, records: impl Iterat
     out[start + 17..start + 21].copy_from_slice(&crc.to_be_bytes());
 }
 
+/// How many of `records` (the first at least, when `at_least_one`) fit in
+/// one batch ([`write_batch`]) of at most `bytes_max` bytes: Kafka's
+/// `max_bytes` and `partition_max_bytes` count the batches a Fetch answers.
+pub fn records_fitting<'a>(
+    records: impl Iterator<Item = RecordRef<'a>>,
+    bytes_max: usize,
+    at_least_one: bool,
+) -> usize {
+    let mut records = records.peekable();
+    let first_timestamp = records.peek().map_or(-1, |record| kafka_parts(record).timestamp_ms);
+    let (mut count, mut size) = (0usize, BATCH_HEADER_SIZE);
+    for record in records {
+        let parts = kafka_parts(&record);
+        let offset_delta = i32::try_from(count).unwrap_or(i32::MAX);
+        size += record_size(offset_delta, parts.timestamp_ms.wrapping_sub(first_timestamp), &parts);
+        if size > bytes_max && !(at_least_one && count == 0) {
+            break;
+        }
+        count += 1;
+    }
+    count
+}
+
+/// Bytes of one record as [`write_record`] writes it, its length included.
+fn record_size(offset_delta: i32, timestamp_delta: i64, record: &ExtendedRecord<'_>) -> usize {
+    let size = record_body_size(offset_delta, timestamp_delta, record);
+    varlong_size(size as i64) + size
+}
+
+/// Bytes of one record after its length.
+fn record_body_size(offset_delta: i32, timestamp_delta: i64, record: &ExtendedRecord<'_>) -> usize {
+    1 + varlong_size(timestamp_delta)
+        + varlong_size(i64::from(offset_delta))
+        + nullable_size(record.key)
+        + nullable_size(record.value)
+        + record.headers.len()
+}
+
 /// Appends one record, its size computed first (no second pass, no move).
 fn write_record(out: &mut Vec<u8>, offset_delta: i32, timestamp_delta: i64, record: &ExtendedRecord<'_>) {
     let ExtendedRecord { key, value, headers, .. } = *record;
-    let size = 1
-        + varlong_size(timestamp_delta)
-        + varlong_size(i64::from(offset_delta))
-        + nullable_size(key)
-        + nullable_size(value)
-        + headers.len();
+    let size = record_body_size(offset_delta, timestamp_delta, record);
     put_varlong(out, size as i64);
     out.push(0); // attributes
     put_varlong(out, timestamp_delta);

@@ -8,9 +8,18 @@
 //! new offsets: those fetches park at the owners until their partitions are
 //! appended to, and the first answer with records (or the deadline) ends
 //! the wait; whatever is still parked is cancelled. Records are rendered as
-//! one Kafka batch per run of offsets ([`super::batch::write_batch`]); a
-//! response holds at most about half of `--kafka-request-size-max` of
-//! records, and never less than one record when one is readable.
+//! one Kafka batch per run of offsets ([`super::batch::write_batch`]).
+//!
+//! **Sizes.** A response's batches hold at most the request's `max_bytes`
+//! (and half of `--kafka-request-size-max`), a partition's at most its
+//! `partition_max_bytes`, counted in the bytes the client receives; the
+//! rest of what an owner sent is not rendered, and the partition's next
+//! Fetch starts at the first record left out. As in Kafka, the first
+//! records of the response are returned even if they pass a cap, so a
+//! consumer always progresses: spate's batches are made per response, so
+//! that is its first record (one larger than the caps comes whole, alone).
+//! Owners are asked for at most the sum of the caps of the partitions they
+//! hold.
 //!
 //! The high watermark is the offset after the last record returned when
 //! the owner read to the end, else one past it (so a client never takes a
@@ -26,7 +35,7 @@ use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, 
 
 use super::{KafkaFace, codes};
 use crate::partition::fetch::{FetchReply, FetchRequest as OwnerFetch, Position};
-use crate::partition::records::Entry;
+use crate::partition::records::{Entry, Run};
 use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
@@ -40,6 +49,17 @@ struct Wanted {
     error: i16,
     high_watermark: i64,
     records: Vec<u8>,
+    /// The client's `partition_max_bytes` for it.
+    partition_bytes_max: usize,
+    /// A cap left some of its records out: it takes no more in this
+    /// response, and `offset` is the first left out.
+    full: bool,
+}
+
+/// What the records of a response may still take ([`take_reply`]).
+struct ResponseBudget {
+    bytes_max: usize,
+    used_bytes: usize,
 }
 
 /// One request's registration with the shard (an inbox for owner replies);
@@ -75,7 +95,8 @@ fn send_fetches(
 ) -> usize {
     let mut requests: Vec<OwnerFetch> = Vec::new();
     let mut owners: Vec<(u32, u16)> = Vec::new();
-    for want in wanted.iter().filter(|want| want.error == codes::NONE && (first_round || want.records.is_empty())) {
+    let reads = |want: &&Wanted| want.error == codes::NONE && !want.full && (first_round || want.records.is_empty());
+    for want in wanted.iter().filter(reads) {
         let Some(partition) = want.partition else { continue };
         let owner = shard.owner_of(partition);
         let position = if first_round { Position::Requested(want.offset) } else { Position::At(want.offset) };
@@ -87,13 +108,15 @@ fn send_fetches(
                     subscription_id: registration.id,
                     stream_id: want.stream_id,
                     cursors: Vec::new(),
-                    bytes_max,
+                    bytes_max: 0,
                     window: None,
                 });
                 owners.len() - 1
             }
         };
-        requests[index].cursors.push((partition, position));
+        let request = &mut requests[index];
+        request.cursors.push((partition, position));
+        request.bytes_max = request.bytes_max.saturating_add(want.partition_bytes_max).min(bytes_max);
     }
     let count = requests.len();
     for ((_, owner), request) in owners.into_iter().zip(requests) {
@@ -103,8 +126,8 @@ fn send_fetches(
 }
 
 /// Takes one owner reply into the wanted partitions: records rendered as
-/// Kafka batches, new offsets, high watermarks, refusals.
-fn take_reply(wanted: &mut [Wanted], reply: &FetchReply) {
+/// Kafka batches within the caps, new offsets, high watermarks, refusals.
+fn take_reply(wanted: &mut [Wanted], reply: &FetchReply, budget: &mut ResponseBudget) {
     let find = |wanted: &mut [Wanted], partition: u32| -> Option<usize> {
         wanted.iter().position(|want| want.partition == Some(partition))
     };
@@ -112,12 +135,14 @@ fn take_reply(wanted: &mut [Wanted], reply: &FetchReply) {
         if let Entry::Run(run) = entry
             && let Some(index) = find(wanted, run.partition)
         {
-            super::batch::write_batch(&mut wanted[index].records, run.base_offset, run.records().map(|(_, r)| r));
+            render_run(&mut wanted[index], &run, budget);
         }
     }
     for &(partition, offset) in &reply.cursors {
         if let Some(index) = find(wanted, partition) {
-            wanted[index].offset = offset;
+            if !wanted[index].full {
+                wanted[index].offset = offset;
+            }
             wanted[index].high_watermark = offset as i64 + i64::from(reply.more);
         }
     }
@@ -134,11 +159,34 @@ fn take_reply(wanted: &mut [Wanted], reply: &FetchReply) {
     }
 }
 
+/// Renders as many records of `run` as the response's and the partition's
+/// caps leave room for (the response's first record whatever its size);
+/// marks the partition full when some are left out.
+fn render_run(want: &mut Wanted, run: &Run<'_>, budget: &mut ResponseBudget) {
+    if want.full {
+        return;
+    }
+    let room = budget.bytes_max.saturating_sub(budget.used_bytes);
+    let room = room.min(want.partition_bytes_max.saturating_sub(want.records.len()));
+    let records = run.records().map(|(_, record)| record);
+    let count = super::batch::records_fitting(records.clone(), room, budget.used_bytes == 0);
+    if count > 0 {
+        let before = want.records.len();
+        super::batch::write_batch(&mut want.records, run.base_offset, records.take(count));
+        budget.used_bytes += want.records.len() - before;
+    }
+    if count < run.record_count as usize {
+        want.full = true;
+        want.offset = run.base_offset + count as u64;
+    }
+}
+
 /// Waits for `count` replies (or, with `until_records`, for the first that
 /// carries records), until `deadline`; `false` if the deadline came first.
 async fn collect(
     registration: &Registration<'_>,
     wanted: &mut [Wanted],
+    budget: &mut ResponseBudget,
     mut count: usize,
     until_records: bool,
     deadline: Duration,
@@ -151,7 +199,7 @@ async fn collect(
             Either::Left(None) | Either::Right(()) => return false,
         };
         count = count.saturating_sub(1);
-        take_reply(wanted, &reply);
+        take_reply(wanted, &reply, budget);
         if until_records && !reply.records.is_empty() {
             return true;
         }
@@ -179,6 +227,8 @@ fn plan(shard: &Shard, request: &FetchRequest) -> Vec<Wanted> {
                 },
                 high_watermark: -1,
                 records: Vec::new(),
+                partition_bytes_max: usize::try_from(partition.partition_max_bytes).unwrap_or(0).max(1),
+                full: false,
             });
         }
     }
@@ -192,12 +242,12 @@ pub async fn fetch(shard: &Shard, face: &KafkaFace, request: FetchRequest) -> Fe
     let budget = usize::try_from(request.max_bytes).unwrap_or(0).clamp(1, face.request_size_max / 2);
     let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0).min(60_000));
     let registration = Registration::new(shard, stream_id, 2 * wanted.len());
+    let mut response = ResponseBudget { bytes_max: budget, used_bytes: 0 };
     let sent = send_fetches(shard, &registration, &wanted, true, budget);
-    collect(&registration, &mut wanted, sent, false, Duration::from_secs(30)).await;
-    let got: usize = wanted.iter().map(|want| want.records.len()).sum();
-    if got < usize::try_from(request.min_bytes).unwrap_or(0).max(1) && !max_wait.is_zero() {
+    collect(&registration, &mut wanted, &mut response, sent, false, Duration::from_secs(30)).await;
+    if response.used_bytes < usize::try_from(request.min_bytes).unwrap_or(0).max(1) && !max_wait.is_zero() {
         let sent = send_fetches(shard, &registration, &wanted, false, budget);
-        collect(&registration, &mut wanted, sent, true, max_wait).await;
+        collect(&registration, &mut wanted, &mut response, sent, true, max_wait).await;
     }
     drop(registration);
     respond(request, wanted)
