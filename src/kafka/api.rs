@@ -1,7 +1,7 @@
 //! Dispatch of one Kafka request, and the APIs that only describe or change
 //! the catalog: ApiVersions, Metadata, CreateTopics, DeleteTopics.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
@@ -259,17 +259,18 @@ pub fn respond<T: Encodable + HeaderVersion>(
     correlation_id: i32,
     response: &T,
 ) -> Result<bool, FrameError> {
-    let mut buffer = BytesMut::with_capacity(256);
-    buffer.put_i32(0);
+    // Encoded in place, after what `out` holds: a Fetch answer's records
+    // are copied once, from the rendered batches into `out`.
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    let encoded =
-        header.encode(&mut buffer, T::header_version(version)).and_then(|()| response.encode(&mut buffer, version));
+    let encoded = header.encode(out, T::header_version(version)).and_then(|()| response.encode(out, version));
     if let Err(error) = encoded {
+        out.truncate(start);
         return Err(FrameError::Malformed(format!("response does not encode: {error}")));
     }
-    let size = (buffer.len() - 4) as i32;
-    buffer[..4].copy_from_slice(&size.to_be_bytes());
-    out.extend_from_slice(&buffer);
+    let size = (out.len() - start - 4) as i32;
+    out[start..start + 4].copy_from_slice(&size.to_be_bytes());
     Ok(true)
 }
 

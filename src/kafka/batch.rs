@@ -355,6 +355,20 @@ pub fn records_fitting<'a>(
     count
 }
 
+/// The most bytes a batch of `record_count` records whose log records
+/// take `log_bytes` can render to: a log record holds its key, value and
+/// headers, and a rendered one adds at most its length, attributes, two
+/// deltas and two sizes as varints ([`RECORD_OVERHEAD_BYTES_MAX`]). When
+/// this fits, [`records_fitting`] need not count.
+pub fn batch_size_bound(record_count: usize, log_bytes: usize) -> usize {
+    BATCH_HEADER_SIZE + log_bytes + record_count * RECORD_OVERHEAD_BYTES_MAX
+}
+
+/// A rendered record's bytes besides its key, value and headers, at most:
+/// a length (5 bytes for any size here), attributes (1), timestamp and
+/// offset deltas (10 and 5) and key and value sizes (5 each).
+const RECORD_OVERHEAD_BYTES_MAX: usize = 5 + 1 + 10 + 5 + 5 + 5;
+
 /// Bytes of one record as [`write_record`] writes it, its length included.
 fn record_size(offset_delta: i32, timestamp_delta: i64, record: &ExtendedRecord<'_>) -> usize {
     let size = record_body_size(offset_delta, timestamp_delta, record);
@@ -402,6 +416,43 @@ mod tests {
     use kafka_protocol::indexmap::IndexMap;
     use kafka_protocol::protocol::StrBytes;
     use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+
+    /// `records_fitting` counts exactly what `write_batch` writes: the most
+    /// records whose batch stays within the size (one at least when asked),
+    /// and `batch_size_bound` is never below a batch's real size.
+    #[test]
+    fn records_fitting_counts_what_write_batch_writes() {
+        let mut stored = Vec::new();
+        for index in 0..40 {
+            let payload = "p".repeat(index * 7);
+            crate::protocol::record::encode_batch_record(
+                &mut stored,
+                0,
+                format!("key{index}").as_bytes(),
+                payload.as_bytes(),
+            );
+        }
+        let records: Vec<RecordRef<'_>> = crate::protocol::record::BatchIter::new(&stored).map(|(_, r)| r).collect();
+        let log_bytes: usize = records.iter().map(|record| record.log_record.len()).sum();
+        let mut whole = Vec::new();
+        write_batch(&mut whole, 0, records.iter().copied());
+        assert!(batch_size_bound(records.len(), log_bytes) >= whole.len());
+        for bytes_max in [0, 60, 100, 500, 1000, 3000, whole.len() - 1, whole.len()] {
+            let count = records_fitting(records.iter().copied(), bytes_max, false);
+            let size = |count: usize| {
+                let mut out = Vec::new();
+                write_batch(&mut out, 0, records.iter().copied().take(count));
+                out.len()
+            };
+            if count > 0 {
+                assert!(size(count) <= bytes_max, "{count} records within {bytes_max}");
+            }
+            if count < records.len() {
+                assert!(size(count + 1) > bytes_max, "one more passes {bytes_max}");
+            }
+            assert_eq!(records_fitting(records.iter().copied(), bytes_max, true), count.max(1));
+        }
+    }
 
     fn crate_record(key: Option<&'static [u8]>, value: Option<&'static [u8]>, timestamp: i64) -> Record {
         let mut headers = IndexMap::new();

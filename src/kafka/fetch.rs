@@ -169,13 +169,20 @@ fn render_run(want: &mut Wanted, run: &Run<'_>, budget: &mut ResponseBudget) {
     let room = budget.bytes_max.saturating_sub(budget.used_bytes);
     let room = room.min(want.partition_bytes_max.saturating_sub(want.records.len()));
     let records = run.records().map(|(_, record)| record);
-    let count = super::batch::records_fitting(records.clone(), room, budget.used_bytes == 0);
+    let record_count = run.record_count as usize;
+    // Counting each record's size costs about as much as writing it: only
+    // when the whole run might not fit.
+    let count = if super::batch::batch_size_bound(record_count, run.log_records.len()) <= room {
+        record_count
+    } else {
+        super::batch::records_fitting(records.clone(), room, budget.used_bytes == 0)
+    };
     if count > 0 {
         let before = want.records.len();
         super::batch::write_batch(&mut want.records, run.base_offset, records.take(count));
         budget.used_bytes += want.records.len() - before;
     }
-    if count < run.record_count as usize {
+    if count < record_count {
         want.full = true;
         want.offset = run.base_offset + count as u64;
     }
