@@ -61,8 +61,10 @@
 //! - **Node ids:** a node's Raft id is [`replica_id_of`] its
 //!   [`NodeId`](crate::cluster::NodeId).
 
+pub mod file_store;
 pub mod frame;
 pub mod host;
+pub mod node;
 pub mod placement;
 pub mod reconfig;
 pub mod sim;
