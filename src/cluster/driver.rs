@@ -154,6 +154,8 @@ struct Node {
     replication: Option<RefCell<ReplicationNode>>,
     /// Wakes the delivery task: commits may have advanced.
     delivery_due: Notify,
+    /// Wakes the tick task of a node that had no group: one may exist now.
+    replication_wake: Notify,
 }
 
 impl Node {
@@ -216,6 +218,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         timers_changed: Notify::default(),
         replication,
         delivery_due: Notify::default(),
+        replication_wake: Notify::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -257,6 +260,7 @@ async fn serve_requests(
             ClusterRequest::Streams(streams) => {
                 if let Some(replication) = &node.replication {
                     replication.borrow_mut().set_streams(&streams);
+                    node.replication_wake.notify();
                 }
             }
             ClusterRequest::Exit => return,
@@ -329,10 +333,12 @@ async fn sync_links(node: Rc<Node>) {
 async fn replication_ticks(node: Rc<Node>) {
     let Some(replication) = &node.replication else { return };
     loop {
-        glommio::timer::sleep(Duration::from_millis(RAFT_TICK_MS)).await;
         if !replication.borrow().is_active() {
+            // No replicated stream and no group: sleep until one comes.
+            node.replication_wake.notified().await;
             continue;
         }
+        glommio::timer::sleep(Duration::from_millis(RAFT_TICK_MS)).await;
         let members = node.membership.borrow().members();
         let mut state = replication.borrow_mut();
         state.set_members(&members);
@@ -360,6 +366,7 @@ async fn replication_inbox(node: Rc<Node>) {
         state.round();
         drop(state);
         node.delivery_due.notify();
+        node.replication_wake.notify();
     }
 }
 

@@ -478,6 +478,18 @@ fn open_catalog(config: &Config) -> Result<(crate::stream::Catalog, crate::strea
             crate::stream::Catalog::with_default(&limits, config.partitions).map_err(ServeError::Catalog)?
         }
     };
+    // Events of a replicated stream are stored only through its Raft
+    // groups, which a node outside a cluster does not run.
+    if config.cluster_address().is_none()
+        && let Some(spec) = catalog.streams().iter().find(|spec| spec.is_replicated())
+    {
+        return Err(ServeError::Catalog(crate::stream::CatalogError::Invalid {
+            why: format!(
+                "stream {:?} has replication factor {}: start this node in its cluster (--cluster/--join)",
+                spec.name, spec.replication_factor
+            ),
+        }));
+    }
     let mut catalog = catalog;
     for (declaration, cycle) in catalog.suspend_cycles() {
         log::warn!(
