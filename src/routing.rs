@@ -329,7 +329,7 @@ impl Router {
         let offset_asks = destination.offset_asks.take();
         let sequence = destination.sequence_sent;
         let grant_now = requested || sync || self.below_half(owner);
-        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now, offset_asks })
+        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now, offset_asks, replicated_bytes: 0 })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
@@ -444,6 +444,10 @@ pub struct DataBatch {
     /// Records whose offsets the source asks for ([`OffsetAsk`]), in
     /// position order; `None` for nearly every batch.
     pub offset_asks: OffsetAsks,
+    /// Bytes of records taken out for replicated partitions
+    /// ([`crate::shard::replicated`]): still part of the credit the grant
+    /// returns. 0 unless a stream is replicated.
+    pub replicated_bytes: usize,
 }
 
 /// Credits returned by an owner after applying `batch_count` batches, the
@@ -515,7 +519,7 @@ impl crate::partition::apply::Batch for DataBatch {
         CreditGrant {
             sequence: self.sequence,
             batch_count: 1,
-            credit_bytes: self.bytes.len(),
+            credit_bytes: self.bytes.len() + self.replicated_bytes,
             recycled: self.bytes,
             more_recycled: Vec::new(),
             sync: self.sync,

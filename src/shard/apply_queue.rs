@@ -60,6 +60,7 @@ mod tests {
             sync: false,
             grant_now: false,
             offset_asks: None,
+            replicated_bytes: 0,
         }
     }
 

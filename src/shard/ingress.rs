@@ -263,8 +263,9 @@ impl Ingress {
 
     /// Credits from `owner` came back.
     pub fn on_grant(&self, owner: u16, mut grant: CreditGrant) {
-        if let Some(asks) = grant.offset_asks.take() {
-            self.answer_offsets(owner, &asks);
+        let asks = grant.offset_asks.take();
+        self.answer_offsets(owner, asks.as_deref().map_or(&[], |asks| asks.as_slice()), grant.sequence);
+        if let Some(asks) = asks {
             self.router.borrow_mut().recycle_offset_asks(owner, asks);
         }
         self.router.borrow_mut().grant(owner, grant);
@@ -274,10 +275,12 @@ impl Ingress {
         }
     }
 
-    /// Writes the answers of a grant from `owner` into their waiters' slots.
-    /// Asks and waiters are in the same order; a waiter older than the
-    /// answer in hand (never, unless an ask got lost) is left at -1.
-    fn answer_offsets(&self, owner: u16, asks: &[OffsetAsk]) {
+    /// Writes the answers of a grant from `owner`, which covers its batches
+    /// up to `sequence`, into their waiters' slots. Asks and waiters are in
+    /// the same order; a waiter of a covered batch that got no answer (its
+    /// batch's records were moved for replication, `shard::replicated`)
+    /// never will, and is dropped, its slot left at -1.
+    fn answer_offsets(&self, owner: u16, asks: &[OffsetAsk], sequence: u64) {
         let mut waiters = self.offset_waiters.borrow_mut();
         let waiters = &mut waiters[usize::from(owner)];
         for ask in asks {
@@ -289,9 +292,11 @@ impl Ingress {
                 if key == (ask.sequence, ask.position) {
                     waiter.slots[waiter.index].set((ask.offset, ask.log_start_offset));
                 }
-                debug_assert_eq!(key, (ask.sequence, ask.position), "asks are answered in order");
                 waiters.pop_front();
             }
+        }
+        while waiters.front().is_some_and(|waiter| waiter.sequence <= sequence) {
+            waiters.pop_front();
         }
     }
 
