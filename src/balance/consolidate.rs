@@ -15,7 +15,8 @@
 //! - **Gather** while the total load is at most `gather_events_per_s_max` per kept shard, that
 //!   is, to `ceil(total / gather_events_per_s_max)` shards (at least one) when that is fewer
 //!   than the shards there are, once the load has stayed that low for `gather_hold_ms` (a dip
-//!   of a second does not move 256 partitions).
+//!   of a second does not move 256 partitions), or at once while the process is idle (below
+//!   `idle_events_per_s_max`), so a server started idle is gathered before traffic arrives.
 //! - **Spread** (back to every shard) as soon as the total exceeds `spread_events_per_s_min` per
 //!   kept shard, or a kept shard has stayed busier than `spread_busy_ratio_min` for
 //!   `spread_busy_hold_ms` (events that cost more than usual: aggregates, large payloads).
@@ -57,6 +58,10 @@ pub struct ConsolidationConfig {
     pub gather_hold_ms: u64,
     /// After a spread for business, gather again only below this share of the load at the spread.
     pub regather_load_ratio_max: f64,
+    /// Below this total rate the process is idle and gathers at once, without `gather_hold_ms`:
+    /// a move costs nothing to events that do not exist, and a server started idle is gathered
+    /// before its first producer arrives, so the moves never meet traffic.
+    pub idle_events_per_s_max: f64,
 }
 
 impl Default for ConsolidationConfig {
@@ -69,6 +74,7 @@ impl Default for ConsolidationConfig {
             spread_busy_hold_ms: 500,
             gather_hold_ms: 2_000,
             regather_load_ratio_max: 0.5,
+            idle_events_per_s_max: 1.0,
         }
     }
 }
@@ -236,7 +242,8 @@ impl Consolidator {
             .is_none_or(|spread_at| total_events_per_s <= cfg.regather_load_ratio_max * spread_at);
         if wanted < kept_now && calm {
             let low_since_ms = *self.low_since_ms.get_or_insert(now_ms);
-            if now_ms.saturating_sub(low_since_ms) >= cfg.gather_hold_ms {
+            let idle = total_events_per_s < cfg.idle_events_per_s_max;
+            if idle || now_ms.saturating_sub(low_since_ms) >= cfg.gather_hold_ms {
                 self.busy_spread_events_per_s = None;
                 self.set(Consolidation::Gathered { kept_shards: wanted });
             }
@@ -392,7 +399,7 @@ mod tests {
         // Proves a shard with no fresh report freezes the decision, and disabling spreads.
         let mut consolidator = Consolidator::new();
         let cfg = ConsolidationConfig::default();
-        let mut view = view_at(&[(0.0, 0.0), (0.0, 0.0)], 0);
+        let mut view = view_at(&[(50.0, 0.0), (50.0, 0.0)], 0);
         for now_ms in (0..=3_000).step_by(100) {
             let mut report = view.report(0).cloned().expect("reported");
             report.sequence = now_ms + 1;
@@ -401,13 +408,23 @@ mod tests {
             consolidator.step(&view, &cfg, STALE_MS, now_ms);
         }
         assert_eq!(consolidator.mode(), Consolidation::Spread, "shard 1 went silent at 0 ms");
-        run(&mut consolidator, &[(0.0, 0.0), (0.0, 0.0)], 4_000, 2_000);
+        run(&mut consolidator, &[(50.0, 0.0), (50.0, 0.0)], 4_000, 2_000);
         assert_eq!(consolidator.mode(), Consolidation::Gathered { kept_shards: 1 });
         let off = ConsolidationConfig { enabled: false, ..cfg };
         assert_eq!(
             consolidator.step(&view_at(&[(0.0, 0.0), (0.0, 0.0)], 7_000), &off, STALE_MS, 7_000),
             Consolidation::Spread
         );
+    }
+
+    #[test]
+    fn an_idle_process_gathers_at_once() {
+        // Proves the idle shortcut: no traffic at all gathers on the first step, while the
+        // lightest real load still waits for the hold.
+        let mut idle = Consolidator::new();
+        assert_eq!(run(&mut idle, &[(0.0, 0.0), (0.5, 0.0)], 1_000, 0), Consolidation::Gathered { kept_shards: 1 });
+        let mut light = Consolidator::new();
+        assert_eq!(run(&mut light, &[(50.0, 0.0), (0.0, 0.0)], 1_000, 0), Consolidation::Spread);
     }
 
     #[test]
