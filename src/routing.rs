@@ -258,7 +258,7 @@ impl Router {
         let requested = std::mem::take(&mut destination.grant_requested);
         let sequence = destination.sequence_sent;
         let grant_now = requested || sync || self.below_half(owner);
-        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now })
+        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now, replicated_bytes: 0 })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
@@ -370,6 +370,10 @@ pub struct DataBatch {
     /// (`shard::grants`). Otherwise grants may wait at the owner
     /// to leave several in one frame.
     pub grant_now: bool,
+    /// Bytes of records taken out for replicated partitions
+    /// ([`crate::shard::replicated`]): still part of the credit the grant
+    /// returns. 0 unless a stream is replicated.
+    pub replicated_bytes: usize,
 }
 
 /// Credits returned by an owner after applying `batch_count` batches, the
@@ -424,7 +428,7 @@ impl crate::partition::apply::Batch for DataBatch {
         CreditGrant {
             sequence: self.sequence,
             batch_count: 1,
-            credit_bytes: self.bytes.len(),
+            credit_bytes: self.bytes.len() + self.replicated_bytes,
             recycled: self.bytes,
             more_recycled: Vec::new(),
             sync: self.sync,

@@ -59,7 +59,8 @@ fn counts(view: &ClusterView) -> [(MemberState, usize); 4] {
 }
 
 /// `GET /cluster`: every member this node knows (itself first) with its
-/// state, addresses, incarnation and latest load; the gossip counters.
+/// state, addresses, incarnation and latest load; the gossip counters; the
+/// Raft group of every replicated partition this node holds (`partitions`).
 pub fn json(view: &ClusterView) -> String {
     let members: Vec<serde_json::Value> = view.members.iter().map(|member| member_json(member, view)).collect();
     let counts: serde_json::Map<String, serde_json::Value> =
@@ -71,6 +72,7 @@ pub fn json(view: &ClusterView) -> String {
         "members": members,
         "counts": counts,
         "transport": view.peers,
+        "partitions": view.groups,
         "gossip_counters": {
             "datagrams_received": counters.datagrams_received,
             "bytes_received": counters.bytes_received,

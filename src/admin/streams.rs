@@ -144,7 +144,7 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
     let request: NewStream = serde_json::from_slice(body).map_err(|error| Failure {
         status: 400,
         message: format!(
-            "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?, \"partitioner\"?: \"xxh3\" | \"murmur2\"}})\n"
+            "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?, \"partitioner\"?: \"xxh3\" | \"murmur2\", \"replication_factor\"?}})\n"
         ),
     })?;
     let mut catalog = state.catalog.lock().await;
@@ -170,7 +170,18 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
         let note = undone.map(|undo| format!("; undoing it failed too: {}", undo.message)).unwrap_or_default();
         return Err(Failure { status: failure.status, message: format!("{}{note}", failure.message) });
     }
+    tell_cluster(state, &catalog);
     Ok(serde_json::to_string_pretty(&spec).expect("a spec serializes"))
+}
+
+/// Gives the cluster thread the streams now in the catalog: it hosts the
+/// Raft groups of the replicated ones ([`crate::replication::node`]). A
+/// full request queue only delays that until the next change; the cluster
+/// thread also gets the catalog at start.
+fn tell_cluster(state: &AdminState, catalog: &crate::stream::Catalog) {
+    if catalog.streams().iter().any(StreamSpec::is_replicated) || state.config.cluster_address().is_some() {
+        let _ = state.cluster.try_send(crate::cluster::ClusterRequest::Streams(catalog.streams().to_vec()));
+    }
 }
 
 /// Has every shard install `spec`, then activate it.
@@ -203,6 +214,7 @@ pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
     // The tombstone is durable: the stream is deleted, whatever follows.
     let started = std::time::Instant::now();
     let finished = finish_delete(state, &mut catalog, &spec).await;
+    tell_cluster(state, &catalog);
     if started.elapsed() > SLOW_DELETE {
         log::warn!(stream = name, "deleting the stream took {:.1} s", started.elapsed().as_secs_f64());
     }
@@ -267,6 +279,7 @@ pub async fn list(state: &AdminState) -> Result<String, Failure> {
                 "retention_bytes": spec.retention_bytes,
                 "retention_ms": spec.retention_ms,
                 "partitioner": spec.partitioner.as_str(),
+                "replication_factor": spec.replication_factor,
                 "disk_bytes": infos.iter().map(|info| info.disk_bytes).sum::<u64>(),
                 "memory_bytes": infos.iter().map(|info| info.log_bytes).sum::<u64>(),
                 "events": infos.iter().map(|info| info.next_offset - info.earliest_offset).sum::<u64>(),

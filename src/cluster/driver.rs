@@ -26,10 +26,15 @@ use glommio::{LocalExecutorBuilder, Placement};
 use crate::cluster::identity::MemberId;
 use crate::cluster::load::LoadSummary;
 use crate::cluster::membership::{DATAGRAM_BYTES_MAX, MemberView, Membership, MembershipCounters};
+use crate::replication::host::RAFT_TICK_MS;
+use crate::replication::node::{ProposalRequest, ReplicationNode};
 use crate::runtime::log;
 use crate::runtime::notify::Notify;
 use crate::shard::control::ControlRequest;
-use crate::transport::{PeerView, Transport, TransportHandle, TransportSetup};
+use crate::transport::{Channel, PeerView, Transport, TransportHandle, TransportSetup};
+
+/// Proposals taken from the shards' queue before one Raft round.
+const PROPOSALS_PER_ROUND_MAX: usize = 256;
 
 /// How often this node's load is refreshed from its shards, in ms.
 pub const LOAD_REFRESH_MS: u64 = 500;
@@ -53,6 +58,9 @@ pub enum ClusterRequest {
     /// Leave the cluster (SIGTERM); the answer comes once the goodbye is
     /// on the wire.
     Leave(flume::Sender<()>),
+    /// The stream catalog changed: these are its streams now (the
+    /// replicated ones have Raft groups here).
+    Streams(Vec<crate::stream::StreamSpec>),
     /// End the thread (after the shards stopped).
     Exit,
 }
@@ -68,6 +76,8 @@ pub struct ClusterView {
     pub now: Duration,
     /// The transport's link to every peer (empty for a cluster of one).
     pub peers: Vec<PeerView>,
+    /// Every Raft group this node holds.
+    pub groups: Vec<crate::replication::node::GroupView>,
 }
 
 /// What the cluster thread starts from.
@@ -80,6 +90,17 @@ pub struct ClusterSetup {
     /// The internode transport's listener and knobs (`None`: a cluster of
     /// one, which links to nobody).
     pub transport: Option<TransportSetup>,
+    /// The Raft store and the shards' proposals (with the transport only).
+    pub replication: Option<ReplicationSetup>,
+}
+
+/// What the replication of a clustered node starts from
+/// ([`crate::replication::node`]).
+pub struct ReplicationSetup {
+    pub store: crate::replication::file_store::FileLogStore,
+    pub proposals: flume::Receiver<crate::replication::node::ProposalRequest>,
+    /// The catalog's streams at start.
+    pub streams: Vec<crate::stream::StreamSpec>,
 }
 
 /// The running cluster thread.
@@ -129,6 +150,12 @@ struct Node {
     outbox_ready: Notify,
     /// Wakes the timer task: a timer may now be due sooner.
     timers_changed: Notify,
+    /// The Raft groups (a clustered node only).
+    replication: Option<RefCell<ReplicationNode>>,
+    /// Wakes the delivery task: commits may have advanced.
+    delivery_due: Notify,
+    /// Wakes the tick task of a node that had no group: one may exist now.
+    replication_wake: Notify,
 }
 
 impl Node {
@@ -161,6 +188,7 @@ impl Node {
             counters: membership.counters(),
             now: self.now(),
             peers: self.transport.as_ref().map(|transport| transport.peers()).unwrap_or_default(),
+            groups: self.replication.as_ref().map(|replication| replication.borrow().views()).unwrap_or_default(),
         }
     }
 }
@@ -171,13 +199,26 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(socket))
     });
     let seed = rand::random::<u64>();
+    let node_id = setup.identity.node_id;
+    let transport = setup.transport.map(Transport::start);
+    let (replication, proposals) = match (setup.replication, &transport) {
+        (Some(replication), Some(transport)) => {
+            let mut state = ReplicationNode::new(node_id, replication.store, transport.handle());
+            state.set_streams(&replication.streams);
+            (Some(RefCell::new(state)), Some(replication.proposals))
+        }
+        _ => (None, None),
+    };
     let node = Rc::new(Node {
         membership: RefCell::new(Membership::new(setup.identity, seed)),
         socket,
-        transport: setup.transport.map(Transport::start),
+        transport,
         started: Instant::now(),
         outbox_ready: Notify::default(),
         timers_changed: Notify::default(),
+        replication,
+        delivery_due: Notify::default(),
+        replication_wake: Notify::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -185,6 +226,12 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         glommio::spawn_local(fire_timers(node.clone())).detach();
         glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
         glommio::spawn_local(sync_links(node.clone())).detach();
+        if let Some(proposals) = proposals {
+            glommio::spawn_local(replication_ticks(node.clone())).detach();
+            glommio::spawn_local(replication_inbox(node.clone())).detach();
+            glommio::spawn_local(replication_proposals(node.clone(), proposals)).detach();
+            glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
+        }
         node.membership.borrow_mut().join(node.now(), &setup.join);
         node.after_interaction();
     }
@@ -209,6 +256,12 @@ async fn serve_requests(
                 node.after_interaction();
                 flush(node).await;
                 let _ = reply.send(());
+            }
+            ClusterRequest::Streams(streams) => {
+                if let Some(replication) = &node.replication {
+                    replication.borrow_mut().set_streams(&streams);
+                    node.replication_wake.notify();
+                }
             }
             ClusterRequest::Exit => return,
         }
@@ -270,6 +323,76 @@ async fn sync_links(node: Rc<Node>) {
         let members = node.membership.borrow().members();
         transport.sync_members(&members);
         glommio::timer::sleep(Duration::from_millis(LINK_SYNC_MS)).await;
+    }
+}
+
+/// Ticks the Raft groups every [`RAFT_TICK_MS`] (only while there is a
+/// replicated stream or a group: an idle node's cluster thread does not
+/// wake for them), after giving them the live members and creating the
+/// groups this node should start.
+async fn replication_ticks(node: Rc<Node>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        if !replication.borrow().is_active() {
+            // No replicated stream and no group: sleep until one comes.
+            node.replication_wake.notified().await;
+            continue;
+        }
+        glommio::timer::sleep(Duration::from_millis(RAFT_TICK_MS)).await;
+        let members = node.membership.borrow().members();
+        let mut state = replication.borrow_mut();
+        state.set_members(&members);
+        state.bootstrap_groups();
+        state.host.tick();
+        state.round();
+        state.expire_proposals();
+        drop(state);
+        node.delivery_due.notify();
+    }
+}
+
+/// Steps the Raft batches and forwarded proposals peers send.
+async fn replication_inbox(node: Rc<Node>) {
+    let (Some(replication), Some(transport)) = (&node.replication, node.transport.clone()) else { return };
+    loop {
+        let inbound = transport.next_replication().await;
+        let mut state = replication.borrow_mut();
+        match Channel::from_u8(inbound.channel) {
+            Some(Channel::Raft) => state.receive(&inbound.payload),
+            Some(Channel::Propose) => state.propose_forwarded(&inbound.payload),
+            _ => {}
+        }
+        drop(inbound);
+        state.round();
+        drop(state);
+        node.delivery_due.notify();
+        node.replication_wake.notify();
+    }
+}
+
+/// Takes the shards' proposals, several per round when they queue up.
+async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<ProposalRequest>) {
+    let Some(replication) = &node.replication else { return };
+    while let Ok(request) = proposals.recv_async().await {
+        let mut state = replication.borrow_mut();
+        state.propose(request);
+        for _ in 0..PROPOSALS_PER_ROUND_MAX {
+            let Ok(request) = proposals.try_recv() else { break };
+            state.propose(request);
+        }
+        state.round();
+        drop(state);
+        node.delivery_due.notify();
+    }
+}
+
+/// Delivers committed records to the shards whenever commits may have
+/// advanced.
+async fn replication_delivery(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        node.delivery_due.notified().await;
+        crate::replication::node::deliver(replication, &controls).await;
     }
 }
 

@@ -42,7 +42,7 @@ pub(crate) mod rng;
 pub(crate) mod scheduled;
 pub mod sim;
 
-pub(crate) use driver::{ClusterHandle, ClusterRequest, ClusterSetup, ClusterView};
+pub(crate) use driver::{ClusterHandle, ClusterRequest, ClusterSetup, ClusterView, ReplicationSetup};
 pub use identity::{MemberAddresses, MemberId, NodeId, NodeIdentity};
 pub use membership::{MemberState, MemberView, Membership};
 

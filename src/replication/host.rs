@@ -209,6 +209,10 @@ pub struct ReplicaHost<S: LogStore> {
     /// Leaders that applied their own removal this round.
     step_downs: Vec<GroupId>,
     reconfig_budget: u32,
+    /// Replication factors by a group's stream part, where a stream's
+    /// differs from [`HostConfig::replication_factor`] (the real node: each
+    /// stream has its own).
+    stream_replication: BTreeMap<u32, usize>,
     ticks: u64,
     logger: slog::Logger,
     pub counters: HostCounters,
@@ -230,6 +234,7 @@ impl<S: LogStore> ReplicaHost<S> {
             acks: Vec::new(),
             step_downs: Vec::new(),
             reconfig_budget: config.reconfig_steps_per_window_max,
+            stream_replication: BTreeMap::new(),
             ticks: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             counters: HostCounters::default(),
@@ -320,6 +325,16 @@ impl<S: LogStore> ReplicaHost<S> {
                 wake(group);
             }
         }
+    }
+
+    /// The replication factor of the groups of stream part `stream_id`
+    /// (placement's desired set for them has this many replicas).
+    pub fn set_replication_factor(&mut self, stream_id: u32, replication_factor: usize) {
+        self.stream_replication.insert(stream_id, replication_factor);
+    }
+
+    fn replication_factor_of(&self, id: GroupId) -> usize {
+        self.stream_replication.get(&id.stream_id).copied().unwrap_or(self.config.replication_factor)
     }
 
     fn is_live(&self, replica: ReplicaId) -> bool {
@@ -653,7 +668,7 @@ impl<S: LogStore> ReplicaHost<S> {
         if self.members.is_empty() {
             return crate::replication::placement::DesiredReplicas::default();
         }
-        desired_replicas(id, &self.members, self.config.replication_factor)
+        desired_replicas(id, &self.members, self.replication_factor_of(id))
     }
 
     /// The reconfiguration step `id`'s leader (this node) would take, if any.

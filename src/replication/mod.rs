@@ -18,6 +18,10 @@
 //!   (source node, source sequence) header for deduplication.
 //! - [`wire`]: the per-peer batch's encoding (bounded decoder).
 //! - [`sim`]: the deterministic cluster simulator and its invariant checker.
+//! - [`node`]: the real node's wiring (first slice): one host on the
+//!   cluster thread, [`file_store::FileLogStore`] as its durable store, the
+//!   transport for its peer batches and forwarded proposals, and the shards'
+//!   proposals and committed records ([`crate::shard::replicated`]).
 //!
 //! # A group's state
 //!
@@ -33,7 +37,7 @@
 //! sequence applied, so a forwarded batch retried after a leader change is
 //! dropped instead of stored twice (the header is already in every entry).
 //!
-//! # Wiring into the node (next)
+//! # Wiring into the node (the target; [`node`] has what runs today)
 //!
 //! - **Store: the shard WAL implements [`store::LogStore`].** `append` and
 //!   `set_hard_state` become WAL records of the shard's group commit,
@@ -61,8 +65,10 @@
 //! - **Node ids:** a node's Raft id is [`replica_id_of`] its
 //!   [`NodeId`](crate::cluster::NodeId).
 
+pub mod file_store;
 pub mod frame;
 pub mod host;
+pub mod node;
 pub mod placement;
 pub mod reconfig;
 pub mod sim;

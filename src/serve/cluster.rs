@@ -6,8 +6,10 @@
 use std::net::SocketAddr;
 
 use crate::cluster::identity::{self, MemberAddresses, MemberId, NodeIdentity};
-use crate::cluster::{ClusterHandle, ClusterSetup};
-use crate::config::Config;
+use crate::cluster::{ClusterHandle, ClusterSetup, ReplicationSetup};
+use crate::config::{Config, Storage};
+use crate::replication::file_store::FileLogStore;
+use crate::replication::node::ProposalRequest;
 use crate::runtime::log;
 use crate::serve::ServeError;
 use crate::shard::control::ControlRequest;
@@ -21,7 +23,16 @@ pub struct ClusterStart {
     /// The transport's listener on the same address, TCP.
     listener: Option<std::net::TcpListener>,
     pub addresses: MemberAddresses,
+    /// The Raft store, read back, and the way shards propose to the groups
+    /// (a clustered node only).
+    replication: Option<(FileLogStore, flume::Receiver<ProposalRequest>)>,
+    /// What shards hand their proposals to.
+    pub proposals: Option<flume::Sender<ProposalRequest>>,
 }
+
+/// Proposals queued from the shards to the cluster thread at once (each
+/// shard has at most one batch's worth per partition in flight).
+const PROPOSALS_QUEUED_MAX: usize = 4096;
 
 /// Reads (or creates) the node identity and binds the cluster socket.
 /// Called with the data directory locked, before any shard starts.
@@ -31,7 +42,14 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
         // A cluster of one still has addresses to show in GET /cluster;
         // it advertises its listeners as bound.
         let addresses = MemberAddresses::advertised(config, SocketAddr::from(([127, 0, 0, 1], 0)));
-        return Ok(ClusterStart { identity, socket: None, listener: None, addresses });
+        return Ok(ClusterStart {
+            identity,
+            socket: None,
+            listener: None,
+            addresses,
+            replication: None,
+            proposals: None,
+        });
     };
     let socket = bind_socket(bind)?;
     // The same port number as the gossip's (which a port 0 chose).
@@ -51,7 +69,19 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
         }
     };
     let addresses = MemberAddresses::advertised(config, advertise);
-    Ok(ClusterStart { identity, socket: Some(socket), listener: Some(listener), addresses })
+    let store = match config.storage {
+        Storage::Disk => FileLogStore::open(&config.data_dir).map_err(ServeError::ReplicationStore)?,
+        Storage::Memory => FileLogStore::in_memory(),
+    };
+    let (proposals, receiver) = flume::bounded(PROPOSALS_QUEUED_MAX);
+    Ok(ClusterStart {
+        identity,
+        socket: Some(socket),
+        listener: Some(listener),
+        addresses,
+        replication: Some((store, receiver)),
+        proposals: Some(proposals),
+    })
 }
 
 /// How long start-up waits for the transport's TCP port to be free: a node
@@ -93,8 +123,10 @@ pub fn start(
     config: &Config,
     prepared: ClusterStart,
     controls: &[flume::Sender<ControlRequest>],
+    streams: Vec<crate::stream::StreamSpec>,
 ) -> Result<ClusterHandle, ServeError> {
-    let ClusterStart { identity, socket, listener, addresses } = prepared;
+    let ClusterStart { identity, socket, listener, addresses, replication, proposals: _ } = prepared;
+    let replication = replication.map(|(store, proposals)| ReplicationSetup { store, proposals, streams });
     let transport = listener.map(|listener| TransportSetup {
         node_id: identity.node_id,
         listener,
@@ -108,6 +140,7 @@ pub fn start(
         join: config.join.clone(),
         controls: controls.to_vec(),
         transport,
+        replication,
     };
     ClusterHandle::start(setup).map_err(ServeError::Executors)
 }

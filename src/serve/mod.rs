@@ -87,6 +87,8 @@ pub enum ServeError {
     },
     /// The node identity in the data directory cannot be read or saved.
     Identity(crate::cluster::identity::IdentityError),
+    /// The Raft store (`<data-dir>/replication/raft.log`) cannot be read.
+    ReplicationStore(std::io::Error),
     /// A helper thread (signals) could not start.
     Thread {
         name: &'static str,
@@ -133,6 +135,9 @@ impl std::fmt::Display for ServeError {
                 write!(f, "--cpus: CPU {cpu} is not one this process may run on ({})", allowed.join(","))
             }
             ServeError::Thread { name, error } => write!(f, "failed to start the {name} thread: {error}"),
+            ServeError::ReplicationStore(error) => {
+                write!(f, "failed to start: the Raft log in <data-dir>/replication cannot be read: {error}")
+            }
         }
     }
 }
@@ -178,6 +183,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         stream_commands: stream_commands_sender,
         kafka_producers: Arc::new(crate::kafka::ProducerTable::new(crate::config::KAFKA_PRODUCER_STATES_MAX)),
         kafka_groups: Arc::new(crate::kafka::KafkaGroups::new(config.groups_max, config.group_members_max)),
+        proposals: cluster_start.proposals.clone(),
     };
     let placement = placement::decide(&config, shard_count)?;
     let pool = start_shards(&config, placement.placement, context)?;
@@ -185,7 +191,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let startup = wait_for_start(&events, shard_count);
     let cluster_banner = cluster::describe(&config, &cluster_start);
     let admin = startup.and_then(|read_only| {
-        let cluster = cluster::start(&config, cluster_start, &controls)?;
+        let cluster = cluster::start(&config, cluster_start, &controls, catalog.streams().to_vec())?;
         let catalog = (catalog, stream_commands);
         match start_admin(&controls, &config, started, catalog, catalog_unsaved.clone(), cluster.requests()) {
             Ok(admin) => Ok((admin, cluster, read_only)),
@@ -472,6 +478,18 @@ fn open_catalog(config: &Config) -> Result<(crate::stream::Catalog, crate::strea
             crate::stream::Catalog::with_default(&limits, config.partitions).map_err(ServeError::Catalog)?
         }
     };
+    // Events of a replicated stream are stored only through its Raft
+    // groups, which a node outside a cluster does not run.
+    if config.cluster_address().is_none()
+        && let Some(spec) = catalog.streams().iter().find(|spec| spec.is_replicated())
+    {
+        return Err(ServeError::Catalog(crate::stream::CatalogError::Invalid {
+            why: format!(
+                "stream {:?} has replication factor {}: start this node in its cluster (--cluster/--join)",
+                spec.name, spec.replication_factor
+            ),
+        }));
+    }
     let mut catalog = catalog;
     for (declaration, cycle) in catalog.suspend_cycles() {
         log::warn!(

@@ -40,6 +40,9 @@ pub struct ShardContext {
     /// Kafka consumer groups' membership, one table for the process (see
     /// `kafka::groups`).
     pub kafka_groups: Arc<crate::kafka::KafkaGroups>,
+    /// Where shards propose the records of replicated partitions (the
+    /// cluster thread; `None` for a cluster of one).
+    pub proposals: Option<flume::Sender<crate::replication::node::ProposalRequest>>,
 }
 
 /// The body of one shard's executor.
@@ -52,6 +55,9 @@ pub async fn run_shard(context: ShardContext) {
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
+    if let Some(proposals) = &context.proposals {
+        shard.set_replication_sender(proposals.clone());
+    }
     prefault_and_load_groups(&context.config, &shard);
     if shard.stores_on_disk() {
         crate::shard::commit::set_replay(&shard, context.wal_replay.clone());

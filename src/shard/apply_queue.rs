@@ -52,7 +52,15 @@ mod tests {
     use super::*;
 
     fn batch(sequence: u64, size: usize) -> DataBatch {
-        DataBatch { sequence, bytes: vec![0; size], event_count: 1, markers: Vec::new(), sync: false, grant_now: false }
+        DataBatch {
+            sequence,
+            bytes: vec![0; size],
+            event_count: 1,
+            markers: Vec::new(),
+            sync: false,
+            grant_now: false,
+            replicated_bytes: 0,
+        }
     }
 
     /// Batches come out in arrival order and the byte gauge follows them.

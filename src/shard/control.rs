@@ -38,6 +38,9 @@ pub enum ControlRequest {
     Stream(StreamChange),
     /// Keyed aggregates ([`crate::shard::aggregates`]).
     Aggregate(crate::shard::aggregates::AggregateRequest),
+    /// Records a replicated partition's group committed, from the cluster
+    /// thread ([`crate::shard::replicated::apply_committed`]).
+    Committed(crate::replication::node::CommittedRecords),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
     Shutdown {
         deadline: Instant,
@@ -144,6 +147,7 @@ pub async fn serve_control(
             }
             ControlRequest::Stream(request) => crate::shard::streams::handle(shard, request),
             ControlRequest::Aggregate(request) => crate::shard::aggregates::handle(shard, request),
+            ControlRequest::Committed(committed) => crate::shard::replicated::apply_committed(shard, committed),
             ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();

@@ -35,6 +35,7 @@ pub mod ingress;
 pub mod lifecycle;
 pub mod metrics;
 pub mod outbox;
+pub mod replicated;
 pub mod streams;
 pub mod subscriptions;
 
@@ -100,6 +101,8 @@ pub struct Shard {
     /// Consumer groups: the ones it coordinates, its members' inboxes, and
     /// the hold floors.
     groups: groups::Groups,
+    /// Which partitions are Raft groups, and the way to the cluster thread.
+    replication: replicated::ShardReplication,
 }
 
 /// What the faces (ingest, subscribe, groups' members) and start-up see of a
@@ -108,6 +111,11 @@ pub struct Shard {
 /// subscribers and members, and asks the stream catalog for a route; it
 /// never borrows the partitions, placement or migrations itself.
 impl Shard {
+    /// Where proposals for replicated partitions go (the cluster thread).
+    pub fn set_replication_sender(&self, sender: flume::Sender<crate::replication::node::ProposalRequest>) {
+        self.replication.set_sender(sender);
+    }
+
     /// This shard's mesh peer id.
     pub fn id(&self) -> u16 {
         self.id
@@ -203,6 +211,8 @@ impl Shard {
                 install_memory_partitions(&mut partitions, &placement, id, &config, spec);
             }
         }
+        let replication = replicated::ShardReplication::default();
+        replication.refresh(&catalog, config.partitions_max);
         Shard {
             id,
             shard_count,
@@ -225,6 +235,7 @@ impl Shard {
             streams: RefCell::new(ShardStreams::new(catalog)),
             aggregates: aggregates::ShardAggregates::new(&config),
             groups: groups::Groups::new(config.partitions_max),
+            replication,
             config,
         }
     }
@@ -388,7 +399,11 @@ impl Shard {
     }
 
     /// Applies one batch from `source` and carries out what follows.
-    async fn apply(self: &Rc<Self>, source: u16, batch: DataBatch) {
+    async fn apply(self: &Rc<Self>, source: u16, mut batch: DataBatch) {
+        if self.replication.is_active() {
+            // Records of replicated partitions go to their groups first.
+            replicated::replicate_from(self, &mut batch).await;
+        }
         let delay_ns = self.config.apply_delay_ns_per_event_on(self.id).saturating_mul(u64::from(batch.event_count));
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;
@@ -681,8 +696,13 @@ impl Shard {
         let busy = self.migrations.borrow().is_busy();
         let choice = {
             let streams = self.streams.borrow();
-            let movable =
-                |partition| streams.catalog().stream_of(partition).is_some_and(|(spec, _)| streams.is_active(spec.id));
+            // A replicated partition stays on its shard (for now).
+            let movable = |partition| {
+                streams
+                    .catalog()
+                    .stream_of(partition)
+                    .is_some_and(|(spec, _)| streams.is_active(spec.id) && !spec.is_replicated())
+            };
             let partitions = self.partitions.borrow();
             self.balancer.borrow_mut().answer_steal(&partitions, movable, busy, thief, thief_events_per_s, now_ms)
         };

@@ -113,6 +113,7 @@ async fn install(shard: &Rc<Shard>, spec: StreamSpec) -> Result<(), InstallError
         (0..spec.partitions).for_each(|local| partitions.unretire(spec.global(local)));
     }
     shard.streams.borrow_mut().install(spec.clone());
+    shard.replication.refresh(shard.streams.borrow().catalog(), shard.config.partitions_max);
     match shard.open_stream_partitions(&spec).await {
         Ok(_) => Ok(()),
         Err(error) => Err(InstallError::Storage { stream: spec.name, error }),
@@ -159,6 +160,7 @@ async fn drop_stream(shard: &Rc<Shard>, id: u32) {
         }
     }
     shard.streams.borrow_mut().remove(id);
+    shard.replication.refresh(shard.streams.borrow().catalog(), shard.config.partitions_max);
     // Parked fetches of its partitions learn it is gone.
     shard.subscriptions.wake_parked();
 }

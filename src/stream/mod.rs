@@ -78,9 +78,36 @@ pub struct StreamSpec {
     /// none: `xxh3`, what they were routed by.
     #[serde(default)]
     pub partitioner: Partitioner,
+    /// Copies of each partition on different nodes, each partition a Raft
+    /// group ([`crate::replication`]); 1 (the default, and what catalogs
+    /// written before the setting mean) is today's unreplicated stream, and
+    /// is not written to the catalog, so such a catalog stays byte for byte
+    /// what it was.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replication_factor: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(value: &u32) -> bool {
+    *value == 1
 }
 
 impl StreamSpec {
+    /// Whether its partitions are Raft groups (replication factor above 1).
+    pub fn is_replicated(&self) -> bool {
+        self.replication_factor > 1
+    }
+
+    /// The Raft group id's stream part: a hash of the name, so every node
+    /// names the group alike although each allocates its own stream ids
+    /// (the catalog is not replicated yet).
+    pub fn group_stream_id(&self) -> u32 {
+        group_stream_id(&self.name)
+    }
+
     pub fn route(&self) -> StreamRoute {
         StreamRoute { id: self.id, base: self.base, partitions: self.partitions, partitioner: self.partitioner }
     }
@@ -130,6 +157,15 @@ pub struct NewStream {
     /// `"xxh3"` (the default) or `"murmur2"` (as the Java Kafka client).
     #[serde(default)]
     pub partitioner: Option<Partitioner>,
+    /// Copies of each partition on different nodes (default 1: none).
+    #[serde(default)]
+    pub replication_factor: Option<u32>,
+}
+
+/// The Raft group id's stream part for stream `name` (see
+/// [`StreamSpec::group_stream_id`]).
+pub fn group_stream_id(name: &str) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32
 }
 
 /// Why the catalog refused a change, with what the user needs to fix it.
@@ -173,6 +209,16 @@ pub enum CatalogError {
     /// The age retention is above [`RETENTION_MS_MAX`].
     RetentionMsTooLarge {
         retention_ms: u64,
+    },
+    /// The replication factor is 0, above what this node allows (1 without
+    /// a cluster), or the stream's name hashes like a replicated one's.
+    ReplicationFactor {
+        replication_factor: u32,
+        replication_factor_max: u32,
+    },
+    GroupIdTaken {
+        name: String,
+        other: String,
     },
     /// The catalog on disk says `default` has another partition count.
     DefaultMismatch {
@@ -220,6 +266,20 @@ impl std::fmt::Display for CatalogError {
                 f,
                 "bad_retention: retention_ms {retention_ms} is over the maximum {RETENTION_MS_MAX} (100 years; \
                  0 keeps segments regardless of age)"
+            ),
+            CatalogError::ReplicationFactor { replication_factor, replication_factor_max: 1 } => write!(
+                f,
+                "bad_replication_factor: {replication_factor}; this node is not in a cluster (start it with \
+                 --cluster or --join), so 1 is the only replication factor"
+            ),
+            CatalogError::ReplicationFactor { replication_factor, replication_factor_max } => write!(
+                f,
+                "bad_replication_factor: {replication_factor}; a stream has 1 to {replication_factor_max} copies"
+            ),
+            CatalogError::GroupIdTaken { name, other } => write!(
+                f,
+                "group_id_taken: stream {name:?} hashes to the same replication group id as the replicated \
+                 stream {other:?}; choose another name"
             ),
             CatalogError::DefaultMismatch { on_disk, flag } => write!(
                 f,
@@ -331,6 +391,7 @@ impl Catalog {
         if retention_ms > RETENTION_MS_MAX {
             return Err(CatalogError::RetentionMsTooLarge { retention_ms });
         }
+        let replication_factor = self.check_replication(request, limits)?;
         let base = self.free_range(request.partitions, partitions_max)?;
         let spec = StreamSpec {
             id: self.next_id,
@@ -340,10 +401,29 @@ impl Catalog {
             retention_bytes,
             retention_ms,
             partitioner: request.partitioner.unwrap_or_default(),
+            replication_factor,
         };
         self.next_id += 1;
         self.streams.push(spec.clone());
         Ok(spec)
+    }
+
+    /// The replication factor `request` asks for, checked against the
+    /// limit and against the group ids of the replicated streams.
+    fn check_replication(&self, request: &NewStream, limits: &CatalogLimits) -> Result<u32, CatalogError> {
+        let replication_factor = request.replication_factor.unwrap_or(1);
+        if replication_factor == 0 || replication_factor > limits.replication_factor_max {
+            let replication_factor_max = limits.replication_factor_max;
+            return Err(CatalogError::ReplicationFactor { replication_factor, replication_factor_max });
+        }
+        let group = group_stream_id(&request.name);
+        if replication_factor > 1
+            && let Some(other) =
+                self.streams.iter().find(|spec| spec.is_replicated() && spec.group_stream_id() == group)
+        {
+            return Err(CatalogError::GroupIdTaken { name: request.name.clone(), other: other.name.clone() });
+        }
+        Ok(replication_factor)
     }
 
     /// Every aggregate, in declaration order.
@@ -563,6 +643,7 @@ impl Catalog {
             retention_bytes: None,
             retention_ms: None,
             partitioner: None,
+            replication_factor: None,
         };
         catalog.create(&request, limits)?;
         Ok(catalog)
@@ -633,6 +714,9 @@ pub struct CatalogLimits {
     pub retention_bytes_max: u64,
     pub retention_ms: u64,
     pub segment_bytes: u64,
+    /// The largest replication factor a stream may ask for: 1 on a node
+    /// without a cluster, [`crate::replication::placement::REPLICATION_FACTOR_MAX`] in one.
+    pub replication_factor_max: u32,
 }
 
 /// What the catalog takes from the flags (here rather than in `config`,
@@ -650,6 +734,11 @@ impl Config {
             retention_bytes_max,
             retention_ms: self.retention_ms,
             segment_bytes: self.segment_bytes() as u64,
+            replication_factor_max: if self.cluster_address().is_some() {
+                crate::replication::placement::REPLICATION_FACTOR_MAX as u32
+            } else {
+                1
+            },
         }
     }
 }
@@ -730,11 +819,19 @@ mod tests {
             retention_bytes_max: 1 << 24,
             retention_ms: 1000,
             segment_bytes: 1 << 16,
+            replication_factor_max: 1,
         }
     }
 
     fn request(name: &str, partitions: u32) -> NewStream {
-        NewStream { name: name.into(), partitions, retention_bytes: None, retention_ms: None, partitioner: None }
+        NewStream {
+            name: name.into(),
+            partitions,
+            retention_bytes: None,
+            retention_ms: None,
+            partitioner: None,
+            replication_factor: None,
+        }
     }
 
     /// A stream keeps the partitioner it was created with across a save and

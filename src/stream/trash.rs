@@ -112,6 +112,7 @@ mod tests {
             retention_bytes: 1,
             retention_ms: 0,
             partitioner: Default::default(),
+            replication_factor: 1,
         };
         move_stream_to_trash(&data, &spec).unwrap();
         move_stream_to_trash(&data, &spec).unwrap();

@@ -68,6 +68,12 @@ pub enum Channel {
     Pong = 2,
     /// Filler for tests and measurements (`--transport-test-flood`).
     Bulk = 3,
+    /// A [`crate::replication::wire::PeerBatch`]: one round's Raft messages
+    /// of every group between two nodes.
+    Raft = 4,
+    /// A proposal forwarded to its group's leader
+    /// ([`crate::replication::node`]).
+    Propose = 5,
 }
 
 impl Channel {
@@ -76,6 +82,8 @@ impl Channel {
             1 => Some(Channel::Ping),
             2 => Some(Channel::Pong),
             3 => Some(Channel::Bulk),
+            4 => Some(Channel::Raft),
+            5 => Some(Channel::Propose),
             _ => None,
         }
     }

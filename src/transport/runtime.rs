@@ -204,6 +204,10 @@ pub struct Transport {
     handshakes: Cell<usize>,
     bulk: RefCell<VecDeque<Inbound>>,
     bulk_ready: Notify,
+    /// Raft batches and forwarded proposals for the replication task, held
+    /// with their credits (so the window bounds them).
+    replication: RefCell<VecDeque<Inbound>>,
+    replication_ready: Notify,
     test_flood: bool,
     test_receive_us_per_kib: u64,
     ping_sequence: Cell<u64>,
@@ -221,6 +225,8 @@ impl Transport {
             handshakes: Cell::new(0),
             bulk: RefCell::default(),
             bulk_ready: Notify::default(),
+            replication: RefCell::default(),
+            replication_ready: Notify::default(),
             test_flood: setup.test_flood,
             test_receive_us_per_kib: setup.test_receive_us_per_kib,
             ping_sequence: Cell::new(0),
@@ -319,6 +325,16 @@ impl Transport {
             .collect();
         views.sort_by(|a, b| a.node_id.cmp(&b.node_id));
         views
+    }
+
+    /// The next Raft batch or forwarded proposal that arrived.
+    pub async fn next_replication(&self) -> Inbound {
+        loop {
+            if let Some(inbound) = self.replication.borrow_mut().pop_front() {
+                return inbound;
+            }
+            self.replication_ready.notified().await;
+        }
     }
 
     fn link(&self, peer: NodeId) -> Option<Rc<Link>> {
@@ -697,6 +713,10 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
                 transport.bulk.borrow_mut().push_back(inbound);
                 transport.bulk_ready.notify();
             }
+        }
+        Some(Channel::Raft | Channel::Propose) => {
+            transport.replication.borrow_mut().push_back(inbound);
+            transport.replication_ready.notify();
         }
         None => {}
     }

@@ -1,0 +1,599 @@
+//! The replication of a real node: the [`ReplicaHost`] of every Raft group
+//! this node holds, run on the cluster thread beside the membership and the
+//! transport, and its two ends on the shards (proposals in, committed
+//! records out).
+//!
+//! **Why the cluster thread, for now.** The issue wants one host per shard,
+//! each with the groups of the partitions it owns, sharing the shard WAL's
+//! fsync. This first slice runs one host per node on the cluster thread:
+//! the peer batches go straight into the transport's queues (one message
+//! per node pair per tick, as designed), no Raft message has to be routed
+//! to the shard owning its partition (which moves between shards), and a
+//! partition moving between shards needs nothing from its group. The costs:
+//! proposals and committed records cross one thread boundary each way, the
+//! Raft log is its own file (its own fsync, not the shard WAL's), and every
+//! replicated partition of the node shares one thread's CPU.
+//!
+//! # The path of an event
+//!
+//! 1. A shard applying a batch ([`crate::shard`]) takes out the records of
+//!    replicated partitions, one [`ProposalRequest`] per partition (the
+//!    records in log format: a spate frame, never one event), and waits for
+//!    their answers before it applies the rest of the batch and returns its
+//!    credits, so `#SYNC` (which waits for the credits) answers only once
+//!    they are committed, and producers are pushed back meanwhile.
+//! 2. Here a proposal goes to its group: proposed when this node leads it,
+//!    else forwarded to the leader over the transport ([`Channel::Propose`])
+//!    with this node's id in its header. The entry's header names the node
+//!    that proposed, so the node whose own replica applies it answers.
+//! 3. Committed entries are delivered in log order to the shard owning the
+//!    partition ([`CommittedRecords`]), on every replica alike, with the
+//!    offset their first record must take: the shard appends what it does
+//!    not have yet and says where its log ends, so a replica that lost an
+//!    unsynced tail in a crash gets it again, and one that has it gets
+//!    nothing twice. So offsets are log positions, identical on every
+//!    replica, and subscribers (who read the partition's log) see committed
+//!    events only.
+//! 4. A proposal is answered once its entry is committed and delivered to
+//!    this node's shard.
+//!
+//! # Groups
+//!
+//! The groups are those of the streams with a replication factor above 1
+//! (the admin thread gives the catalog after every change). A group's id is
+//! (a hash of the stream's name, the stream's partition), the same on
+//! every node although the catalog is not replicated yet. A node with the
+//! stream that is in the group's desired replicas (placement over the live
+//! members, once at least that many are live) bootstraps the group with
+//! those replicas; a node the leader adds later gets the group from the
+//! leader's first append.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::cluster::NodeId;
+use crate::cluster::membership::{MemberState, MemberView};
+use crate::protocol::record::decode_log_record;
+use crate::replication::file_store::FileLogStore;
+use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
+use crate::replication::host::{Ack, HostConfig, ProposeError, ReplicaHost};
+use crate::replication::placement::{Candidate, desired_replicas};
+use crate::replication::store::LogStore;
+use crate::replication::wire::PeerBatch;
+use crate::replication::{GroupId, ReplicaId, replica_id_of};
+use crate::runtime::log;
+use crate::stream::StreamSpec;
+use crate::transport::{Channel, TransportHandle};
+
+/// How long a proposal may wait for its commit before it is answered
+/// [`ProposalRefused::TimedOut`] (the shard proposes again: a duplicate if
+/// the first did commit, until the next issue's deduplication).
+pub const PROPOSAL_TIMEOUT_MS: u64 = 10_000;
+/// Proposals waiting for their commit at once; more are refused (the
+/// shards' credit windows keep them far below).
+pub const PROPOSALS_PENDING_MAX: usize = 65_536;
+/// Bytes of records delivered to a shard in one request.
+pub const DELIVERY_BYTES_MAX: usize = 1 << 20;
+/// How long a shard may take to answer a delivery before the next round
+/// asks again, in ms.
+const DELIVERY_TIMEOUT_MS: u64 = 5_000;
+
+/// A shard's request: replicate `records` (log-format records of one
+/// partition) through `group`; answered once committed here.
+pub struct ProposalRequest {
+    pub group: GroupId,
+    pub records: Vec<u8>,
+    pub record_count: u32,
+    pub reply: flume::Sender<Result<(), ProposalRefused>>,
+}
+
+/// Why a proposal was not committed: the shard tries again a moment later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposalRefused {
+    /// This node holds no replica of the group (yet).
+    NotAReplica,
+    /// The group has no leader this node knows of (an election).
+    NoLeader,
+    TimedOut,
+    /// The Raft store is full ([`crate::replication::file_store::ENTRY_BYTES_MAX`]).
+    StoreFull,
+    TooManyPending,
+}
+
+impl std::fmt::Display for ProposalRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProposalRefused::NotAReplica => write!(f, "this node holds no replica of the partition"),
+            ProposalRefused::NoLeader => write!(f, "the partition's group has no leader yet"),
+            ProposalRefused::TimedOut => write!(f, "not committed within {PROPOSAL_TIMEOUT_MS} ms"),
+            ProposalRefused::StoreFull => write!(f, "the node's Raft log is full"),
+            ProposalRefused::TooManyPending => write!(f, "{PROPOSALS_PENDING_MAX} proposals are pending"),
+        }
+    }
+}
+
+/// Committed records for a shard: append those of `records` from offset
+/// `first_offset` on that the partition does not have; the answer is where
+/// its log ends then, or `None` when the shard does not own the partition.
+pub struct CommittedRecords {
+    /// The global partition id.
+    pub partition: u32,
+    pub first_offset: u64,
+    pub records: Vec<u8>,
+    pub reply: flume::Sender<Option<u64>>,
+}
+
+/// One group as `GET /cluster` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GroupView {
+    pub stream: String,
+    pub partition: u32,
+    pub role: String,
+    pub leader: Option<String>,
+    pub leader_is_self: bool,
+    pub term: u64,
+    pub commit: u64,
+    pub last_index: u64,
+    pub voters: Vec<String>,
+    pub learners: Vec<String>,
+    pub quiet: bool,
+    /// Events of the committed log delivered to this node's partition.
+    pub delivered_offset: Option<u64>,
+}
+
+/// Where a group's delivery stands: the next entry to deliver and the
+/// offset its first record takes; `None` until learnt from the shard.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cursor {
+    index: u64,
+    offset: u64,
+}
+
+struct Pending {
+    group: GroupId,
+    reply: flume::Sender<Result<(), ProposalRefused>>,
+    since: Instant,
+}
+
+/// A replicated stream as this node knows it.
+#[derive(Clone, Debug)]
+struct ReplicatedStream {
+    name: String,
+    base: u32,
+    partitions: u32,
+    replication_factor: usize,
+}
+
+/// Every Raft group of this node, and the bookkeeping around them.
+pub struct ReplicationNode {
+    pub host: ReplicaHost<FileLogStore>,
+    store: Rc<RefCell<FileLogStore>>,
+    self_id: ReplicaId,
+    node_ids: HashMap<ReplicaId, NodeId>,
+    live: Vec<Candidate>,
+    /// By the group id's stream part.
+    streams: BTreeMap<u32, ReplicatedStream>,
+    next_sequence: u64,
+    pending: HashMap<u64, Pending>,
+    /// Acknowledged proposals waiting for their delivery to this node's shard.
+    acked: Vec<(Ack, flume::Sender<Result<(), ProposalRefused>>)>,
+    cursors: HashMap<GroupId, Cursor>,
+    /// The shard last found owning each group's partition.
+    owners: HashMap<GroupId, u16>,
+    transport: TransportHandle,
+    pub batches_dropped: u64,
+    pub forwarded_refused: u64,
+}
+
+impl ReplicationNode {
+    pub fn new(node_id: NodeId, store: FileLogStore, transport: TransportHandle) -> ReplicationNode {
+        let self_id = replica_id_of(node_id);
+        let store = Rc::new(RefCell::new(store));
+        let config = HostConfig::default();
+        let host = ReplicaHost::new(self_id, config, store.clone(), rand::random());
+        ReplicationNode {
+            host,
+            store,
+            self_id,
+            node_ids: HashMap::from([(self_id, node_id)]),
+            live: Vec::new(),
+            streams: BTreeMap::new(),
+            next_sequence: 1,
+            pending: HashMap::new(),
+            acked: Vec::new(),
+            cursors: HashMap::new(),
+            owners: HashMap::new(),
+            transport,
+            batches_dropped: 0,
+            forwarded_refused: 0,
+        }
+    }
+
+    /// Whether there is anything to run: a replicated stream or a group.
+    pub fn is_active(&self) -> bool {
+        !self.streams.is_empty() || self.host.groups().next().is_some()
+    }
+
+    /// The streams of the catalog; the replicated ones get groups.
+    pub fn set_streams(&mut self, specs: &[StreamSpec]) {
+        self.streams = specs
+            .iter()
+            .filter(|spec| spec.is_replicated())
+            .map(|spec| {
+                let stream = ReplicatedStream {
+                    name: spec.name.clone(),
+                    base: spec.base,
+                    partitions: spec.partitions,
+                    replication_factor: spec.replication_factor as usize,
+                };
+                (spec.group_stream_id(), stream)
+            })
+            .collect();
+        for (stream_id, stream) in &self.streams {
+            self.host.set_replication_factor(*stream_id, stream.replication_factor);
+        }
+    }
+
+    /// The live members (alive or suspect) as placement's candidates, all
+    /// of weight 1 for now.
+    pub fn set_members(&mut self, members: &[MemberView]) {
+        let mut live = Vec::new();
+        for member in members {
+            let replica = replica_id_of(member.id.node_id);
+            self.node_ids.insert(replica, member.id.node_id);
+            if matches!(member.state, MemberState::Alive | MemberState::Suspect) {
+                live.push(Candidate { replica, weight: 1.0 });
+            }
+        }
+        self.live = live.clone();
+        self.host.set_members(live);
+    }
+
+    /// Creates the groups this node should start (module doc, "Groups").
+    pub fn bootstrap_groups(&mut self) {
+        let mut wanted = Vec::new();
+        for (stream_id, stream) in &self.streams {
+            if self.live.len() < stream.replication_factor {
+                continue;
+            }
+            for partition in 0..stream.partitions {
+                let group = GroupId { stream_id: *stream_id, partition };
+                if self.store.borrow().log(group).is_some() {
+                    continue;
+                }
+                let desired = desired_replicas(group, &self.live, stream.replication_factor);
+                if desired.contains(self.self_id) {
+                    wanted.push((group, desired.replicas));
+                }
+            }
+        }
+        for (group, voters) in wanted {
+            self.host.bootstrap(group, &voters);
+        }
+    }
+
+    /// Takes a shard's proposal: proposes it here, forwards it to the
+    /// leader, or answers why not.
+    pub fn propose(&mut self, request: ProposalRequest) {
+        let refuse = |reason| {
+            let _ = request.reply.send(Err(reason));
+        };
+        let Some(status) = self.host.status(request.group) else { return refuse(ProposalRefused::NotAReplica) };
+        if self.store.borrow().is_full() {
+            return refuse(ProposalRefused::StoreFull);
+        }
+        if self.pending.len() >= PROPOSALS_PENDING_MAX {
+            return refuse(ProposalRefused::TooManyPending);
+        }
+        let sequence = self.next_sequence;
+        let header =
+            ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: request.record_count };
+        let proposed = if status.leader == self.self_id {
+            self.host.propose(request.group, header, &request.records).is_ok()
+        } else if let Some(leader) = self.node_ids.get(&status.leader).filter(|_| status.leader != 0) {
+            let mut payload = Vec::with_capacity(8 + request.records.len() + 32);
+            payload.extend_from_slice(&request.group.stream_id.to_le_bytes());
+            payload.extend_from_slice(&request.group.partition.to_le_bytes());
+            payload.extend_from_slice(&encode_proposal(header, &request.records));
+            self.transport.try_send(*leader, Channel::Propose, Bytes::from(payload)).is_ok()
+        } else {
+            false
+        };
+        if !proposed {
+            return refuse(ProposalRefused::NoLeader);
+        }
+        self.next_sequence += 1;
+        self.pending.insert(sequence, Pending { group: request.group, reply: request.reply, since: Instant::now() });
+    }
+
+    /// A proposal another node forwarded to this one (as the leader).
+    pub fn propose_forwarded(&mut self, payload: &[u8]) {
+        let Some((group_bytes, proposal)) = payload.split_at_checked(8) else { return };
+        let group = GroupId {
+            stream_id: u32::from_le_bytes(group_bytes[..4].try_into().unwrap_or_default()),
+            partition: u32::from_le_bytes(group_bytes[4..].try_into().unwrap_or_default()),
+        };
+        let Ok((header, records)) = decode_proposal(proposal) else { return };
+        if self.store.borrow().is_full() {
+            return;
+        }
+        // Not leading (any more): the proposer times out and tries again.
+        if let Err(ProposeError::Raft(_) | ProposeError::NotLeader { .. } | ProposeError::UnknownGroup { .. }) =
+            self.host.propose(group, header, records)
+        {
+            self.forwarded_refused += 1;
+        }
+    }
+
+    /// A peer's Raft batch.
+    pub fn receive(&mut self, payload: &[u8]) {
+        match PeerBatch::decode(payload) {
+            Ok(batch) => self.host.receive(batch),
+            Err(error) => log::warn!("replication: dropped a peer batch: {error}"),
+        }
+    }
+
+    /// Processes every group's ready state, ships the peer batches and
+    /// takes this node's acknowledged proposals.
+    pub fn round(&mut self) {
+        self.host.process();
+        for batch in self.host.take_batches() {
+            let Some(peer) = self.node_ids.get(&batch.to).copied() else { continue };
+            let sent = batch
+                .encode()
+                .ok()
+                .map(|bytes| self.transport.try_send(peer, Channel::Raft, Bytes::from(bytes)).is_ok());
+            if sent != Some(true) {
+                // Raft retransmits what a peer did not get.
+                self.batches_dropped += 1;
+            }
+        }
+        for ack in self.host.take_acks() {
+            if let Some(pending) = self.pending.remove(&ack.header.source_sequence)
+                && pending.group == ack.group
+            {
+                self.acked.push((ack, pending.reply));
+                if let Some(cursor) = self.cursors.get(&ack.group).copied() {
+                    self.answer_delivered(ack.group, cursor);
+                }
+            }
+        }
+    }
+
+    /// Answers proposals that waited past [`PROPOSAL_TIMEOUT_MS`].
+    pub fn expire_proposals(&mut self) {
+        let timeout = Duration::from_millis(PROPOSAL_TIMEOUT_MS);
+        self.pending.retain(|_, pending| {
+            let expired = pending.since.elapsed() > timeout;
+            if expired {
+                let _ = pending.reply.send(Err(ProposalRefused::TimedOut));
+            }
+            !expired
+        });
+    }
+
+    /// The next delivery to make: a group with committed entries this
+    /// node's shard may not have, its partition, and where to start.
+    fn next_delivery(&self) -> Vec<(GroupId, u32)> {
+        let mut due = Vec::new();
+        for group in self.host.groups() {
+            let Some(stream) = self.streams.get(&group.stream_id) else { continue };
+            if group.partition >= stream.partitions {
+                continue;
+            }
+            let Some(status) = self.host.status(group) else { continue };
+            let cursor = self.cursors.get(&group);
+            if cursor.is_none_or(|cursor| cursor.index <= status.commit) {
+                due.push((group, stream.base + group.partition));
+            }
+        }
+        due
+    }
+
+    /// The records of committed entries from `cursor` on, at most
+    /// [`DELIVERY_BYTES_MAX`] of them; returns the records and the cursor
+    /// after them.
+    fn committed_records(&self, group: GroupId, cursor: Cursor) -> (Vec<u8>, Cursor) {
+        let store = self.store.borrow();
+        let Some(log) = store.log(group) else { return (Vec::new(), cursor) };
+        let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
+        let (mut records, mut next) = (Vec::new(), cursor);
+        while next.index <= commit && records.len() < DELIVERY_BYTES_MAX {
+            if let Some(entry) = log.entry(next.index)
+                && let Ok((header, frame)) = decode_proposal(&entry.data)
+                && entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal
+            {
+                records.extend_from_slice(frame);
+                next.offset += u64::from(header.record_count);
+            }
+            next.index += 1;
+        }
+        (records, next)
+    }
+
+    /// Where delivery to a shard whose log ends at `end_offset` starts:
+    /// the first committed entry holding an offset at or past it.
+    fn cursor_for(&self, group: GroupId, end_offset: u64) -> Cursor {
+        let store = self.store.borrow();
+        let mut cursor = Cursor { index: 1, offset: 0 };
+        let Some(log) = store.log(group) else { return cursor };
+        let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
+        while cursor.index <= commit {
+            let count = log
+                .entry(cursor.index)
+                .filter(|entry| entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal)
+                .and_then(|entry| decode_proposal(&entry.data).ok())
+                .map_or(0, |(header, _)| u64::from(header.record_count));
+            if cursor.offset + count > end_offset {
+                break;
+            }
+            cursor.offset += count;
+            cursor.index += 1;
+        }
+        cursor
+    }
+
+    /// Answers the proposals of `group` delivered before `cursor`.
+    fn answer_delivered(&mut self, group: GroupId, cursor: Cursor) {
+        self.acked.retain(|(ack, reply)| {
+            let delivered = ack.group == group && ack.index < cursor.index;
+            if delivered {
+                let _ = reply.send(Ok(()));
+            }
+            !delivered
+        });
+    }
+
+    /// Every group as `GET /cluster` shows it.
+    pub fn views(&self) -> Vec<GroupView> {
+        let name_of = |replica: &ReplicaId| {
+            self.node_ids.get(replica).map_or_else(|| format!("replica {replica:x}"), |node| node.to_string())
+        };
+        self.host
+            .groups()
+            .filter_map(|group| {
+                let status = self.host.status(group)?;
+                let stream = self.streams.get(&group.stream_id).map_or_else(
+                    || format!("(group stream {:08x}, not in this node's catalog)", group.stream_id),
+                    |stream| stream.name.clone(),
+                );
+                Some(GroupView {
+                    stream,
+                    partition: group.partition,
+                    role: format!("{:?}", status.role).to_lowercase(),
+                    leader: (status.leader != 0).then(|| name_of(&status.leader)),
+                    leader_is_self: status.leader == self.self_id,
+                    term: status.term,
+                    commit: status.commit,
+                    last_index: status.last_index,
+                    voters: status.voters.iter().map(name_of).collect(),
+                    learners: status.learners.iter().map(name_of).collect(),
+                    quiet: status.quiet,
+                    delivered_offset: self.cursors.get(&group).map(|cursor| cursor.offset),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Delivers committed records to the shards (module doc, step 3) until
+/// nothing is due; then answers what was delivered.
+pub async fn deliver(
+    node: &RefCell<ReplicationNode>,
+    controls: &[flume::Sender<crate::shard::control::ControlRequest>],
+) {
+    let due = node.borrow().next_delivery();
+    for (group, partition) in due {
+        for _ in 0..64 {
+            if !deliver_once(node, controls, group, partition).await {
+                break;
+            }
+        }
+    }
+}
+
+/// One delivery to `group`'s shard; returns whether there may be more.
+async fn deliver_once(
+    node: &RefCell<ReplicationNode>,
+    controls: &[flume::Sender<crate::shard::control::ControlRequest>],
+    group: GroupId,
+    partition: u32,
+) -> bool {
+    let known = node.borrow().cursors.get(&group).copied();
+    let (records, first_offset, after) = match known {
+        Some(cursor) => {
+            let (records, after) = node.borrow().committed_records(group, cursor);
+            if after.index == cursor.index {
+                return false;
+            }
+            (records, cursor.offset, Some(after))
+        }
+        // Learn where the shard's log ends first (an empty delivery).
+        None => (Vec::new(), u64::MAX, None),
+    };
+    let Some(end_offset) = ask_owner(node, controls, group, partition, first_offset, records).await else {
+        return false;
+    };
+    let mut node = node.borrow_mut();
+    match after {
+        Some(after) if after.offset == end_offset => {
+            node.cursors.insert(group, after);
+            node.answer_delivered(group, after);
+            true
+        }
+        _ => {
+            // First contact, or the shard's log is not where the cursor
+            // thought (it lost an unsynced tail, or has more): start again
+            // from where it ends.
+            let cursor = node.cursor_for(group, end_offset);
+            node.cursors.insert(group, cursor);
+            node.answer_delivered(group, cursor);
+            true
+        }
+    }
+}
+
+/// Sends a delivery to the shard owning `partition`, trying the others when
+/// it moved; the shard's log end, or `None` when no shard answered.
+async fn ask_owner(
+    node: &RefCell<ReplicationNode>,
+    controls: &[flume::Sender<crate::shard::control::ControlRequest>],
+    group: GroupId,
+    partition: u32,
+    first_offset: u64,
+    records: Vec<u8>,
+) -> Option<u64> {
+    let first = node.borrow().owners.get(&group).copied().unwrap_or(0);
+    let count = controls.len() as u16;
+    for step in 0..count {
+        let shard = (first + step) % count;
+        let (reply, answer) = flume::bounded(1);
+        let request = CommittedRecords { partition, first_offset, records: records.clone(), reply };
+        let control = &controls[usize::from(shard)];
+        if control.send_async(crate::shard::control::ControlRequest::Committed(request)).await.is_err() {
+            return None;
+        }
+        let timeout = async {
+            glommio::timer::sleep(Duration::from_millis(DELIVERY_TIMEOUT_MS)).await;
+            Ok(None)
+        };
+        match futures_lite::future::or(answer.recv_async(), timeout).await {
+            Ok(Some(end_offset)) => {
+                node.borrow_mut().owners.insert(group, shard);
+                return Some(end_offset);
+            }
+            Ok(None) | Err(_) => continue,
+        }
+    }
+    None
+}
+
+/// The shard's side of a delivery: appends the records of `committed` that
+/// `partition_end_offset` says the partition lacks, through `append`;
+/// returns the log's new end.
+pub fn append_committed(
+    committed: &CommittedRecords,
+    partition_end_offset: u64,
+    mut append: impl FnMut(&crate::protocol::record::RecordRef<'_>),
+) -> u64 {
+    if committed.first_offset > partition_end_offset {
+        return partition_end_offset;
+    }
+    let mut skip = partition_end_offset - committed.first_offset;
+    let mut end = partition_end_offset;
+    let mut position = 0;
+    while let Some(record) = committed.records.get(position..).and_then(decode_log_record) {
+        position += record.log_record.len();
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        append(&record);
+        end += 1;
+    }
+    end
+}

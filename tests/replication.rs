@@ -1,0 +1,188 @@
+//! Replicated streams on three real `spate serve` processes on loopback:
+//! a stream with `"replication_factor": 3` is a Raft group per partition
+//! whose committed events are in every replica's log at the same offsets,
+//! and a follower killed with kill -9 under load catches up after a restart.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{Delivered, Server, Subscriber, free_port};
+use serde_json::{Value, json};
+
+const STREAM: &str = "orders";
+const PARTITIONS: u32 = 2;
+/// How long three fresh nodes may take to see each other and elect a
+/// leader in every group (2-core box shared with builds).
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// Events sent while a follower is killed and down (#SYNC every 50).
+const UNDER_LOAD_EVENTS: u64 = 30_000;
+/// How long a restarted follower may take to hold every committed event.
+const CATCH_UP_WITHIN: Duration = Duration::from_secs(30);
+
+struct Node {
+    server: Server,
+}
+
+fn start_node(seed: Option<SocketAddr>) -> (Node, SocketAddr) {
+    let cluster = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let cluster_flag = cluster.to_string();
+    let seed_flag = seed.map(|seed| seed.to_string());
+    let mut args = vec!["--shards", "1", "--partitions", "4", "--cluster", &cluster_flag];
+    if let Some(seed) = &seed_flag {
+        args.extend(["--join", seed]);
+    }
+    (Node { server: Server::start(&args) }, cluster)
+}
+
+fn cluster_of(server: &Server) -> Value {
+    serde_json::from_str(&server.get("/cluster")).expect("/cluster is JSON")
+}
+
+/// Polls every node's `/cluster` until `ready` holds for all, or panics.
+fn wait_for(nodes: &[&Node], limit: Duration, what: &str, ready: impl Fn(&Value) -> bool) {
+    let started = Instant::now();
+    loop {
+        let views: Vec<Value> = nodes.iter().map(|node| cluster_of(&node.server)).collect();
+        if views.iter().all(&ready) {
+            return;
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}; views: {views:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every partition of the stream has a group with three voters and a leader.
+fn groups_ready(view: &Value) -> bool {
+    let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
+    let ready = groups.iter().filter(|group| {
+        group["stream"] == STREAM
+            && group["voters"].as_array().is_some_and(|voters| voters.len() == 3)
+            && !group["leader"].is_null()
+    });
+    ready.count() == PARTITIONS as usize
+}
+
+/// The node leading partition `partition`, by index into `nodes`.
+fn leader_of(nodes: &[&Node], partition: u32) -> usize {
+    nodes
+        .iter()
+        .position(|node| {
+            let view = cluster_of(&node.server);
+            view["partitions"].as_array().is_some_and(|groups| {
+                groups.iter().any(|group| {
+                    group["stream"] == STREAM && group["partition"] == partition && group["leader_is_self"] == true
+                })
+            })
+        })
+        .expect("a leader")
+}
+
+/// Sends `count` events from `first` on, `#SYNC` every 50; every SYNC
+/// must be answered OK (committed by a majority).
+fn produce(server: &Server, first: u64, count: u64) {
+    assert_eq!(produce_at(server.ingest, first, count), count);
+}
+
+/// [`produce`] to an ingest address; returns the events acknowledged.
+fn produce_at(ingest: SocketAddr, first: u64, count: u64) -> u64 {
+    let mut producer = common::Producer::connect(ingest);
+    producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+    for index in first..first + count {
+        producer.send(format!("key{} event-{index}\n", index % 7).as_bytes());
+        if index % 50 == 49 {
+            let replies = producer.sync();
+            assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+        }
+    }
+    let replies = producer.sync();
+    assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+    count
+}
+
+/// Every event of every partition of the stream a node's subscriber reads
+/// from offset 0, up to the offsets in `ends`.
+fn read_all(server: &Server, ends: &[u64]) -> BTreeMap<u32, Vec<Delivered>> {
+    let mut read = BTreeMap::new();
+    for (partition, &end) in ends.iter().enumerate() {
+        let partition = partition as u32;
+        let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {STREAM} {partition} 0"));
+        subscriber.set_timeout(Duration::from_secs(10));
+        read.insert(partition, subscriber.take(end as usize));
+    }
+    read
+}
+
+/// The next offset of every partition of the stream on `server`.
+fn ends(server: &Server) -> Vec<u64> {
+    let streams = server.streams();
+    let offsets = streams[STREAM]["next_offsets"].as_array().expect("next_offsets").clone();
+    offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
+}
+
+/// Three nodes, a stream of 2 partitions with replication factor 3: the
+/// events a producer on one node got `OK SYNC` for are on all three
+/// replicas at the same offsets; then a follower killed with kill -9 while
+/// events keep coming is restarted and catches up to the same log.
+#[test]
+fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up() {
+    let (first, seed) = start_node(None);
+    let (second, _) = start_node(Some(seed));
+    let (third, _) = start_node(Some(seed));
+    let mut nodes = vec![first, second, third];
+    let all: Vec<&Node> = nodes.iter().collect();
+    wait_for(&all, READY_WITHIN, "three members alive", |view| {
+        view["members"]
+            .as_array()
+            .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
+    });
+    for node in &nodes {
+        let spec = json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 });
+        node.server.create_stream(spec);
+    }
+    wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
+    let producer_node = leader_of(&all, 0);
+    produce(&nodes[producer_node].server, 0, 1000);
+    let committed = ends(&nodes[producer_node].server);
+    assert_eq!(committed.iter().sum::<u64>(), 1000, "offsets on the producing node: {committed:?}");
+    let expected = read_all(&nodes[producer_node].server, &committed);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_holds(&node.server, &committed, index);
+        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs");
+    }
+    // kill -9 a follower (not the producer's node) while events keep coming.
+    let victim = (producer_node + 1) % 3;
+    let ingest = nodes[producer_node].server.ingest;
+    let producing = std::thread::spawn(move || produce_at(ingest, 1000, UNDER_LOAD_EVENTS));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!producing.is_finished(), "the producer finished before the kill: the kill was not under load");
+    nodes[victim].server.crash();
+    let acknowledged = producing.join().expect("the producer thread");
+    assert_eq!(acknowledged, UNDER_LOAD_EVENTS, "every SYNC with one follower down is answered");
+    nodes[victim].server.spawn();
+    let committed = ends(&nodes[producer_node].server);
+    assert_eq!(committed.iter().sum::<u64>(), 1000 + UNDER_LOAD_EVENTS, "offsets on the producing node: {committed:?}");
+    let expected = read_all(&nodes[producer_node].server, &committed);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_holds(&node.server, &committed, index);
+        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs after the restart");
+    }
+}
+
+/// Waits until `server`'s partitions hold at least `ends` events.
+fn wait_until_holds(server: &Server, ends_wanted: &[u64], index: usize) {
+    let started = Instant::now();
+    loop {
+        let now = ends(server);
+        if now.iter().zip(ends_wanted).all(|(have, want)| have >= want) {
+            return;
+        }
+        assert!(
+            started.elapsed() < CATCH_UP_WITHIN,
+            "node {index} holds {now:?}, not {ends_wanted:?}, after {CATCH_UP_WITHIN:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
