@@ -183,7 +183,9 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
     eprintln!("consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves");
     assert_eq!(seen.load(Ordering::Relaxed), sent, "the subscriber saw every event exactly once");
     assert_eq!(server.total("events_stored"), sent, "/stats agrees");
-    assert!(moves >= 3 * 150, "three gathers and spreads, each moving most partitions: {moves}");
+    // The idle gather may or may not beat the first producer; the gather and the spread under
+    // traffic each move most of the 192 partitions off (or back to) shards 1-3.
+    assert!(moves >= 2 * 150, "a gather and a spread under traffic, each moving most partitions: {moves}");
 }
 
 /// Per-shard values of a /stats counter, by shard id.
