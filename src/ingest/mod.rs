@@ -206,7 +206,7 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
         let config = shard.config();
         let lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
         let route = shard.route_for(format.start_stream(config));
-        spawn_connection(&shard, &net, stream, Handover { fd: None, lines, format, route, slot });
+        spawn_connection(&shard, &net, stream, Handover { fd: None, lines, format, route, slot, origin: None });
     }
 }
 
@@ -221,6 +221,10 @@ struct Handover {
     format: Format,
     route: Option<StreamRoute>,
     slot: crate::net::admission::Slot,
+    /// The shard that accepted it, while it is served elsewhere: it goes
+    /// back there once the process spreads again, so the parsing of many
+    /// connections does not stay on the shard that kept the partitions.
+    origin: Option<u16>,
 }
 
 /// Serves a connection on this shard, new or adopted, and hands it over to
@@ -230,13 +234,15 @@ fn spawn_connection(shard: &Rc<Shard>, net: &Rc<ShardNet>, stream: TcpStream, ha
     let connection = net.connections.register(Face::Ingest);
     let shard = shard.clone();
     glommio::spawn_local(async move {
-        let Handover { lines, format, route, slot, .. } = handover;
-        let moving = run_connection(&shard, stream, lines, route, &connection, format).await;
+        let Handover { lines, format, route, slot, origin, .. } = handover;
+        let moving = run_connection(&shard, stream, lines, route, origin, &connection, format).await;
         drop(connection);
         shard.lifecycle().connection_closed();
         if let Some((to, fd, lines, route)) = moving {
             ShardMetrics::add(&shard.metrics().connections_handed_over, 1);
-            let handover = Handover { fd: Some(fd), lines, format, route, slot };
+            // Back home it has no origin; elsewhere it remembers the first.
+            let origin = if origin == Some(to) { None } else { origin.or(Some(shard.id())) };
+            let handover = Handover { fd: Some(fd), lines, format, route, slot, origin };
             shard.hand_over_connection(to, Box::new(handover));
         }
     })
@@ -270,11 +276,12 @@ async fn run_connection(
     mut stream: TcpStream,
     mut lines: LineBuffer,
     route: Option<StreamRoute>,
+    origin: Option<u16>,
     connection: &Connection,
     format: Format,
 ) -> Option<(u16, OwnedFd, LineBuffer, Option<StreamRoute>)> {
     let config = &shard.config();
-    let served = serve_connection(shard, &mut stream, &mut lines, route, connection, format);
+    let served = serve_connection(shard, &mut stream, &mut lines, (route, origin), connection, format);
     let reason = match first(served, connection.close_requested()).await {
         Either::Left(Ok(Served::Move { to, fd, route })) => return Some((to, fd, lines, route)),
         Either::Left(_) => return None,
@@ -327,7 +334,7 @@ async fn serve_connection(
     shard: &Shard,
     stream: &mut TcpStream,
     lines: &mut LineBuffer,
-    route: Option<StreamRoute>,
+    (route, origin): (Option<StreamRoute>, Option<u16>),
     connection: &Connection,
     format: Format,
 ) -> std::io::Result<Served> {
@@ -347,7 +354,8 @@ async fn serve_connection(
         if shard.lifecycle().is_shutting_down() {
             return answer_pending(shard, stream, &mut replies, format).await.map(|()| Served::Closed);
         }
-        if let Some(to) = shard.connection_move_target()
+        let move_back = origin.filter(|_| shard.is_spread());
+        if let Some(to) = shard.connection_move_target().or(move_back)
             && let Some(fd) = fence_for_move(shard, stream, &mut replies, format).await?
         {
             return Ok(Served::Move { to, fd, route: target.stream });

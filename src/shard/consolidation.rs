@@ -90,6 +90,13 @@ impl Shard {
         (target != self.id).then_some(target)
     }
 
+    /// Whether the process is spread over every shard (by this shard's
+    /// view): a connection that was moved here while it was gathered goes
+    /// back to the shard that accepted it.
+    pub fn is_spread(&self) -> bool {
+        self.balancer.borrow().consolidator.mode() == crate::balance::Consolidation::Spread
+    }
+
     /// Sends a connection's state to shard `to`, which adopts it
     /// ([`Shard::next_adoption`]). The caller has fenced the connection's
     /// events first: every one it routed here is applied by its owner.
