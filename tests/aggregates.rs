@@ -150,6 +150,8 @@ fn windows_equal_an_independent_count_while_partitions_migrate() {
         "50",
         "--rebalance-cooldown-ms",
         "300",
+        "--consolidate",
+        "off",
     ]);
     server.create_stream(json!({ "name": "out", "partitions": 4 }));
     declare_count_and_sum(&server, "default", "out", LATENESS_MS);

@@ -130,6 +130,8 @@ fn kill_9_during_checkpoints_file_switches_and_migrations() {
         "50",
         "--rebalance-cooldown-ms",
         "200",
+        "--consolidate",
+        "off",
     ]);
 }
 
@@ -668,6 +670,8 @@ fn a_kill_9_right_after_a_handoff_loses_nothing() {
         "1500",
         "--rebalance-cooldown-ms",
         "100",
+        "--consolidate",
+        "off",
     ];
     let mut server = Server::start(&args);
     // Learn which partition each key lands in, and keep keys of shard 0's.

@@ -176,8 +176,17 @@ fn mean_over_last(samples: &[(f64, f64, f64, u64)], seconds: f64, pick: impl Fn(
 /// every 250 ms meanwhile, lists every partition's offset (never `null`).
 #[test]
 fn no_loss_duplicate_or_reorder_across_migrations() {
-    let mut server =
-        Server::start(&["--shards", "4", "--rebalance-interval-ms", "50", "--rebalance-cooldown-ms", "300"]);
+    let mut server = Server::start(&[
+        "--shards",
+        "4",
+        "--rebalance-interval-ms",
+        "50",
+        "--rebalance-cooldown-ms",
+        "300",
+        // Stealing is under test: at this load the process would gather (tests/consolidation.rs).
+        "--consolidate",
+        "off",
+    ]);
     let result = run(&server, 16, 7_000, Duration::from_secs(12), Duration::from_secs(1));
     // A migration may still be finishing when the producers stop.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -211,7 +220,16 @@ fn no_loss_duplicate_or_reorder_across_migrations() {
 fn rebalancing_lowers_imbalance() {
     let mut report = Vec::new();
     for mode in ["off", "on"] {
-        let server = Server::start(&["--shards", "4", "--rebalance", mode, "--rebalance-cooldown-ms", "1000"]);
+        let server = Server::start(&[
+            "--shards",
+            "4",
+            "--rebalance",
+            mode,
+            "--rebalance-cooldown-ms",
+            "1000",
+            "--consolidate",
+            "off",
+        ]);
         let result = run(&server, 8, 6_000, Duration::from_secs(10), Duration::from_secs(3));
         let imbalance = mean_over_last(&result.samples, 3.0, |sample| sample.1);
         let bound = mean_over_last(&result.samples, 3.0, |sample| sample.2);

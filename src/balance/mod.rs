@@ -49,6 +49,13 @@
 //!   (in or out) at a time; a thief that just received waits `settle_ms` until its peers have
 //!   seen its new load; a thief refused for a lasting reason asks another victim for a while.
 //!
+//! # Consolidation at low load
+//!
+//! While the whole process's load fits in fewer shards with room to spare, every partition is
+//! gathered onto the lowest-numbered shards with the same ordered migration, and spread back to
+//! its home shard when the load rises: [`Consolidator`] decides, with a band of hysteresis
+//! between its gather and spread thresholds. See the `consolidate` module for the rule.
+//!
 //! # Simulation
 //!
 //! [`sim`] drives these same functions for 64 to 1024 simulated shards with a simulated clock,
@@ -102,10 +109,14 @@
 //! assert_eq!(chosen, Ok(8));
 //! ```
 
+mod consolidate;
 mod report;
 mod rule;
 pub mod sim;
 
+pub use consolidate::{
+    Consolidation, ConsolidationConfig, ConsolidationConfigError, Consolidator, gather_target, home_shard,
+};
 pub use report::{Ewma, HOTTEST_PARTITIONS_MAX, LoadReport, PartitionLoad, SHARDS_MAX, View, hottest_partitions};
 pub use rule::{
     BalanceConfig, BalanceConfigError, Census, Cooldowns, Direction, Ledger, Migration, Refusal, ShardState,

@@ -374,6 +374,9 @@ pub enum Refusal {
     TooHot { ideal_events_per_s: f64, lightest_events_per_s: f64 },
     /// The owner has no partition with enough load to be worth moving.
     NothingToMove { partitions_owned: u32 },
+    /// The process is gathered onto fewer shards ([`crate::balance::Consolidation`]): nothing
+    /// is stolen until the load spreads it again.
+    Gathered { kept_shards: u16 },
 }
 
 impl Refusal {
@@ -385,13 +388,20 @@ impl Refusal {
             Refusal::Cooldown { .. } => "cooldown",
             Refusal::TooHot { .. } => "too_hot",
             Refusal::NothingToMove { .. } => "nothing_to_move",
+            Refusal::Gathered { .. } => "gathered",
         }
     }
 
     /// Whether the thief should leave this victim alone for a while. A busy owner or a closed
     /// gap changes within an interval; the victim's partitions being too hot or cooling does not.
     pub fn backs_off(&self) -> bool {
-        matches!(self, Refusal::Cooldown { .. } | Refusal::TooHot { .. } | Refusal::NothingToMove { .. })
+        matches!(
+            self,
+            Refusal::Cooldown { .. }
+                | Refusal::TooHot { .. }
+                | Refusal::NothingToMove { .. }
+                | Refusal::Gathered { .. }
+        )
     }
 }
 

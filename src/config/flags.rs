@@ -370,6 +370,34 @@ pub struct Config {
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
     pub rebalance_cooldown_ms: u64,
 
+    /// Consolidation at low load: `on` gathers every partition onto fewer
+    /// shards while the whole process's load fits in them with room to spare
+    /// (a write then wakes one shard instead of a chain of them, and the
+    /// others park), and spreads them out again when the load rises; `off`
+    /// keeps every shard in use. Off with `--rebalance off` too.
+    #[arg(long, value_enum, default_value_t = Rebalance::On)]
+    pub consolidate: Rebalance,
+
+    /// Gather onto fewer shards while the process's stored events/s is at
+    /// most this per kept shard (for `--consolidate-hold-ms`).
+    #[arg(long, default_value_t = 150_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub consolidate_events_per_s_max: u64,
+
+    /// Spread again as soon as the stored events/s exceeds this per kept
+    /// shard. Must be above --consolidate-events-per-s-max: the band between
+    /// them is the hysteresis that keeps a load near either from flapping.
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub spread_events_per_s_min: u64,
+
+    /// Spread again when a kept shard stays busier than this share of its
+    /// time (percent) for half a second, whatever the events rate.
+    #[arg(long, default_value_t = 75, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub spread_busy_percent_min: u8,
+
+    /// How long the load must stay low enough before partitions gather, in ms.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=DURATION_FLAG_MS_MAX))]
+    pub consolidate_hold_ms: u64,
+
     /// TEST KNOB, off by default: nanoseconds of extra work per applied event,
     /// to make the apply stage slow and exercise backpressure.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=APPLY_DELAY_NS_PER_EVENT_MAX))]
@@ -726,6 +754,14 @@ impl Config {
     fn validate_relations(&self) -> Result<(), ConfigError> {
         if self.advertise.is_some() && self.cluster_address().is_none() {
             return Err(ConfigError::AdvertiseWithoutCluster);
+        }
+        if self.spread_events_per_s_min <= self.consolidate_events_per_s_max {
+            return Err(ConfigError::TooSmall {
+                name: "--spread-events-per-s-min",
+                value: usize::try_from(self.spread_events_per_s_min).unwrap_or(usize::MAX),
+                min: usize::try_from(self.consolidate_events_per_s_max).unwrap_or(usize::MAX).saturating_add(1),
+                why: "above --consolidate-events-per-s-max, or a load between them would flap",
+            });
         }
         let line_record_size_max = self.line_record_size_max();
         if self.credit_window_bytes() < line_record_size_max {

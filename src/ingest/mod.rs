@@ -59,6 +59,7 @@
 //! producer than a complete event. On shutdown, what a connection has read
 //! is processed; bytes still in the kernel's buffer are not read.
 
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -202,26 +203,88 @@ pub async fn accept_loop(shard: Rc<Shard>, net: Rc<ShardNet>, listener: TcpListe
             continue;
         };
         ShardMetrics::add(&metrics.connections_accepted, 1);
-        shard.lifecycle().connection_opened();
-        let connection = net.connections.register(Face::Ingest);
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            run_connection(&shard, stream, &connection, format).await;
-            drop((connection, slot));
-            shard.lifecycle().connection_closed();
-        })
-        .detach();
+        let config = shard.config();
+        let lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
+        let route = shard.route_for(format.start_stream(config));
+        spawn_connection(&shard, &net, stream, Handover { fd: None, lines, format, route, slot, origin: None });
     }
+}
+
+/// A producer connection between shards: its socket, what it read and has
+/// not parsed yet (a partial line), its format and stream, and its slot in
+/// the process-wide connection limit. Everything a connection keeps across
+/// reads, once its `#SYNC`s are answered and its events applied.
+struct Handover {
+    /// The socket, duplicated off the old shard's (none for a new one).
+    fd: Option<OwnedFd>,
+    lines: LineBuffer,
+    format: Format,
+    route: Option<StreamRoute>,
+    slot: crate::net::admission::Slot,
+    /// The shard that accepted it, while it is served elsewhere: it goes
+    /// back there once the process spreads again, so the parsing of many
+    /// connections does not stay on the shard that kept the partitions.
+    origin: Option<u16>,
+}
+
+/// Serves a connection on this shard, new or adopted, and hands it over to
+/// the shard that owns its partitions when the process gathers.
+fn spawn_connection(shard: &Rc<Shard>, net: &Rc<ShardNet>, stream: TcpStream, handover: Handover) {
+    shard.lifecycle().connection_opened();
+    let connection = net.connections.register(Face::Ingest);
+    let shard = shard.clone();
+    glommio::spawn_local(async move {
+        let Handover { lines, format, route, slot, origin, .. } = handover;
+        let moving = run_connection(&shard, stream, lines, route, origin, &connection, format).await;
+        drop(connection);
+        shard.lifecycle().connection_closed();
+        if let Some((to, fd, lines, route)) = moving {
+            ShardMetrics::add(&shard.metrics().connections_handed_over, 1);
+            // Back home it has no origin; elsewhere it remembers the first.
+            let origin = if origin == Some(to) { None } else { origin.or(Some(shard.id())) };
+            let handover = Handover { fd: Some(fd), lines, format, route, slot, origin };
+            shard.hand_over_connection(to, Box::new(handover));
+        }
+    })
+    .detach();
+}
+
+/// Serves `adoption` if it is a producer connection another shard handed
+/// over ([`crate::shard::consolidation`]); gives it back otherwise.
+pub fn adopt(
+    shard: &Rc<Shard>,
+    net: &Rc<ShardNet>,
+    adoption: Box<dyn std::any::Any + Send>,
+) -> Result<(), Box<dyn std::any::Any + Send>> {
+    let mut handover = adoption.downcast::<Handover>()?;
+    let Some(fd) = handover.fd.take() else { return Ok(()) };
+    // SAFETY: the descriptor is a connected TCP socket this process owns
+    // (duplicated by the old shard, whose copy is closed): nothing else
+    // holds it.
+    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    ShardMetrics::add(&shard.metrics().connections_adopted, 1);
+    spawn_connection(shard, net, stream, *handover);
+    Ok(())
 }
 
 /// Serves one connection until it ends or the server closes it (a timeout,
 /// shedding, the shutdown deadline), telling the peer why when it can.
-async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Connection, format: Format) {
+/// Returns what a move to another shard needs (the shard, the socket, the
+/// buffer and the stream) when the connection is to move there.
+async fn run_connection(
+    shard: &Shard,
+    mut stream: TcpStream,
+    mut lines: LineBuffer,
+    route: Option<StreamRoute>,
+    origin: Option<u16>,
+    connection: &Connection,
+    format: Format,
+) -> Option<(u16, OwnedFd, LineBuffer, Option<StreamRoute>)> {
     let config = &shard.config();
-    let mut lines = LineBuffer::new(config.read_buffer_initial_bytes, config.read_buffer_bytes, config.line_size_max);
-    let served = serve_connection(shard, &mut stream, &mut lines, connection, format);
+    let served = serve_connection(shard, &mut stream, &mut lines, (route, origin), connection, format);
     let reason = match first(served, connection.close_requested()).await {
-        Either::Left(_) => return,
+        Either::Left(Ok(Served::Move { to, fd, route })) => return Some((to, fd, lines, route)),
+        Either::Left(_) => return None,
         Either::Right(reason) => reason,
     };
     let metrics = &shard.metrics();
@@ -237,11 +300,21 @@ async fn run_connection(shard: &Shard, mut stream: TcpStream, connection: &Conne
         CloseReason::Shed => "shed: the server ran out of file descriptors and closed this idle connection".to_string(),
         // The deadline has passed: no time for last words. The other two are
         // the subscribe port's.
-        CloseReason::ShutdownDeadline | CloseReason::RequestTimeout | CloseReason::ShedAtLimit => return,
+        CloseReason::ShutdownDeadline | CloseReason::RequestTimeout | CloseReason::ShedAtLimit => return None,
     };
     let mut message = Vec::new();
     write_err(&mut message, lines.next_line_number(), detail);
     write_goodbye(&mut stream, &message).await;
+    None
+}
+
+/// How serving a connection on this shard ended, if not with an error.
+enum Served {
+    /// The peer or the server closed it.
+    Closed,
+    /// It moves to shard `to`: its events so far are applied and its
+    /// `#SYNC`s answered; `fd` is its socket, duplicated.
+    Move { to: u16, fd: OwnedFd, route: Option<StreamRoute> },
 }
 
 /// What parsing the buffered lines stopped on.
@@ -261,12 +334,13 @@ async fn serve_connection(
     shard: &Shard,
     stream: &mut TcpStream,
     lines: &mut LineBuffer,
+    (route, origin): (Option<StreamRoute>, Option<u16>),
     connection: &Connection,
     format: Format,
-) -> std::io::Result<()> {
+) -> std::io::Result<Served> {
     let mut replies = Replies::new(usize::from(shard.shard_count()));
     let mut parser = Parser::new(format);
-    let mut target = Target::new(shard, format.start_stream(shard.config()));
+    let mut target = Target { stream: route, touched: vec![false; usize::from(shard.shard_count())] };
     let mut buffer_gauge = BufferGauge::new(shard, lines.capacity());
     // The last read left nothing waiting in the socket (see `read_more`).
     let mut drained = false;
@@ -278,14 +352,22 @@ async fn serve_connection(
         // Parsing may have given a long line's buffer back.
         buffer_gauge.set(lines.capacity());
         if shard.lifecycle().is_shutting_down() {
-            return answer_pending(shard, stream, &mut replies, format).await;
+            return answer_pending(shard, stream, &mut replies, format).await.map(|()| Served::Closed);
+        }
+        let move_back = origin.filter(|_| shard.is_spread());
+        if let Some(to) = shard.connection_move_target().or(move_back)
+            && let Some(fd) = fence_for_move(shard, stream, &mut replies, format).await?
+        {
+            return Ok(Served::Move { to, fd, route: target.stream });
         }
         let count = match read_more(shard, stream, lines, &replies, connection).await {
             Read::Bytes { count, drained: read_drained } => {
                 drained = read_drained;
                 count?
             }
-            Read::Shutdown => return answer_pending(shard, stream, &mut replies, format).await,
+            Read::Shutdown => {
+                return answer_pending(shard, stream, &mut replies, format).await.map(|()| Served::Closed);
+            }
             Read::Trim => {
                 lines.trim();
                 replies.trim();
@@ -297,7 +379,7 @@ async fn serve_connection(
         };
         if count == 0 {
             answer_pending(shard, stream, &mut replies, format).await?;
-            return finish_at_eof(shard, lines, stream).await;
+            return finish_at_eof(shard, lines, stream).await.map(|()| Served::Closed);
         }
         lines.filled(count);
         buffer_gauge.set(lines.capacity());
@@ -363,6 +445,26 @@ async fn answer_pending(
         write_replies(shard, stream, replies, format).await?;
     }
     Ok(())
+}
+
+/// The fence before a connection moves to another shard, which keeps its
+/// order: its pending `#SYNC`s are answered and every reply written, then
+/// every event this shard accepted is applied by its owner (a grant for each
+/// batch returned), so the events the new shard routes for it land behind
+/// them. Returns a duplicate of the socket (the original closes with the
+/// task), or `None` to stay (no descriptor left to duplicate into).
+async fn fence_for_move(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    replies: &mut Replies,
+    format: Format,
+) -> std::io::Result<Option<OwnedFd>> {
+    answer_pending(shard, stream, replies, format).await?;
+    write_replies(shard, stream, replies, format).await?;
+    shard.ingress().sync_barrier(0..shard.shard_count()).await;
+    // SAFETY: the descriptor is the stream's own, open while it lives.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    Ok(borrowed.try_clone_to_owned().ok())
 }
 
 /// What waiting for the socket ended with.
@@ -498,11 +600,6 @@ struct Target {
 }
 
 impl Target {
-    fn new(shard: &Shard, stream: &[u8]) -> Target {
-        let stream = shard.route_for(stream);
-        Target { stream, touched: vec![false; usize::from(shard.shard_count())] }
-    }
-
     /// The stream to route to now: a stream deleted since `#STREAM` is
     /// unknown from here on (checked once per chunk).
     fn check(&mut self, shard: &Shard) -> Option<StreamRoute> {

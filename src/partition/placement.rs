@@ -28,7 +28,7 @@ impl PlacementTable {
     pub fn spread(partition_count: u32, shard_count: u16) -> PlacementTable {
         assert!(partition_count > 0 && shard_count > 0);
         let entries = (0..partition_count)
-            .map(|partition| Placement { owner: (partition % u32::from(shard_count)) as u16, epoch: 0 })
+            .map(|partition| Placement { owner: crate::balance::home_shard(partition, shard_count), epoch: 0 })
             .collect();
         PlacementTable { entries }
     }

@@ -90,6 +90,7 @@ pub async fn run_shard(context: ShardContext) {
                 let (shard, net) = (shard.clone(), net.clone());
                 glommio::spawn_local(crate::ingest::accept_loop(shard, net, listener, format)).detach();
             }
+            glommio::spawn_local(adopt_connections(shard.clone(), net.clone())).detach();
             if let Some(listener) = kafka {
                 let face = crate::kafka::KafkaFace::new(
                     &context.config,
@@ -204,6 +205,18 @@ async fn open_storage(shard: &Rc<Shard>) -> Result<(), ShardFailure> {
     Ok(())
 }
 
+/// Serves the connections other shards hand over to this one while the
+/// process is gathered ([`crate::shard::consolidation`]): each face takes
+/// its own kind.
+async fn adopt_connections(shard: Rc<Shard>, net: Rc<ShardNet>) {
+    loop {
+        let adoption = shard.next_adoption().await;
+        let unknown = crate::ingest::adopt(&shard, &net, adoption)
+            .or_else(|adoption| crate::subscribe::adopt(&shard, &net, adoption));
+        debug_assert!(unknown.is_ok(), "a connection handed over by a face that cannot adopt it");
+    }
+}
+
 /// The shard's own loops: flusher, applier, balancer, fetch servicer.
 fn spawn_shard_tasks(shard: &Rc<Shard>) {
     let flusher = shard.clone();
@@ -213,6 +226,8 @@ fn spawn_shard_tasks(shard: &Rc<Shard>) {
     crate::shard::aggregates::spawn_tasks(shard);
     let balancer = shard.clone();
     glommio::spawn_local(async move { balancer.run_balancer().await }).detach();
+    let mover = shard.clone();
+    glommio::spawn_local(async move { mover.run_consolidation().await }).detach();
     let servicer = shard.clone();
     glommio::spawn_local(async move { servicer.run_fetch_servicer().await }).detach();
     let writer = shard.clone();

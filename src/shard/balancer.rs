@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::balance::{
-    BalanceConfig, Direction, Ledger, LoadReport, Migration, PartitionLoad, Refusal, StealRequest, View,
-    hottest_partitions, pick_partition, want_to_steal,
+    BalanceConfig, Consolidation, ConsolidationConfig, Consolidator, Direction, Ledger, LoadReport, Migration,
+    PartitionLoad, Refusal, StealRequest, View, gather_target, home_shard, hottest_partitions, pick_partition,
+    want_to_steal,
 };
 use crate::config::{Config, STEAL_REQUEST_TIMEOUT_MS};
 use crate::partition::PartitionManager;
@@ -43,6 +44,19 @@ impl Config {
             ..defaults
         }
     }
+
+    /// Consolidation's thresholds from the flags; off with `--rebalance off` too (the static
+    /// placement stays as it is).
+    pub fn consolidation_config(&self) -> ConsolidationConfig {
+        ConsolidationConfig {
+            enabled: self.rebalance == crate::config::Rebalance::On && self.consolidate == crate::config::Rebalance::On,
+            gather_events_per_s_max: self.consolidate_events_per_s_max as f64,
+            spread_events_per_s_min: self.spread_events_per_s_min as f64,
+            spread_busy_ratio_min: f64::from(self.spread_busy_percent_min) / 100.0,
+            gather_hold_ms: self.consolidate_hold_ms,
+            ..ConsolidationConfig::default()
+        }
+    }
 }
 
 /// Milliseconds on the process-wide monotonic clock (shared by all shards,
@@ -57,6 +71,9 @@ pub fn now_ms() -> u64 {
 pub struct Balancer {
     pub config: BalanceConfig,
     pub enabled: bool,
+    pub consolidation_config: ConsolidationConfig,
+    /// Whether the process is gathered onto fewer shards, by this shard's view.
+    pub consolidator: Consolidator,
     me: u16,
     pub view: View,
     /// Its own migrations, cooldowns and steal request.
@@ -82,6 +99,9 @@ pub struct BalanceCounters {
     pub steal_refusals_received: u64,
     pub migrations_started: u64,
     pub migrations_completed: u64,
+    /// Partitions this shard handed over to gather the process onto fewer shards, or to send
+    /// them home after a spread ([`Consolidator`]).
+    pub consolidation_moves: u64,
 }
 
 /// What this shard measured for its report, besides its partitions.
@@ -94,10 +114,18 @@ pub struct LoadSample {
 }
 
 impl Balancer {
-    pub fn new(config: BalanceConfig, enabled: bool, me: u16, shard_count: u16) -> Balancer {
+    pub fn new(
+        config: BalanceConfig,
+        enabled: bool,
+        consolidation_config: ConsolidationConfig,
+        me: u16,
+        shard_count: u16,
+    ) -> Balancer {
         Balancer {
             config,
             enabled,
+            consolidation_config,
+            consolidator: Consolidator::new(),
             me,
             view: View::new(shard_count),
             ledger: Ledger::default(),
@@ -143,7 +171,15 @@ impl Balancer {
         let report = self.sample_load(partitions, &sample);
         self.view.update(report.clone());
         self.ledger.cooldowns.prune(sample.now_ms, self.config.cooldown_ms);
-        if !self.enabled || sample.migrating || self.ledger.awaiting_answer(sample.now_ms, STEAL_REQUEST_TIMEOUT_MS) {
+        let stale_ms = self.config.report_stale_ms;
+        let mode = self.consolidator.step(&self.view, &self.consolidation_config, stale_ms, sample.now_ms);
+        // Nothing is stolen while gathered, nor while partitions go home after a spread.
+        let consolidating = mode != Consolidation::Spread || self.consolidator.spreading();
+        if !self.enabled
+            || consolidating
+            || sample.migrating
+            || self.ledger.awaiting_answer(sample.now_ms, STEAL_REQUEST_TIMEOUT_MS)
+        {
             return (report, None);
         }
         let request = want_to_steal(&self.view, self.me, &self.config, &self.ledger.state, sample.now_ms);
@@ -215,6 +251,10 @@ impl Balancer {
             self.counters.steal_refusals_sent += 1;
             return Err(Refusal::AlreadyMigrating { partition: u32::MAX });
         }
+        if let Consolidation::Gathered { kept_shards } = self.consolidator.mode() {
+            self.counters.steal_refusals_sent += 1;
+            return Err(Refusal::Gathered { kept_shards });
+        }
         // The loads are from the last sample: drop partitions that left
         // since (a partition is only ever moved by its owner), and those
         // that may not move (their stream is being created or deleted).
@@ -257,6 +297,47 @@ impl Balancer {
             self.counters.migrations_completed += 1;
         }
         self.ledger.migration_ended(partition, direction, at_ms, moved_ms);
+    }
+
+    /// The partition this shard should hand over now for consolidation, and to which shard:
+    /// while gathered, any partition of a shard outside the kept set, to the least loaded kept
+    /// shard; after a spread, a partition away from its home, to its home. `owned` lists the
+    /// partitions this shard owns that may move now. Records the migration as begun.
+    pub fn consolidation_move(&mut self, owned: impl Iterator<Item = u32>, now_ms: u64) -> Option<(u32, u16)> {
+        if self.ledger.state.is_migrating() || self.ledger.pending_request.is_some() {
+            return None;
+        }
+        let shard_count = self.view.shard_count();
+        let chosen = match self.consolidator.mode() {
+            Consolidation::Gathered { kept_shards } if self.me >= kept_shards => {
+                let target = gather_target(&self.view, kept_shards, self.config.report_stale_ms, now_ms);
+                owned.min().map(|partition| (partition, target))
+            }
+            Consolidation::Spread if self.consolidator.spreading() => {
+                let away = owned.filter(|&partition| home_shard(partition, shard_count) != self.me).min();
+                if away.is_none() {
+                    self.consolidator.spread_done();
+                }
+                away.map(|partition| (partition, home_shard(partition, shard_count)))
+            }
+            _ => None,
+        };
+        let (partition, to) = chosen?;
+        assert_ne!(to, self.me, "a consolidation move goes to another shard");
+        let migration = Migration { partition, peer: to, direction: Direction::Out, started_ms: now_ms };
+        self.ledger.state.begin(migration);
+        self.counters.migrations_started += 1;
+        self.counters.consolidation_moves += 1;
+        Some((partition, to))
+    }
+
+    /// Whether this shard has consolidation work it may do: it is outside the kept set while
+    /// gathered, or sending partitions home after a spread.
+    pub fn consolidation_due(&self) -> bool {
+        match self.consolidator.mode() {
+            Consolidation::Gathered { kept_shards } => self.me >= kept_shards,
+            Consolidation::Spread => self.consolidator.spreading(),
+        }
     }
 
     pub fn on_refused(&mut self, victim: u16, refusal: &Refusal, now_ms: u64) {

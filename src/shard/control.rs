@@ -232,6 +232,12 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.steal_refusals_received.set(counters.steal_refusals_received);
     metrics.migrations_started.set(counters.migrations_started);
     metrics.migrations_completed.set(counters.migrations_completed);
+    metrics.consolidation_moves.set(counters.consolidation_moves);
+    let kept_shards = match balancer.consolidator.mode() {
+        crate::balance::Consolidation::Spread => shard.shard_count,
+        crate::balance::Consolidation::Gathered { kept_shards } => kept_shards,
+    };
+    metrics.consolidation_kept_shards.set(u64::from(kept_shards));
     ShardStats { shard: shard.id, counters: metrics.snapshot(), read_only_reason }
 }
 

@@ -47,6 +47,10 @@ pub enum MeshFrame {
     /// ([`crate::shard::groups`] handles them). Boxed: rare and larger than
     /// the rest.
     Group(Box<crate::group::messages::GroupFrame>),
+    /// A producer connection moving to the receiver, which owns the
+    /// partitions its events go to while the process is gathered
+    /// ([`crate::shard::consolidation`]).
+    Adopt(crate::shard::consolidation::Adoption),
 }
 
 /// A partition in transit: its in-memory log (segments move, no copy), its

@@ -95,6 +95,8 @@ shard_metrics! {
     Gauge partitions_owned: u64 => "spate_partitions_owned", "Partitions this shard owns.";
     Gauge log_bytes: u64 => "spate_log_bytes", "Memory held by this shard's partition logs.";
     Counter connections_accepted: u64 => "spate_connections_accepted_total", "Ingest connections accepted.";
+    Counter connections_handed_over: u64 => "spate_connections_handed_over_total", "Ingest and subscribe connections this shard handed over to the shard that owns the partitions while the process is gathered (subscribe connections before their first line).";
+    Counter connections_adopted: u64 => "spate_connections_adopted_total", "Ingest and subscribe connections other shards handed over to this one.";
     Counter connections_refused: u64 => "spate_connections_refused_total", "Ingest connections refused at the connection limit.";
     Gauge connections_open: u64 => "spate_connections_open", "Ingest connections open.";
     Counter accept_errors_fd_exhausted: u64 => "spate_accept_errors_total" ["reason" = "fd_exhausted"], "Accepts that failed, by reason: fd_exhausted (no file descriptor or socket memory: the shard backs off and sheds) or other.";
@@ -173,6 +175,8 @@ shard_metrics! {
     Counter steal_refusals_received: u64 => "spate_steal_refusals_received_total", "Refusals this shard received as a thief.";
     Counter migrations_started: u64 => "spate_migrations_started_total", "Migrations this shard started as the owner.";
     Counter migrations_completed: u64 => "spate_migrations_completed_total", "Migrations completed into this shard.";
+    Gauge consolidation_kept_shards: u64 => "spate_consolidation_kept_shards", "Shards that own partitions by this shard's consolidation decision: fewer than the shard count while the process is gathered at low load, the shard count while spread.";
+    Counter consolidation_moves: u64 => "spate_consolidation_moves_total", "Partitions this shard handed over to gather the process onto fewer shards, or to send them home after it spread.";
     Gauge migration_pending_bytes: u64 => "spate_migration_pending_bytes", "Events buffered for partitions migrating to this shard.";
     Gauge disk_bytes: u64 => "spate_disk_bytes", "Bytes of segment files of the partitions this shard owns.";
     Gauge disk_segments: u64 => "spate_disk_segments", "Segment files of the partitions this shard owns.";

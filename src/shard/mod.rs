@@ -25,6 +25,7 @@ pub mod apply_queue;
 pub mod balancer;
 pub mod checkpoint;
 pub mod commit;
+pub mod consolidation;
 pub mod control;
 pub mod disk_read;
 pub mod frame;
@@ -85,6 +86,12 @@ pub struct Shard {
     balancer: RefCell<Balancer>,
     /// Slows the gossip loop down while the whole process is idle.
     gossip_pace: balancer::GossipPace,
+    /// Wakes the consolidation mover ([`consolidation`]).
+    consolidation_wake: crate::runtime::notify::Notify,
+    /// Producer connections handed over by other shards, waiting for the
+    /// ingest face to serve them (at most one per connection of the process).
+    adoptions: RefCell<std::collections::VecDeque<Box<dyn std::any::Any + Send>>>,
+    adoption_wake: crate::runtime::notify::Notify,
     lifecycle: Lifecycle,
     outbox: Rc<Outbox>,
     /// This shard's copy of the stream catalog.
@@ -195,7 +202,7 @@ impl Shard {
         let apply_queue = Rc::new(ApplyQueue::default());
         let ingress = Ingress::new(&config, outbox.clone(), metrics.clone());
         let enabled = config.rebalance == crate::config::Rebalance::On;
-        let balancer = Balancer::new(config.balance_config(), enabled, id, shard_count);
+        let balancer = Balancer::new(config.balance_config(), enabled, config.consolidation_config(), id, shard_count);
         let placement = PlacementTable::spread(config.partitions_max, shard_count);
         let mut partitions = PartitionManager::new(config.partitions_max);
         let on_disk = config.storage == crate::config::Storage::Disk;
@@ -220,6 +227,9 @@ impl Shard {
             subscriptions: Subscriptions::new(id),
             balancer: RefCell::new(balancer),
             gossip_pace: balancer::GossipPace::default(),
+            consolidation_wake: Default::default(),
+            adoptions: Default::default(),
+            adoption_wake: Default::default(),
             lifecycle: Lifecycle::default(),
             outbox,
             streams: RefCell::new(ShardStreams::new(catalog)),
@@ -333,6 +343,7 @@ impl Shard {
             }
             MeshFrame::Handoff(handoff) => self.on_handoff(handoff),
             MeshFrame::Group(frame) => self.handle_group_frame(*frame),
+            MeshFrame::Adopt(adoption) => self.on_adoption(adoption),
         }
     }
 
@@ -665,6 +676,9 @@ impl Shard {
             if let Some(request) = request {
                 let frame = MeshFrame::StealRequest { thief_events_per_s: request.thief_events_per_s };
                 self.outbox.send(request.victim, frame, &self.metrics);
+            }
+            if self.balancer.borrow().consolidation_due() {
+                self.consolidation_wake.notify();
             }
             self.gossip_pace.set_idle(self.balancer.borrow().is_idle() && !self.is_migrating());
         }

@@ -37,9 +37,10 @@ mod overlong;
 pub mod render;
 mod session;
 
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 
-use glommio::net::TcpListener;
+use glommio::net::{TcpListener, TcpStream};
 
 use crate::net::ShardNet;
 use crate::net::accept::Acceptor;
@@ -60,33 +61,74 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
     while let Some(stream) = acceptor.next().await {
         // Best effort: a socket without these options still works.
         let _ = tune_accepted(&stream);
-        let slot = match net.admission.subscribers.try_admit() {
-            Admit::Free(slot) => slot,
-            Admit::TakenOver(slot) => {
-                // The shed connection closes now if it is on this shard, or
-                // at its own shard's next sweep.
-                ShardMetrics::add(&metrics.subscribers_shed, 1);
-                net.connections.close_taken_over();
-                slot
-            }
-            Admit::Full => {
-                ShardMetrics::add(&metrics.subscribers_refused, 1);
-                let limit = net.admission.subscribers.max();
-                let message = format!("ERR subscriber_limit: the server already has {limit} subscribers\n");
-                net.refusals.refuse(stream, message);
+        // A shard that owns no partition while the process is gathered would
+        // be woken by every reply for this subscriber: it goes, before its
+        // first byte is read, to the shard that owns them.
+        if let Some(to) = shard.connection_move_target() {
+            // SAFETY: the descriptor is the stream's own, open while it lives.
+            let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+            if let Ok(fd) = borrowed.try_clone_to_owned() {
+                drop(stream);
+                ShardMetrics::add(&metrics.connections_handed_over, 1);
+                shard.hand_over_connection(to, Box::new(Handover { fd }));
                 continue;
             }
-        };
-        shard.lifecycle().session_opened();
-        let connection = net.connections.register_subscriber(slot);
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            session::run_subscriber(&shard, stream, &connection).await;
-            // Frees the slot, or lets it be taken over again if this
-            // connection was shed from it.
-            drop(connection);
-            shard.lifecycle().session_closed();
-        })
-        .detach();
+        }
+        admit(&shard, &net, stream);
     }
+}
+
+/// A subscribe connection handed over to another shard before it read
+/// anything: only its socket (duplicated; the old shard's copy is closed).
+struct Handover {
+    fd: OwnedFd,
+}
+
+/// Serves `adoption` if it is a subscribe connection another shard handed
+/// over; gives it back otherwise.
+pub fn adopt(
+    shard: &Rc<Shard>,
+    net: &Rc<ShardNet>,
+    adoption: Box<dyn std::any::Any + Send>,
+) -> Result<(), Box<dyn std::any::Any + Send>> {
+    let handover = adoption.downcast::<Handover>()?;
+    // SAFETY: a connected TCP socket this process owns, duplicated by the
+    // old shard, whose copy is closed: nothing else holds it.
+    let stream = unsafe { TcpStream::from_raw_fd(handover.fd.into_raw_fd()) };
+    ShardMetrics::add(&shard.metrics().connections_adopted, 1);
+    admit(shard, net, stream);
+    Ok(())
+}
+
+/// Admits a subscribe connection within the process-wide limit and serves it.
+fn admit(shard: &Rc<Shard>, net: &Rc<ShardNet>, stream: TcpStream) {
+    let metrics = &shard.metrics();
+    let slot = match net.admission.subscribers.try_admit() {
+        Admit::Free(slot) => slot,
+        Admit::TakenOver(slot) => {
+            // The shed connection closes now if it is on this shard, or
+            // at its own shard's next sweep.
+            ShardMetrics::add(&metrics.subscribers_shed, 1);
+            net.connections.close_taken_over();
+            slot
+        }
+        Admit::Full => {
+            ShardMetrics::add(&metrics.subscribers_refused, 1);
+            let limit = net.admission.subscribers.max();
+            let message = format!("ERR subscriber_limit: the server already has {limit} subscribers\n");
+            net.refusals.refuse(stream, message);
+            return;
+        }
+    };
+    shard.lifecycle().session_opened();
+    let connection = net.connections.register_subscriber(slot);
+    let shard = shard.clone();
+    glommio::spawn_local(async move {
+        session::run_subscriber(&shard, stream, &connection).await;
+        // Frees the slot, or lets it be taken over again if this
+        // connection was shed from it.
+        drop(connection);
+        shard.lifecycle().session_closed();
+    })
+    .detach();
 }

@@ -1,0 +1,228 @@
+//! Consolidation at low load, end to end: a lightly loaded server gathers every partition onto
+//! one shard and spreads them out again when the load rises, while an independent subscriber
+//! sees every event exactly once, in per-key order, with dense offsets.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Server, Subscriber};
+
+const KEY_COUNT: u64 = 5_000;
+
+/// Owners of the placed partitions as GET /partitions lists them (one moving is absent).
+fn owners(server: &Server) -> (usize, HashMap<u64, usize>) {
+    let table: serde_json::Value = serde_json::from_str(&server.get("/partitions")).unwrap();
+    let partitions = table["partitions"].as_array().unwrap();
+    let mut owned = HashMap::new();
+    for partition in partitions {
+        *owned.entry(partition["owner"].as_u64().unwrap()).or_insert(0) += 1;
+    }
+    (partitions.len(), owned)
+}
+
+/// Waits up to `limit` for `done` over the owners; the last owners seen if it never holds.
+fn wait_for_owners(
+    server: &Server,
+    limit: Duration,
+    done: impl Fn(usize, &HashMap<u64, usize>) -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (listed, owned) = owners(server);
+        if done(listed, &owned) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{listed} partitions listed, owners {owned:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A subscriber on its own thread checking per-(connection, key) order and dense offsets.
+fn spawn_checker(server: &Server, seen: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let address = server.subscribe;
+    std::thread::spawn(move || {
+        let mut subscriber = Subscriber::connect(address, "SUB * earliest");
+        subscriber.set_timeout(Duration::from_millis(300));
+        let mut next: HashMap<(Vec<u8>, u32), u64> = HashMap::new();
+        let mut offsets: HashMap<u32, u64> = HashMap::new();
+        loop {
+            let Some(event) = subscriber.next_event() else {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                continue;
+            };
+            let text = std::str::from_utf8(&event.payload).unwrap();
+            let (connection, sequence) = text.split_once(' ').unwrap();
+            let (connection, sequence): (u32, u64) = (connection.parse().unwrap(), sequence.parse().unwrap());
+            let expected = next.entry((event.key.clone(), connection)).or_insert(0);
+            assert_eq!(sequence, *expected, "order of {:?} from connection {connection}", event.key);
+            *expected += 1;
+            let offset = offsets.entry(event.partition).or_insert(0);
+            assert_eq!(event.offset, *offset, "no gap or duplicate in partition {}", event.partition);
+            *offset += 1;
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(subscriber.notices.is_empty(), "{:?}", subscriber.notices);
+    })
+}
+
+/// A paced producer on its own thread: `rate` events/s (read each 2 ms, so the test can change
+/// it), keys spread over every partition, each key's sequence in the payload. Returns its count.
+fn spawn_producer(
+    server: &Server,
+    connection: u32,
+    rate: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let address = server.ingest;
+    std::thread::spawn(move || {
+        let mut producer = common::Producer::connect(address);
+        let mut sequences = vec![0u64; KEY_COUNT as usize];
+        let (mut sent, mut due, mut last) = (0u64, 0f64, Instant::now());
+        let mut chunk = Vec::with_capacity(64 * 1024);
+        let mut key_state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(connection);
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            due += now.duration_since(last).as_secs_f64() * rate.load(Ordering::Relaxed) as f64;
+            last = now;
+            chunk.clear();
+            while due >= 1.0 {
+                key_state ^= key_state << 13;
+                key_state ^= key_state >> 7;
+                key_state ^= key_state << 17;
+                let key = key_state % KEY_COUNT;
+                let sequence = &mut sequences[key as usize];
+                chunk.extend_from_slice(format!("k{key} {connection} {sequence}\n").as_bytes());
+                *sequence += 1;
+                sent += 1;
+                due -= 1.0;
+            }
+            producer.send(&chunk);
+            producer.flush();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(producer.sync().len(), 1, "no ERR on a producer");
+        sent
+    })
+}
+
+/// Gather and spread under traffic: a 4-shard server (thresholds lowered to 20 k gather / 40 k
+/// spread per kept shard) fed by 8 connections spreads its partitions over all four shards at
+/// 100 k events/s, gathers all 256 onto shard 0 within seconds at 4 k events/s with every
+/// producer connection moved there, and spreads them again at 100 k; a subscriber that reads
+/// from start to end sees every event once, in order per (connection, key), with dense offsets
+/// in every partition. With `--consolidate off` the gather wait fails.
+#[test]
+fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() {
+    let server = Server::start(&[
+        "--shards",
+        "4",
+        "--rebalance-interval-ms",
+        "50",
+        "--consolidate-hold-ms",
+        "500",
+        "--consolidate-events-per-s-max",
+        "20000",
+        "--spread-events-per-s-min",
+        "40000",
+    ]);
+    let (seen, stop_checker, stop_producers) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let checker = spawn_checker(&server, seen.clone(), stop_checker.clone());
+    // An idle server gathers at once; 100 k events/s spreads it under traffic, 4 k gathers it
+    // again under traffic, and 100 k spreads it once more.
+    let rate = Arc::new(AtomicU64::new(12_500));
+    let producers: Vec<_> =
+        (0..8).map(|connection| spawn_producer(&server, connection, rate.clone(), stop_producers.clone())).collect();
+    let spread_out = |listed: usize, owned: &HashMap<u64, usize>| {
+        listed == 256 && owned.len() == 4 && owned.values().all(|&count| count >= 48)
+    };
+    wait_for_owners(&server, Duration::from_secs(20), spread_out).expect("100 k events/s spreads the partitions");
+
+    rate.store(500, Ordering::Relaxed);
+    let gathered = wait_for_owners(&server, Duration::from_secs(20), |listed, owned| {
+        listed == 256 && owned.len() == 1 && owned.contains_key(&0)
+    });
+    gathered.expect("4 k events/s gathers every partition onto shard 0");
+    let kept: Vec<u64> = shard_gauges(&server, "consolidation_kept_shards");
+    assert!(kept.iter().all(|&count| count == 1), "every shard decided to keep one: {kept:?}");
+    // The kernel spread the 8 connections over the 4 shards; those off shard 0 moved to it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = shard_gauges(&server, "connections_open");
+        if open == [8, 0, 0, 0] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every producer connection moved to shard 0: {open:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.total("connections_adopted") >= 1, "some connection was accepted off shard 0 and moved");
+    let gathered_at = seen.load(Ordering::Relaxed);
+
+    rate.store(12_500, Ordering::Relaxed);
+    let spread = wait_for_owners(&server, Duration::from_secs(20), spread_out);
+    spread.expect("about 100 k events/s spreads the partitions over every shard again");
+    std::thread::sleep(Duration::from_millis(500));
+
+    stop_producers.store(true, Ordering::Relaxed);
+    let sent: u64 = producers.into_iter().map(|producer| producer.join().unwrap()).sum();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop_checker.store(true, Ordering::Relaxed);
+    checker.join().unwrap();
+    let moves = server.total("consolidation_moves");
+    eprintln!("consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves");
+    assert_eq!(seen.load(Ordering::Relaxed), sent, "the subscriber saw every event exactly once");
+    assert_eq!(server.total("events_stored"), sent, "/stats agrees");
+    // The idle gather may or may not beat the first producer; the gather and the spread under
+    // traffic each move most of the 192 partitions off (or back to) shards 1-3.
+    assert!(moves >= 2 * 150, "a gather and a spread under traffic, each moving most partitions: {moves}");
+}
+
+/// Per-shard values of a /stats counter, by shard id.
+fn shard_gauges(server: &Server, name: &str) -> Vec<u64> {
+    let stats = server.stats();
+    stats["shards"].as_array().unwrap().iter().map(|shard| shard[name].as_u64().unwrap()).collect()
+}
+
+/// Hysteresis and the off switch on a real server: with the default thresholds (gather at most
+/// 300 k events/s per kept shard) a 2-shard server under a few thousand events/s gathers onto
+/// shard 0 and stays there for as long as the load stays (no partition moves after the gather),
+/// while the same server with `--consolidate off` keeps partitions on both shards.
+#[test]
+fn stays_gathered_under_a_steady_low_load_and_the_off_switch_keeps_the_placement() {
+    for mode in ["on", "off"] {
+        let server = Server::start(&["--shards", "2", "--consolidate", mode, "--consolidate-hold-ms", "300"]);
+        let rate = Arc::new(AtomicU64::new(1_000));
+        let stop = Arc::new(AtomicBool::new(false));
+        let producers: Vec<_> =
+            (0..2).map(|connection| spawn_producer(&server, connection, rate.clone(), stop.clone())).collect();
+        if mode == "on" {
+            wait_for_owners(&server, Duration::from_secs(20), |listed, owned| listed == 256 && owned.len() == 1)
+                .expect("a light load gathers onto one shard");
+            let moves = server.total("consolidation_moves");
+            std::thread::sleep(Duration::from_secs(3));
+            assert_eq!(server.total("consolidation_moves"), moves, "no partition moved after the gather");
+            let (listed, owned) = owners(&server);
+            assert_eq!((listed, owned.get(&0).copied()), (256, Some(256)), "still gathered on shard 0");
+        } else {
+            std::thread::sleep(Duration::from_secs(4));
+            let (listed, owned) = owners(&server);
+            let spread = owned.len() == 2 && owned.values().all(|&count| count >= 100);
+            assert!(listed == 256 && spread, "both shards keep their partitions: {owned:?}");
+            assert_eq!(server.total("consolidation_moves"), 0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let sent: u64 = producers.into_iter().map(|producer| producer.join().unwrap()).sum();
+        assert_eq!(server.total("events_stored"), sent);
+    }
+}
