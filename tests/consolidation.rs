@@ -124,6 +124,8 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
     let server = Server::start(&[
         "--shards",
         "4",
+        "--consolidate",
+        "on",
         "--rebalance-interval-ms",
         "50",
         "--consolidate-hold-ms",
