@@ -1223,9 +1223,6 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
-    // spate: when the timer in `latency_preemption_timeout_src` was set to
-    // expire (the executor's clock when it was armed, plus its duration).
-    latency_timer_deadline: Cell<Option<Instant>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1281,36 +1278,6 @@ macro_rules! flush_rings {
         )*
         io::Result::Ok(ret)
     }}
-}
-
-/// spate: whether the latency ring's armed timer, due at `deadline`, can
-/// stay armed on this pass of the executor loop (instead of being cancelled
-/// and armed again).
-///
-/// * A running pass (`preempt` is `Some`) needs a timer that fires within
-///   the preempt period: any armed one due by then will do. Firing early only
-///   makes the running task queue yield to the reactor sooner.
-/// * A sleep with a user timer (`user` is `Some`) needs a timer that wakes it
-///   when that user timer is due, not earlier (a spurious wake-up costs a
-///   whole park and wake) and not later: one armed for the same moment, up
-///   to `LATENCY_TIMER_SLACK` either side, which the clock read between
-///   passes can shift it by.
-/// * A sleep with no user timer needs none: the executor must not wake up.
-fn keep_latency_timer(
-    deadline: Instant,
-    now: Instant,
-    preempt: Option<Duration>,
-    user: Option<Duration>,
-) -> bool {
-    const LATENCY_TIMER_SLACK: Duration = Duration::from_micros(2);
-    match (preempt, user) {
-        (Some(preempt), _) => deadline <= now + preempt,
-        (None, Some(user)) => {
-            let wanted = now + user;
-            deadline + LATENCY_TIMER_SLACK >= wanted && deadline <= wanted + LATENCY_TIMER_SLACK
-        }
-        (None, None) => false,
-    }
 }
 
 fn align_up(v: usize, align: usize) -> usize {
@@ -1387,7 +1354,6 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
-            latency_timer_deadline: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1849,29 +1815,22 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // spate: glommio 0.9.0 cancelled the latency ring's timer and the
-        // throughput timer here and armed new ones on every pass of the
-        // executor loop: two TIMEOUTs, two ASYNC_CANCELs and a linked eventfd
-        // WRITE per pass, each TIMEOUT an hrtimer started and cancelled in
-        // the kernel (a timer reprogramming: a VM exit under
-        // virtualisation), thousands of times a second at moderate load. Now
-        // an armed timer that has not fired is kept while it still does its
-        // job; `keep_latency_timer` says when.
-        let now = Instant::now();
-        let latency_src = self.latency_preemption_timeout_src.take();
-        let pending = latency_src.as_ref().is_some_and(|src| src.result().is_none());
-        let deadline = self.latency_timer_deadline.take();
-        match (latency_src, deadline) {
-            // Decided here, before the cancellations are flushed and their
-            // completions consumed: a completion left in the latency ring
-            // would end the sleep at once.
-            (Some(src), Some(deadline)) if pending && keep_latency_timer(deadline, now, preempt_timer(), user_timer) => {
-                self.latency_preemption_timeout_src.set(Some(src));
-                self.latency_timer_deadline.set(Some(deadline));
-            }
-            (src, _) => drop(src),
-        }
+        // Cancel the old timer regardless of whether we can sleep:
+        // if we won't sleep, we will register the new timer with its new
+        // value.
+        //
+        // But if we will sleep, there might be a timer registered that needs
+        // to be removed otherwise we'll wake up when it expires.
+        drop(self.latency_preemption_timeout_src.take());
 
+        // spate: glommio 0.9.0 also cancelled the throughput timer here and
+        // armed a new one on every pass of the executor loop (a TIMEOUT, an
+        // ASYNC_CANCEL and a linked eventfd WRITE per pass). It counts
+        // main-ring completions, no clock, so it is kept until it fires: it
+        // preempts once that many completed since it was armed. (Keeping the
+        // latency ring's timer across passes too lost wake-ups: an executor
+        // parked for good with a timer due, `tests/glommio-wakeup`; see
+        // src/vendor/README.md.)
         let throughput_src = self.throughput_preemption_timeout_src.take();
         if throughput_src.as_ref().is_some_and(|src| src.result().is_none()) {
             // A count of main-ring completions, no clock: it preempts once
@@ -1906,12 +1865,9 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
-            // spate: unless the timer kept above wakes us then (a deadline
-            // is set exactly while a timer is armed).
-            if let (None, Some(dur)) = (self.latency_timer_deadline.get(), user_timer) {
+            if let Some(dur) = user_timer {
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                self.latency_timer_deadline.set(Some(now + dur));
                 assert!(flush_rings!(lat_ring)? > 0);
             }
             // From this moment on the remote executors are aware that we are sleeping
@@ -1939,12 +1895,8 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            // spate: arm a preempt timer only if no kept timer fires by then.
-            if self.latency_timer_deadline.get().is_none() {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-                self.latency_timer_deadline.set(Some(now + preempt));
-            }
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
             flush_rings!(lat_ring, main_ring)?;
         }
 
