@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Server, Subscriber};
+use common::Server;
 
 const KEY_COUNT: u64 = 5_000;
 
@@ -41,36 +41,6 @@ fn wait_for_owners(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// A subscriber on its own thread checking per-(connection, key) order and dense offsets.
-fn spawn_checker(server: &Server, seen: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    let address = server.subscribe;
-    std::thread::spawn(move || {
-        let mut subscriber = Subscriber::connect(address, "SUB * earliest");
-        subscriber.set_timeout(Duration::from_millis(300));
-        let mut next: HashMap<(Vec<u8>, u32), u64> = HashMap::new();
-        let mut offsets: HashMap<u32, u64> = HashMap::new();
-        loop {
-            let Some(event) = subscriber.next_event() else {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                continue;
-            };
-            let text = std::str::from_utf8(&event.payload).unwrap();
-            let (connection, sequence) = text.split_once(' ').unwrap();
-            let (connection, sequence): (u32, u64) = (connection.parse().unwrap(), sequence.parse().unwrap());
-            let expected = next.entry((event.key.clone(), connection)).or_insert(0);
-            assert_eq!(sequence, *expected, "order of {:?} from connection {connection}", event.key);
-            *expected += 1;
-            let offset = offsets.entry(event.partition).or_insert(0);
-            assert_eq!(event.offset, *offset, "no gap or duplicate in partition {}", event.partition);
-            *offset += 1;
-            seen.fetch_add(1, Ordering::Relaxed);
-        }
-        assert!(subscriber.notices.is_empty(), "{:?}", subscriber.notices);
-    })
 }
 
 /// A paced producer on its own thread: `rate` events/s (read each 2 ms, so the test can change
@@ -137,7 +107,7 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
     ]);
     let (seen, stop_checker, stop_producers) =
         (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let checker = spawn_checker(&server, seen.clone(), stop_checker.clone());
+    let checker = common::spawn_order_checker(&server, Duration::from_millis(300), seen.clone(), stop_checker.clone());
     // An idle server gathers at once; 100 k events/s spreads it under traffic, 4 k gathers it
     // again under traffic, and 100 k spreads it once more.
     let rate = Arc::new(AtomicU64::new(12_500));

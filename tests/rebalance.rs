@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Server, Subscriber};
+use common::Server;
 
 const KEY_COUNT: usize = 20_000;
 const ZIPF_S: f64 = 1.1;
@@ -74,34 +74,7 @@ fn run(
     let cdf = Arc::new(zipf_cdf());
     let subscribed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let subscriber = {
-        let (address, subscribed, stop) = (server.subscribe, subscribed.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut subscriber = Subscriber::connect(address, "SUB * earliest");
-            subscriber.set_timeout(Duration::from_millis(500));
-            let mut next: HashMap<(Vec<u8>, u32), u64> = HashMap::new();
-            let mut offsets: HashMap<u32, u64> = HashMap::new();
-            loop {
-                let Some(event) = subscriber.next_event() else {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    continue;
-                };
-                let text = std::str::from_utf8(&event.payload).unwrap();
-                let (connection, sequence) = text.split_once(' ').unwrap();
-                let (connection, sequence): (u32, u64) = (connection.parse().unwrap(), sequence.parse().unwrap());
-                let expected = next.entry((event.key.clone(), connection)).or_insert(0);
-                assert_eq!(sequence, *expected, "order of {:?} from connection {connection}", event.key);
-                *expected += 1;
-                let offset = offsets.entry(event.partition).or_insert(0);
-                assert_eq!(event.offset, *offset, "no gap or duplicate in partition {}", event.partition);
-                *offset += 1;
-                subscribed.fetch_add(1, Ordering::Relaxed);
-            }
-            assert!(subscriber.notices.is_empty(), "{:?}", subscriber.notices);
-        })
-    };
+    let subscriber = common::spawn_order_checker(server, Duration::from_millis(500), subscribed.clone(), stop.clone());
     let started = Instant::now();
     let producers: Vec<_> = (0..connections)
         .map(|connection| {

@@ -514,3 +514,42 @@ pub fn crash_rng() -> Rng {
     eprintln!("crash loop seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
     Rng { state: seed, seed }
 }
+
+/// A `SUB * earliest` subscriber on its own thread that checks every event it reads: payloads
+/// are `<connection> <sequence>`, sequences dense per (key, connection) in arrival order, and
+/// offsets dense per partition (no gap, duplicate or reordering). It counts events into `seen`
+/// and ends once `stop` is set and a read waits `timeout` without an event; a notice fails it.
+pub fn spawn_order_checker(
+    server: &Server,
+    timeout: Duration,
+    seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    let address = server.subscribe;
+    std::thread::spawn(move || {
+        let mut subscriber = Subscriber::connect(address, "SUB * earliest");
+        subscriber.set_timeout(timeout);
+        let mut next: std::collections::HashMap<(Vec<u8>, u32), u64> = std::collections::HashMap::new();
+        let mut offsets: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        loop {
+            let Some(event) = subscriber.next_event() else {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                continue;
+            };
+            let text = std::str::from_utf8(&event.payload).unwrap();
+            let (connection, sequence) = text.split_once(' ').unwrap();
+            let (connection, sequence): (u32, u64) = (connection.parse().unwrap(), sequence.parse().unwrap());
+            let expected = next.entry((event.key.clone(), connection)).or_insert(0);
+            assert_eq!(sequence, *expected, "order of {:?} from connection {connection}", event.key);
+            *expected += 1;
+            let offset = offsets.entry(event.partition).or_insert(0);
+            assert_eq!(event.offset, *offset, "no gap or duplicate in partition {}", event.partition);
+            *offset += 1;
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(subscriber.notices.is_empty(), "{:?}", subscriber.notices);
+    })
+}
