@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port};
+use common::Server;
 use serde_json::Value;
 
 /// How long a killed member of a three-node cluster may take to be down on
@@ -27,22 +27,11 @@ struct Node {
     cluster: SocketAddr,
 }
 
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
 /// Starts a node gossiping on a free loopback port, joining through `seed`
 /// when given; `extra` are more flags.
 fn start_node(seed: Option<SocketAddr>, extra: &[&str]) -> Node {
-    let cluster = loopback(free_port());
-    let cluster_flag = cluster.to_string();
-    let seed_flag = seed.map(|seed| seed.to_string());
-    let mut args = vec!["--shards", "1", "--partitions", "16", "--cluster", &cluster_flag];
-    if let Some(seed) = &seed_flag {
-        args.extend(["--join", seed]);
-    }
-    args.extend(extra);
-    Node { server: Server::start(&args), cluster }
+    let (server, cluster) = common::start_cluster_node(seed, "16", extra);
+    Node { server, cluster }
 }
 
 /// Three nodes: the first is the seed the other two join through.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Delivered, Server, Subscriber, free_port};
+use common::{Delivered, Server, Subscriber};
 use serde_json::{Value, json};
 
 const STREAM: &str = "orders";
@@ -27,14 +27,8 @@ struct Node {
 }
 
 fn start_node(seed: Option<SocketAddr>) -> (Node, SocketAddr) {
-    let cluster = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let cluster_flag = cluster.to_string();
-    let seed_flag = seed.map(|seed| seed.to_string());
-    let mut args = vec!["--shards", "1", "--partitions", "4", "--cluster", &cluster_flag];
-    if let Some(seed) = &seed_flag {
-        args.extend(["--join", seed]);
-    }
-    (Node { server: Server::start(&args) }, cluster)
+    let (server, cluster) = common::start_cluster_node(seed, "4", &[]);
+    (Node { server }, cluster)
 }
 
 fn cluster_of(server: &Server) -> Value {

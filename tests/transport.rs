@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port};
+use common::Server;
 use serde_json::Value;
 
 /// How long joined nodes may take to link and see a pong.
@@ -23,15 +23,8 @@ struct Node {
 }
 
 fn start_node(seed: Option<SocketAddr>, extra: &[&str]) -> Node {
-    let cluster = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let cluster_flag = cluster.to_string();
-    let seed_flag = seed.map(|seed| seed.to_string());
-    let mut args = vec!["--shards", "1", "--partitions", "4", "--cluster", &cluster_flag];
-    if let Some(seed) = &seed_flag {
-        args.extend(["--join", seed]);
-    }
-    args.extend(extra);
-    Node { server: Server::start(&args), cluster }
+    let (server, cluster) = common::start_cluster_node(seed, "4", extra);
+    Node { server, cluster }
 }
 
 /// This node's transport link to the peer at `cluster`, if it has one.

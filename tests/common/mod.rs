@@ -553,3 +553,18 @@ pub fn spawn_order_checker(
         assert!(subscriber.notices.is_empty(), "{:?}", subscriber.notices);
     })
 }
+
+/// Starts a one-shard node with `partitions` partitions whose internode address is a free
+/// loopback port, joining the cluster through `seed` when given (a new cluster without), with
+/// `extra` flags after. Returns the server and its internode address.
+pub fn start_cluster_node(seed: Option<SocketAddr>, partitions: &str, extra: &[&str]) -> (Server, SocketAddr) {
+    let cluster = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let cluster_flag = cluster.to_string();
+    let seed_flag = seed.map(|seed| seed.to_string());
+    let mut args = vec!["--shards", "1", "--partitions", partitions, "--cluster", &cluster_flag];
+    if let Some(seed) = &seed_flag {
+        args.extend(["--join", seed]);
+    }
+    args.extend(extra);
+    (Server::start(&args), cluster)
+}
