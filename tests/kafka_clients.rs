@@ -81,19 +81,39 @@ fn record_batch(producer_id: i64, epoch: i16, sequence: i32, values: &[&str]) ->
 /// Sends one request (header v1) and returns the response after its
 /// correlation id.
 fn exchange(stream: &mut TcpStream, api_key: i16, version: i16, body: &[u8]) -> Vec<u8> {
-    let mut request = Vec::new();
-    request.extend_from_slice(&api_key.to_be_bytes());
-    request.extend_from_slice(&version.to_be_bytes());
-    request.extend_from_slice(&7i32.to_be_bytes());
-    put_string(&mut request, "raw");
-    request.extend_from_slice(body);
-    stream.write_all(&(request.len() as i32).to_be_bytes()).unwrap();
-    stream.write_all(&request).unwrap();
+    stream.write_all(&request_frame(api_key, version, 7, body)).unwrap();
     let mut size = [0u8; 4];
     stream.read_exact(&mut size).expect("an answer");
     let mut response = vec![0u8; i32::from_be_bytes(size) as usize];
     stream.read_exact(&mut response).unwrap();
     response[4..].to_vec()
+}
+
+/// A request frame (size prefix included): the v1 header (client id "raw"), then `body`.
+fn request_frame(api_key: i16, version: i16, correlation_id: i32, body: &[u8]) -> Vec<u8> {
+    let mut request = Vec::new();
+    request.extend_from_slice(&api_key.to_be_bytes());
+    request.extend_from_slice(&version.to_be_bytes());
+    request.extend_from_slice(&correlation_id.to_be_bytes());
+    put_string(&mut request, "raw");
+    request.extend_from_slice(body);
+    let mut frame = (request.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&request);
+    frame
+}
+
+/// A Produce v3 body: `batch` to partition 0 of `topic`, no transactional id.
+fn produce_body(topic: &str, acks: i16, batch: &[u8]) -> Vec<u8> {
+    let mut body = (-1i16).to_be_bytes().to_vec(); // no transactional id
+    body.extend_from_slice(&acks.to_be_bytes());
+    body.extend_from_slice(&30_000i32.to_be_bytes());
+    body.extend_from_slice(&1i32.to_be_bytes());
+    put_string(&mut body, topic);
+    body.extend_from_slice(&1i32.to_be_bytes());
+    body.extend_from_slice(&0i32.to_be_bytes());
+    body.extend_from_slice(&(batch.len() as i32).to_be_bytes());
+    body.extend_from_slice(batch);
+    body
 }
 
 /// InitProducerId v0; the producer id and epoch.
@@ -110,16 +130,7 @@ fn init_producer_id(stream: &mut TcpStream) -> (i64, i16) {
 /// Produce v3 of `batch` to partition 0 of `topic` with acks=all; the
 /// partition's error code.
 fn produce(stream: &mut TcpStream, topic: &str, batch: &[u8]) -> i16 {
-    let mut body = (-1i16).to_be_bytes().to_vec(); // no transactional id
-    body.extend_from_slice(&(-1i16).to_be_bytes());
-    body.extend_from_slice(&30_000i32.to_be_bytes());
-    body.extend_from_slice(&1i32.to_be_bytes());
-    put_string(&mut body, topic);
-    body.extend_from_slice(&1i32.to_be_bytes());
-    body.extend_from_slice(&0i32.to_be_bytes());
-    body.extend_from_slice(&(batch.len() as i32).to_be_bytes());
-    body.extend_from_slice(batch);
-    let response = exchange(stream, 0, 3, &body);
+    let response = exchange(stream, 0, 3, &produce_body(topic, -1, batch));
     // topics (4), name (2 + len), partitions (4), index (4), error code.
     let at = 4 + 2 + topic.len() + 4 + 4;
     i16::from_be_bytes([response[at], response[at + 1]])
@@ -830,23 +841,7 @@ fn producers_are_told_the_offsets_sub_reads_their_records_at() {
 /// A Produce v3 request frame (size prefix included) of `batch` to
 /// partition 0 of `topic`.
 fn produce_frame(topic: &str, batch: &[u8], correlation_id: i32, acks: i16) -> Vec<u8> {
-    let mut request = Vec::new();
-    request.extend_from_slice(&0i16.to_be_bytes());
-    request.extend_from_slice(&3i16.to_be_bytes());
-    request.extend_from_slice(&correlation_id.to_be_bytes());
-    put_string(&mut request, "raw");
-    request.extend_from_slice(&(-1i16).to_be_bytes()); // no transactional id
-    request.extend_from_slice(&acks.to_be_bytes());
-    request.extend_from_slice(&30_000i32.to_be_bytes());
-    request.extend_from_slice(&1i32.to_be_bytes());
-    put_string(&mut request, topic);
-    request.extend_from_slice(&1i32.to_be_bytes());
-    request.extend_from_slice(&0i32.to_be_bytes());
-    request.extend_from_slice(&(batch.len() as i32).to_be_bytes());
-    request.extend_from_slice(batch);
-    let mut frame = (request.len() as i32).to_be_bytes().to_vec();
-    frame.extend_from_slice(&request);
-    frame
+    request_frame(0, 3, correlation_id, &produce_body(topic, acks, batch))
 }
 
 /// Reads one Produce v3 answer of a one-partition request to `topic`:
