@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// Topic (stream) --target kafka produces to; `default` is the stream lines go to.
     #[arg(long, default_value = "default")]
     pub kafka_topic: String,
+    /// Stream the line-protocol producers write to (a `#STREAM` line first on each connection);
+    /// another than `default` needs --no-subscriber (the subscriber reads `default`).
+    #[arg(long, default_value = crate::stream::DEFAULT_STREAM)]
+    pub stream: String,
     /// acks of --target kafka's Produce requests: 1 (applied) or -1 (all: durable under --fsync).
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     pub kafka_acks: i16,
@@ -306,6 +310,8 @@ pub struct Plan {
     pub seed: u64,
     /// --target kafka: the topic, acks and requests in flight.
     pub kafka: Option<crate::bench::kafka::KafkaOptions>,
+    /// `--stream` other than `default`: the stream named on each connection.
+    pub stream: Option<String>,
 }
 
 impl Plan {
@@ -328,6 +334,7 @@ impl Plan {
         check_sending(args)?;
         check_drain_timeout(args)?;
         check_server_shards(args)?;
+        let stream = check_stream(args, subscriber)?;
         let sampler = key_sampler(args)?;
         Ok(Plan {
             target: args.target,
@@ -345,6 +352,7 @@ impl Plan {
             sweep_rates,
             seed: args.seed,
             kafka,
+            stream,
         })
     }
 
@@ -496,6 +504,21 @@ fn check_sending(args: &BenchArgs) -> Result<(), BenchError> {
         return Err(invalid("--write-bytes", args.write_bytes.to_string(), "must be between 4 KiB and 64 MiB"));
     }
     Ok(())
+}
+
+/// Checks `--stream`: a stream name for line-protocol producers, without a
+/// subscriber (which reads `default`); `None` for `default`.
+fn check_stream(args: &BenchArgs, subscriber: bool) -> Result<Option<String>, BenchError> {
+    if args.stream == crate::stream::DEFAULT_STREAM {
+        return Ok(None);
+    }
+    if args.stream.is_empty() || args.stream.bytes().any(|byte| byte.is_ascii_whitespace()) {
+        return Err(invalid("--stream", args.stream.clone(), "must be a stream name without spaces"));
+    }
+    if args.target != Target::Spate || subscriber {
+        return Err(invalid("--stream", args.stream.clone(), "needs --target spate and --no-subscriber"));
+    }
+    Ok(Some(args.stream.clone()))
 }
 
 /// Checks `--drain-timeout-s`.

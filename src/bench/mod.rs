@@ -387,6 +387,7 @@ fn spawn_producers(
             sampler: plan.sampler.clone(),
             seed: plan.seed.wrapping_add(index as u64),
             kafka: plan.kafka.clone(),
+            stream: plan.stream.clone(),
             shared: shared.clone(),
         });
     }

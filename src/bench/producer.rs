@@ -285,6 +285,8 @@ pub struct ProducerTask {
     pub shared: Arc<Shared>,
     /// `--target kafka`: the topic, acks and requests in flight.
     pub kafka: Option<KafkaOptions>,
+    /// `--stream`: named on the connection before the run (`None`: `default`).
+    pub stream: Option<String>,
 }
 
 /// What one connection did.
@@ -417,6 +419,11 @@ impl Connection {
         stream
             .set_write_timeout(Some(WRITE_STALL_TIMEOUT))
             .map_err(|source| BenchError::Io { what: "set write timeout", source })?;
+        if let Some(name) = &task.stream {
+            (&stream)
+                .write_all(format!("#STREAM {name}\n").as_bytes())
+                .map_err(|source| BenchError::Io { what: "send #STREAM", source })?;
+        }
         let draws = task.sampler.draws(draw_ring_len(task.connection_count), task.seed);
         let buffer = WriteBuffer::new(task.layout, task.write_bytes);
         let mut hot_heads = Vec::new();
