@@ -33,8 +33,14 @@ use crate::runtime::notify::Notify;
 use crate::shard::control::ControlRequest;
 use crate::transport::{Channel, PeerView, Transport, TransportHandle, TransportSetup};
 
-/// Proposals taken from the shards' queue before one Raft round.
-const PROPOSALS_PER_ROUND_MAX: usize = 256;
+/// Proposals taken from the shards' queue at once (the queue holds
+/// [`crate::serve`]'s 4096); a round follows.
+const PROPOSALS_PER_ROUND_MAX: usize = 4096;
+/// How often what waits for room in a peer's transport queue is tried
+/// again, in ms.
+const UNSENT_RECHECK_MS: u64 = 1;
+/// Peer messages stepped at once before a round.
+const INBOUND_PER_ROUND_MAX: usize = 1024;
 
 /// How often this node's load is refreshed from its shards, in ms.
 pub const LOAD_REFRESH_MS: u64 = 500;
@@ -154,6 +160,10 @@ struct Node {
     replication: Option<RefCell<ReplicationNode>>,
     /// Wakes the delivery task: commits may have advanced.
     delivery_due: Notify,
+    /// Wakes the round task: messages or proposals came in.
+    round_due: Notify,
+    /// Wakes the flush task: something waits for room in a peer's queue.
+    flush_due: Notify,
     /// Wakes the tick task of a node that had no group: one may exist now.
     replication_wake: Notify,
 }
@@ -218,6 +228,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         timers_changed: Notify::default(),
         replication,
         delivery_due: Notify::default(),
+        round_due: Notify::default(),
+        flush_due: Notify::default(),
         replication_wake: Notify::default(),
     });
     if node.socket.is_some() {
@@ -230,6 +242,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_ticks(node.clone())).detach();
             glommio::spawn_local(replication_inbox(node.clone())).detach();
             glommio::spawn_local(replication_proposals(node.clone(), proposals)).detach();
+            glommio::spawn_local(replication_rounds(node.clone())).detach();
+            glommio::spawn_local(replication_flush(node.clone())).detach();
             glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
         }
         node.membership.borrow_mut().join(node.now(), &setup.join);
@@ -346,31 +360,37 @@ async fn replication_ticks(node: Rc<Node>) {
         state.host.tick();
         state.round();
         state.expire_proposals();
+        let waiting = state.has_unsent();
         drop(state);
         node.delivery_due.notify();
+        if waiting {
+            node.flush_due.notify();
+        }
     }
 }
 
-/// Steps the Raft batches and forwarded proposals peers send.
+/// Steps the Raft batches and forwarded proposals peers send: everything
+/// that arrived, then one round for all of it.
 async fn replication_inbox(node: Rc<Node>) {
     let (Some(replication), Some(transport)) = (&node.replication, node.transport.clone()) else { return };
     loop {
-        let inbound = transport.next_replication().await;
+        let mut next = Some(transport.next_replication().await);
         let mut state = replication.borrow_mut();
-        match Channel::from_u8(inbound.channel) {
-            Some(Channel::Raft) => state.receive(&inbound.payload),
-            Some(Channel::Propose) => state.propose_forwarded(&inbound.payload),
-            _ => {}
+        for _ in 0..INBOUND_PER_ROUND_MAX {
+            let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
+            match Channel::from_u8(inbound.channel) {
+                Some(Channel::Raft) => state.receive(&inbound.payload),
+                Some(Channel::Propose) => state.propose_forwarded(&inbound.payload),
+                _ => {}
+            }
         }
-        drop(inbound);
-        state.round();
         drop(state);
-        node.delivery_due.notify();
+        node.round_due.notify();
         node.replication_wake.notify();
     }
 }
 
-/// Takes the shards' proposals, several per round when they queue up.
+/// Takes the shards' proposals, every one queued, before one round.
 async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<ProposalRequest>) {
     let Some(replication) = &node.replication else { return };
     while let Ok(request) = proposals.recv_async().await {
@@ -380,9 +400,41 @@ async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<Propos
             let Ok(request) = proposals.try_recv() else { break };
             state.propose(request);
         }
-        state.round();
         drop(state);
+        node.round_due.notify();
+    }
+}
+
+/// Runs a Raft round whenever messages or proposals came in: a round is
+/// one fdatasync of the Raft log and one message per peer, so it runs
+/// after the inbox and the proposals task took everything queued (they
+/// run first once woken; a round's own fdatasync lets more pile up).
+async fn replication_rounds(node: Rc<Node>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        node.round_due.notified().await;
+        futures_lite::future::yield_now().await;
+        let waiting = {
+            let mut state = replication.borrow_mut();
+            state.round();
+            state.has_unsent()
+        };
         node.delivery_due.notify();
+        if waiting {
+            node.flush_due.notify();
+        }
+    }
+}
+
+/// Moves what waits for a full transport queue into it as room comes,
+/// checking every [`UNSENT_RECHECK_MS`] while anything waits.
+async fn replication_flush(node: Rc<Node>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        node.flush_due.notified().await;
+        while replication.borrow_mut().flush_unsent() {
+            glommio::timer::sleep(Duration::from_millis(UNSENT_RECHECK_MS)).await;
+        }
     }
 }
 

@@ -333,6 +333,29 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Fixed,
+        storage: None,
+        expression: || {
+            format!(
+                "cluster * (S * S * credit_window_bytes + {} * {})",
+                TRANSPORT_PEERS_MAX,
+                size(crate::replication::node::UNSENT_BYTES_MAX)
+            )
+        },
+        what: "replication: the proposals of the batches in flight (a copy of their records, within the \
+               credit windows; at most 256 batches per shard) and per peer what waits for room in its queue",
+        bytes: |config| {
+            if config.cluster_address().is_none() {
+                return 0;
+            }
+            let shards = config.shard_count();
+            sum(&[
+                product(&[shards, shards, config.credit_window_bytes()]),
+                product(&[TRANSPORT_PEERS_MAX, crate::replication::node::UNSENT_BYTES_MAX]),
+            ])
+        },
+    },
+    FormulaLine {
         term: Term::Groups,
         storage: None,
         expression: || {

@@ -75,7 +75,7 @@ use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal
 use crate::replication::placement::{Candidate, desired_replicas};
 use crate::replication::reconfig::{self, LeaderView, Step};
 use crate::replication::store::{GroupLog, GroupStorage, LogStore};
-use crate::replication::wire::{BATCH_MESSAGES_MAX, PeerBatch};
+use crate::replication::wire::{BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, PeerBatch, message_bytes_estimate};
 use crate::replication::{GroupId, ReplicaId};
 
 /// How often the driver calls [`ReplicaHost::tick`]: raft-rs counts time
@@ -100,8 +100,13 @@ pub struct HostConfig {
     /// so a join does not flood the disks.
     pub reconfig_steps_per_window_max: u32,
     pub reconfig_window_ticks: u32,
-    /// Bytes of entries in one append message.
+    /// Bytes of entries in one append message (raft-rs's
+    /// `max_size_per_msg`): a quarter of [`BATCH_BYTES_MAX`], so a peer
+    /// batch holds several and the transport's largest frame any.
     pub message_bytes_max: u64,
+    /// Appends a leader has in flight to one peer before it waits for an
+    /// answer (raft-rs's `max_inflight_msgs`): with pipelined proposals a
+    /// leader streams one append per proposal, so 256 keep it streaming.
     pub inflight_messages_max: usize,
 }
 
@@ -116,7 +121,7 @@ impl Default for HostConfig {
             replication_factor: 3,
             reconfig_steps_per_window_max: 4,
             reconfig_window_ticks: 10,
-            message_bytes_max: 1 << 20,
+            message_bytes_max: 256 << 10,
             inflight_messages_max: 256,
         }
     }
@@ -613,12 +618,17 @@ impl<S: LogStore> ReplicaHost<S> {
     }
 
     /// This round's batches, one per peer (more only past
-    /// [`BATCH_MESSAGES_MAX`] messages).
+    /// [`BATCH_MESSAGES_MAX`] messages or about [`BATCH_BYTES_MAX`] bytes:
+    /// a round of pipelined appends can carry many).
     pub fn take_batches(&mut self) -> Vec<PeerBatch> {
         let mut batches = Vec::with_capacity(self.outbox.len());
         for (_, mut batch) in std::mem::take(&mut self.outbox) {
-            while batch.messages.len() > BATCH_MESSAGES_MAX {
-                let rest = batch.messages.split_off(BATCH_MESSAGES_MAX);
+            loop {
+                let cut = batch_cut(&batch.messages);
+                if cut == batch.messages.len() {
+                    break;
+                }
+                let rest = batch.messages.split_off(cut);
                 let full =
                     PeerBatch { messages: std::mem::replace(&mut batch.messages, rest), quiet: Vec::new(), ..batch };
                 batches.push(full);
@@ -739,6 +749,19 @@ impl<S: LogStore> ReplicaHost<S> {
             }
         }
     }
+}
+
+/// How many of `messages` the first batch takes: up to
+/// [`BATCH_MESSAGES_MAX`] and about [`BATCH_BYTES_MAX`] bytes, at least one.
+fn batch_cut(messages: &[(GroupId, Message)]) -> usize {
+    let mut bytes = 0;
+    for (index, (_, message)) in messages.iter().enumerate().take(BATCH_MESSAGES_MAX) {
+        bytes += message_bytes_estimate(message);
+        if bytes > BATCH_BYTES_MAX && index > 0 {
+            return index;
+        }
+    }
+    messages.len().min(BATCH_MESSAGES_MAX)
 }
 
 fn sorted(mut replicas: Vec<ReplicaId>) -> Vec<ReplicaId> {

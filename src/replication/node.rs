@@ -18,10 +18,12 @@
 //!
 //! 1. A shard applying a batch ([`crate::shard`]) takes out the records of
 //!    replicated partitions, one [`ProposalRequest`] per partition (the
-//!    records in log format: a spate frame, never one event), and waits for
-//!    their answers before it applies the rest of the batch and returns its
-//!    credits, so `#SYNC` (which waits for the credits) answers only once
-//!    they are committed, and producers are pushed back meanwhile.
+//!    records in log format: a spate frame, never one event), and applies
+//!    the rest of the batch and returns its credits only once they are
+//!    committed, so `#SYNC` (which waits for the credits) answers only once
+//!    they are committed, and producers are pushed back meanwhile. It does
+//!    not wait for one batch before proposing the next (pipelining,
+//!    [`crate::shard::replicated`]).
 //! 2. Here a proposal goes to its group: proposed when this node leads it,
 //!    else forwarded to the leader over the transport ([`Channel::Propose`])
 //!    with this node's id in its header. The entry's header names the node
@@ -37,6 +39,21 @@
 //! 4. A proposal is answered once its entry is committed and delivered to
 //!    this node's shard.
 //!
+//! # Pipelining
+//!
+//! Many proposals are in flight at once, so a round must carry many: the
+//! cluster thread steps everything that arrived and takes every queued
+//! proposal before one round (one fdatasync, one [`PeerBatch`] per peer,
+//! cut at [`crate::replication::wire::BATCH_BYTES_MAX`]). A leader streams
+//! appends without waiting for each answer (the host's
+//! `inflight_messages_max`). A peer batch or forwarded proposal that finds
+//! the transport's queue full waits, in order, up to [`UNSENT_BYTES_MAX`]
+//! per peer: dropping a pipelined append would make the leader find the gap
+//! only at the next heartbeat and send everything after it again. A shard's
+//! proposals of one group carry sequences that this node takes only in
+//! order ([`ProposalRequest`]), so a refusal never lets a later batch
+//! overtake an earlier one.
+//!
 //! # Groups
 //!
 //! The groups are those of the streams with a replication factor above 1
@@ -49,7 +66,7 @@
 //! leader's first append.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -67,7 +84,7 @@ use crate::replication::wire::PeerBatch;
 use crate::replication::{GroupId, ReplicaId, replica_id_of};
 use crate::runtime::log;
 use crate::stream::StreamSpec;
-use crate::transport::{Channel, TransportHandle};
+use crate::transport::{Channel, SendError, TransportHandle};
 
 /// How long a proposal may wait for its commit before it is answered
 /// [`ProposalRefused::TimedOut`] (the shard proposes again: a duplicate if
@@ -78,15 +95,32 @@ pub const PROPOSAL_TIMEOUT_MS: u64 = 10_000;
 pub const PROPOSALS_PENDING_MAX: usize = 65_536;
 /// Bytes of records delivered to a shard in one request.
 pub const DELIVERY_BYTES_MAX: usize = 1 << 20;
+/// Bytes of Raft batches and forwarded proposals kept for one peer while
+/// the transport's queue to it is full (module doc, "Pipelining"); past it
+/// a Raft batch is dropped (Raft sends its entries again) and a forwarded
+/// proposal refused (the shard proposes it again).
+pub const UNSENT_BYTES_MAX: usize = 16 << 20;
 /// How long a shard may take to answer a delivery before the next round
 /// asks again, in ms.
 const DELIVERY_TIMEOUT_MS: u64 = 5_000;
 
 /// A shard's request: replicate `records` (log-format records of one
 /// partition) through `group`; answered once committed here.
+///
+/// A shard keeps several proposals of one group in flight (module doc,
+/// "Pipelining"): `sequence` numbers them per (shard, group), and one that
+/// does not follow the last taken is refused [`ProposalRefused::OutOfOrder`],
+/// so a refused proposal is never overtaken by a later one of the same
+/// shard and group.
 pub struct ProposalRequest {
     pub group: GroupId,
-    pub records: Vec<u8>,
+    /// The proposing shard: sequences are per (shard, group).
+    pub shard: u16,
+    pub sequence: u64,
+    /// Take it whatever the sequence expected: the retry of a proposal whose
+    /// answer was lost or timed out (it was taken, so later ones may be too).
+    pub resync: bool,
+    pub records: Bytes,
     pub record_count: u32,
     pub reply: flume::Sender<Result<(), ProposalRefused>>,
 }
@@ -102,6 +136,9 @@ pub enum ProposalRefused {
     /// The Raft store is full ([`crate::replication::file_store::ENTRY_BYTES_MAX`]).
     StoreFull,
     TooManyPending,
+    /// An earlier proposal of the same shard and group was refused: this
+    /// one waits for it, so their records stay in order.
+    OutOfOrder,
 }
 
 impl std::fmt::Display for ProposalRefused {
@@ -112,6 +149,7 @@ impl std::fmt::Display for ProposalRefused {
             ProposalRefused::TimedOut => write!(f, "not committed within {PROPOSAL_TIMEOUT_MS} ms"),
             ProposalRefused::StoreFull => write!(f, "the node's Raft log is full"),
             ProposalRefused::TooManyPending => write!(f, "{PROPOSALS_PENDING_MAX} proposals are pending"),
+            ProposalRefused::OutOfOrder => write!(f, "an earlier proposal of this shard and partition was refused"),
         }
     }
 }
@@ -143,6 +181,9 @@ pub struct GroupView {
     pub quiet: bool,
     /// Events of the committed log delivered to this node's partition.
     pub delivered_offset: Option<u64>,
+    /// The most proposals of this node for the group pending at once since
+    /// it started: above 1 when shards pipeline their batches.
+    pub proposals_in_flight_max: u64,
 }
 
 /// Where a group's delivery stands: the next entry to deliver and the
@@ -157,6 +198,13 @@ struct Pending {
     group: GroupId,
     reply: flume::Sender<Result<(), ProposalRefused>>,
     since: Instant,
+}
+
+/// What waits for room in the transport's queue to one peer, in order.
+#[derive(Default)]
+struct Unsent {
+    messages: VecDeque<(Channel, Bytes)>,
+    bytes: usize,
 }
 
 /// A replicated stream as this node knows it.
@@ -178,13 +226,22 @@ pub struct ReplicationNode {
     /// By the group id's stream part.
     streams: BTreeMap<u32, ReplicatedStream>,
     next_sequence: u64,
+    /// The sequence the next proposal of each (shard, group) must have; at
+    /// most shards x groups entries.
+    expected: HashMap<(u16, GroupId), u64>,
     pending: HashMap<u64, Pending>,
+    /// Per group, this node's proposals pending now and at most at once
+    /// (`GET /cluster`'s `proposals_in_flight_max`: pipelining at work).
+    in_flight: HashMap<GroupId, (u64, u64)>,
     /// Acknowledged proposals waiting for their delivery to this node's shard.
     acked: Vec<(Ack, flume::Sender<Result<(), ProposalRefused>>)>,
     cursors: HashMap<GroupId, Cursor>,
     /// The shard last found owning each group's partition.
     owners: HashMap<GroupId, u16>,
     transport: TransportHandle,
+    /// Per peer, what its transport queue had no room for yet; at most
+    /// [`UNSENT_BYTES_MAX`] each.
+    unsent: HashMap<NodeId, Unsent>,
     pub batches_dropped: u64,
     pub forwarded_refused: u64,
 }
@@ -203,11 +260,14 @@ impl ReplicationNode {
             live: Vec::new(),
             streams: BTreeMap::new(),
             next_sequence: 1,
+            expected: HashMap::new(),
             pending: HashMap::new(),
+            in_flight: HashMap::new(),
             acked: Vec::new(),
             cursors: HashMap::new(),
             owners: HashMap::new(),
             transport,
+            unsent: HashMap::new(),
             batches_dropped: 0,
             forwarded_refused: 0,
         }
@@ -282,6 +342,13 @@ impl ReplicationNode {
         let refuse = |reason| {
             let _ = request.reply.send(Err(reason));
         };
+        let order_key = (request.shard, request.group);
+        if !request.resync
+            && let Some(expected) = self.expected.get(&order_key)
+            && *expected != request.sequence
+        {
+            return refuse(ProposalRefused::OutOfOrder);
+        }
         let Some(status) = self.host.status(request.group) else { return refuse(ProposalRefused::NotAReplica) };
         if self.store.borrow().is_full() {
             return refuse(ProposalRefused::StoreFull);
@@ -299,7 +366,8 @@ impl ReplicationNode {
             payload.extend_from_slice(&request.group.stream_id.to_le_bytes());
             payload.extend_from_slice(&request.group.partition.to_le_bytes());
             payload.extend_from_slice(&encode_proposal(header, &request.records));
-            self.transport.try_send(*leader, Channel::Propose, Bytes::from(payload)).is_ok()
+            let leader = *leader;
+            self.send_to_peer(leader, Channel::Propose, Bytes::from(payload))
         } else {
             false
         };
@@ -307,7 +375,11 @@ impl ReplicationNode {
             return refuse(ProposalRefused::NoLeader);
         }
         self.next_sequence += 1;
+        self.expected.insert(order_key, request.sequence + 1);
         self.pending.insert(sequence, Pending { group: request.group, reply: request.reply, since: Instant::now() });
+        let in_flight = self.in_flight.entry(request.group).or_default();
+        in_flight.0 += 1;
+        in_flight.1 = in_flight.1.max(in_flight.0);
     }
 
     /// A proposal another node forwarded to this one (as the leader).
@@ -340,13 +412,11 @@ impl ReplicationNode {
     /// Processes every group's ready state, ships the peer batches and
     /// takes this node's acknowledged proposals.
     pub fn round(&mut self) {
+        self.flush_unsent();
         self.host.process();
         for batch in self.host.take_batches() {
             let Some(peer) = self.node_ids.get(&batch.to).copied() else { continue };
-            let sent = batch
-                .encode()
-                .ok()
-                .map(|bytes| self.transport.try_send(peer, Channel::Raft, Bytes::from(bytes)).is_ok());
+            let sent = batch.encode().ok().map(|bytes| self.send_to_peer(peer, Channel::Raft, Bytes::from(bytes)));
             if sent != Some(true) {
                 // Raft retransmits what a peer did not get.
                 self.batches_dropped += 1;
@@ -354,6 +424,7 @@ impl ReplicationNode {
         }
         for ack in self.host.take_acks() {
             if let Some(pending) = self.pending.remove(&ack.header.source_sequence)
+                && self.leave_flight(pending.group)
                 && pending.group == ack.group
             {
                 self.acked.push((ack, pending.reply));
@@ -364,16 +435,78 @@ impl ReplicationNode {
         }
     }
 
+    /// Sends `payload` to `peer` behind what waits for it, or keeps it
+    /// until the transport's queue has room ([`UNSENT_BYTES_MAX`]);
+    /// whether it was sent or kept. Dropping a pipelined append would make
+    /// the leader find the gap and send again, so they wait instead.
+    fn send_to_peer(&mut self, peer: NodeId, channel: Channel, payload: Bytes) -> bool {
+        let unsent = self.unsent.entry(peer).or_default();
+        if unsent.messages.is_empty() {
+            match self.transport.try_send(peer, channel, payload.clone()) {
+                Ok(()) => return true,
+                Err(SendError::Full { .. }) => {}
+                Err(_) => return false,
+            }
+        }
+        if unsent.bytes + payload.len() > UNSENT_BYTES_MAX {
+            return false;
+        }
+        unsent.bytes += payload.len();
+        unsent.messages.push_back((channel, payload));
+        true
+    }
+
+    /// Moves what waits for each peer into its transport queue, in order,
+    /// as far as there is room; whether anything still waits.
+    pub fn flush_unsent(&mut self) -> bool {
+        let mut waiting = false;
+        for (peer, unsent) in &mut self.unsent {
+            while let Some((channel, payload)) = unsent.messages.front() {
+                match self.transport.try_send(*peer, *channel, payload.clone()) {
+                    Ok(()) => {}
+                    Err(SendError::Full { .. }) => {
+                        waiting = true;
+                        break;
+                    }
+                    // Gone or unreachable: Raft sends again once it is back.
+                    Err(_) => self.batches_dropped += 1,
+                }
+                unsent.bytes -= payload.len();
+                unsent.messages.pop_front();
+            }
+        }
+        waiting
+    }
+
+    /// Counts a proposal of `group` answered or expired; always true (for
+    /// use in a condition).
+    fn leave_flight(&mut self, group: GroupId) -> bool {
+        if let Some(in_flight) = self.in_flight.get_mut(&group) {
+            in_flight.0 = in_flight.0.saturating_sub(1);
+        }
+        true
+    }
+
+    /// Whether anything waits for room in a peer's transport queue.
+    pub fn has_unsent(&self) -> bool {
+        self.unsent.values().any(|unsent| !unsent.messages.is_empty())
+    }
+
     /// Answers proposals that waited past [`PROPOSAL_TIMEOUT_MS`].
     pub fn expire_proposals(&mut self) {
         let timeout = Duration::from_millis(PROPOSAL_TIMEOUT_MS);
+        let mut expired_groups = Vec::new();
         self.pending.retain(|_, pending| {
             let expired = pending.since.elapsed() > timeout;
             if expired {
                 let _ = pending.reply.send(Err(ProposalRefused::TimedOut));
+                expired_groups.push(pending.group);
             }
             !expired
         });
+        for group in expired_groups {
+            self.leave_flight(group);
+        }
     }
 
     /// The next delivery to make: a group with committed entries this
@@ -474,6 +607,7 @@ impl ReplicationNode {
                     learners: status.learners.iter().map(name_of).collect(),
                     quiet: status.quiet,
                     delivered_offset: self.cursors.get(&group).map(|cursor| cursor.offset),
+                    proposals_in_flight_max: self.in_flight.get(&group).map_or(0, |in_flight| in_flight.1),
                 })
             })
             .collect()

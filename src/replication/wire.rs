@@ -17,12 +17,22 @@ use crate::replication::{GroupId, ReplicaId};
 /// Most messages in one batch (a node with this many groups sharing a peer
 /// sends several batches). 64 Ki messages of heartbeats is about 2 MiB.
 pub const BATCH_MESSAGES_MAX: usize = 65_536;
+/// Bytes a batch is cut at (by [`message_bytes_estimate`]): well under
+/// the transport's largest frame, so a batch of appends always fits one.
+pub const BATCH_BYTES_MAX: usize = 1 << 20;
 /// Largest encoded raft-rs message: an append of entries up to the Raft
 /// config's `max_size_per_msg` plus headers.
 pub const MESSAGE_BYTES_MAX: usize = 8 << 20;
 const BATCH_HEADER_BYTES: usize = 8 + 8 + 4;
 const MESSAGE_HEADER_BYTES: usize = 4 + 4 + 4;
 const QUIET_NOTICE_BYTES: usize = 4 + 4 + 8;
+
+/// About the bytes `message` takes in a batch: its entries' data plus a
+/// generous allowance for the headers (exact sizes would need protobuf's
+/// size pass over every message).
+pub fn message_bytes_estimate(message: &Message) -> usize {
+    MESSAGE_HEADER_BYTES + 96 + message.entries.iter().map(|entry| entry.data.len() + 48).sum::<usize>()
+}
 
 /// Every group's messages from one node to another.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -392,18 +392,21 @@ impl Shard {
         loop {
             self.apply_queue.pushed().await;
             while let Some((source, batch)) = self.apply_queue.pop() {
-                self.apply(source, batch).await;
+                if self.replication.is_active() || self.replication.inflight_batches() > 0 {
+                    // Records of replicated partitions go to their groups
+                    // first; the rest follows in order once committed.
+                    replicated::submit(self, source, batch).await;
+                } else {
+                    self.apply_local(source, batch).await;
+                }
                 glommio::yield_if_needed().await;
             }
         }
     }
 
-    /// Applies one batch from `source` and carries out what follows.
-    async fn apply(self: &Rc<Self>, source: u16, mut batch: DataBatch) {
-        if self.replication.is_active() {
-            // Records of replicated partitions go to their groups first.
-            replicated::replicate_from(self, &mut batch).await;
-        }
+    /// Applies one batch from `source` (its replicated records already
+    /// taken out, [`replicated::submit`]) and carries out what follows.
+    async fn apply_local(self: &Rc<Self>, source: u16, batch: DataBatch) {
         let delay_ns = self.config.apply_delay_ns_per_event_on(self.id).saturating_mul(u64::from(batch.event_count));
         if delay_ns > 0 {
             glommio::timer::sleep(Duration::from_nanos(delay_ns)).await;

@@ -7,21 +7,51 @@
 //! applier checks one flag per batch ([`ShardReplication::is_active`]),
 //! false unless a replicated stream exists, and the path of every other
 //! batch is the one it always was.
+//!
+//! # Pipelining
+//!
+//! A commit takes a Raft round trip and two fdatasyncs, so a shard that
+//! waited for each batch's commit before taking the next would store one
+//! batch per commit. Instead the applier proposes each batch's replicated
+//! records as soon as it takes the batch ([`submit`]) and queues the batch;
+//! a completer task applies the rest of each queued batch, and returns its
+//! credits (which is what `#SYNC` waits for), in arrival order once the
+//! batch's proposals are committed. So up to [`INFLIGHT_BATCHES_MAX`]
+//! batches per shard are in flight, and one Raft round on the cluster
+//! thread (one fdatasync, one message per peer) carries many of them.
+//!
+//! Order: a key's records go to one partition, hence one group, and a
+//! shard proposes a group's records in the order it takes the batches. The
+//! cluster thread takes a (shard, group)'s proposals only in their sequence
+//! ([`ProposalRequest`]): once one is refused (no leader yet, queue full),
+//! the later ones in flight are refused too, and the completer, going
+//! through the batches in order, proposes each again in turn. The bytes in
+//! flight are bounded by the credit windows as before (a batch's credits
+//! come back only when it is applied); its replicated records are held
+//! twice meanwhile, in the batch's buffer and in the proposal.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use crate::protocol::record::BatchIter;
 use crate::replication::GroupId;
 use crate::replication::node::{CommittedRecords, ProposalRefused, ProposalRequest, append_committed};
 use crate::routing::DataBatch;
 use crate::runtime::log;
+use crate::runtime::notify::Notify;
 use crate::shard::Shard;
 use crate::stream::Catalog;
 
 /// How long a refused proposal waits before it is made again, in ms.
 pub const PROPOSE_RETRY_MS: u64 = 100;
+/// Batches with replicated records a shard has proposed and not yet
+/// applied (module doc, "Pipelining"); the applier waits past it. Their
+/// bytes are within the shard's credit windows.
+pub const INFLIGHT_BATCHES_MAX: usize = 256;
 
 /// The replicated partitions of the catalog, and the way to the cluster
 /// thread.
@@ -31,6 +61,16 @@ pub struct ShardReplication {
     groups: RefCell<Vec<Option<GroupId>>>,
     proposals: RefCell<Option<flume::Sender<ProposalRequest>>>,
     refusals: log::Episode,
+    /// The next proposal's sequence of each group this shard proposed to.
+    sequences: RefCell<HashMap<GroupId, u64>>,
+    /// Batches waiting for their commits, in arrival order.
+    inflight: RefCell<VecDeque<InFlight>>,
+    /// Batches submitted and not yet applied (the queue and the one the
+    /// completer holds).
+    inflight_count: Cell<usize>,
+    completer_running: Cell<bool>,
+    /// Wakes the applier waiting for room in the queue.
+    room: Notify,
 }
 
 impl Default for ShardReplication {
@@ -40,6 +80,11 @@ impl Default for ShardReplication {
             groups: RefCell::default(),
             proposals: RefCell::default(),
             refusals: log::Episode::new("replicated proposals refused"),
+            sequences: RefCell::default(),
+            inflight: RefCell::default(),
+            inflight_count: Cell::new(0),
+            completer_running: Cell::new(false),
+            room: Notify::default(),
         }
     }
 }
@@ -74,6 +119,19 @@ impl ShardReplication {
         self.active.set(!groups.is_empty());
     }
 
+    /// Batches proposed and not yet applied.
+    pub fn inflight_batches(&self) -> usize {
+        self.inflight_count.get()
+    }
+
+    fn next_sequence(&self, group: GroupId) -> u64 {
+        let mut sequences = self.sequences.borrow_mut();
+        let next = sequences.entry(group).or_insert(0);
+        let sequence = *next;
+        *next += 1;
+        sequence
+    }
+
     fn group_of(&self, partition: u32) -> Option<GroupId> {
         self.groups.borrow().get(partition as usize).copied().flatten()
     }
@@ -82,50 +140,123 @@ impl ShardReplication {
 /// One partition's records of a batch, to propose.
 struct Proposal {
     group: GroupId,
-    records: Vec<u8>,
+    /// Its place in the (shard, group)'s order ([`ProposalRequest`]).
+    sequence: u64,
+    records: Bytes,
     record_count: u32,
 }
 
-/// Takes the records of replicated partitions out of `batch` (counting
-/// their bytes so its credit grant still returns all it took) and waits
-/// until each partition's records are committed.
-pub async fn replicate_from(shard: &Rc<Shard>, batch: &mut DataBatch) {
-    let proposals = take_replicated(&shard.replication, batch);
-    if proposals.is_empty() {
+/// A proposal handed to the cluster thread, and where its answer comes.
+struct Sent {
+    proposal: Proposal,
+    answer: Option<flume::Receiver<Result<(), ProposalRefused>>>,
+}
+
+/// A batch whose replicated records are proposed: the rest of it is
+/// applied (and its credits returned) once every proposal is committed.
+struct InFlight {
+    source: u16,
+    batch: DataBatch,
+    sent: Vec<Sent>,
+}
+
+/// Where a batch goes when replication is active (module doc,
+/// "Pipelining"): its replicated records are proposed at once, and the
+/// batch joins the shard's in-flight queue, whose completer applies the
+/// rest of each batch in arrival order once its proposals are committed.
+/// A batch with nothing to replicate, arriving while nothing is in flight,
+/// is applied at once as on a node without replication. Waits while
+/// [`INFLIGHT_BATCHES_MAX`] batches are in flight.
+pub async fn submit(shard: &Rc<Shard>, source: u16, mut batch: DataBatch) {
+    let replication = &shard.replication;
+    let proposals = take_replicated(replication, &mut batch);
+    if proposals.is_empty() && replication.inflight_count.get() == 0 {
+        shard.apply_local(source, batch).await;
         return;
     }
-    // All in flight at once, then each waited for (and retried) in turn.
-    let Some(sender) = shard.replication.proposals.borrow().clone() else {
-        log::error!(shard = shard.id, "records of a replicated partition on a node without a cluster: dropped");
-        return;
+    while replication.inflight_count.get() >= INFLIGHT_BATCHES_MAX {
+        replication.room.notified().await;
+    }
+    let sender = replication.proposals.borrow().clone();
+    let sent = match sender {
+        Some(sender) => proposals
+            .into_iter()
+            .map(|proposal| {
+                let answer = send(shard.id, &sender, &proposal, false);
+                Sent { proposal, answer }
+            })
+            .collect(),
+        None => {
+            log::error!(shard = shard.id, "records of a replicated partition on a node without a cluster: dropped");
+            Vec::new()
+        }
     };
-    let answers: Vec<_> = proposals.iter().map(|proposal| send(&sender, proposal)).collect();
-    for (proposal, answer) in proposals.iter().zip(answers) {
-        let mut answer = answer;
+    replication.inflight.borrow_mut().push_back(InFlight { source, batch, sent });
+    replication.inflight_count.set(replication.inflight_count.get() + 1);
+    if !replication.completer_running.replace(true) {
+        let shard = shard.clone();
+        glommio::spawn_local(async move { complete(shard).await }).detach();
+    }
+}
+
+/// The completer: applies the in-flight batches in order, each once its
+/// proposals are committed; ends when none is left (the next
+/// [`submit`] starts it again).
+async fn complete(shard: Rc<Shard>) {
+    let replication = &shard.replication;
+    loop {
+        let next = replication.inflight.borrow_mut().pop_front();
+        let Some(mut inflight) = next else {
+            replication.completer_running.set(false);
+            return;
+        };
+        await_commits(&shard, &mut inflight.sent).await;
+        shard.apply_local(inflight.source, inflight.batch).await;
+        replication.inflight_count.set(replication.inflight_count.get() - 1);
+        replication.room.notify();
+    }
+}
+
+/// Waits until every proposal of a batch is committed, proposing again
+/// (with the same sequence, so in order) those refused.
+async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
+    for item in sent {
         loop {
-            let refused = match answer {
+            let refused = match item.answer.take() {
                 Some(answer) => match answer.recv_async().await {
                     Ok(Ok(())) => break,
                     Ok(Err(refused)) => refused,
-                    Err(_) => ProposalRefused::NoLeader,
+                    // The cluster thread dropped it unanswered: taken or not.
+                    Err(_) => ProposalRefused::TimedOut,
                 },
                 None => ProposalRefused::NoLeader,
             };
-            note_refusal(shard, proposal.group, refused);
-            glommio::timer::sleep(Duration::from_millis(PROPOSE_RETRY_MS)).await;
-            answer = send(&sender, proposal);
+            // Out of order: an earlier one was refused and, the queue being
+            // in order, is committed by now; the others wait a moment.
+            if refused != ProposalRefused::OutOfOrder {
+                note_refusal(shard, item.proposal.group, refused);
+                glommio::timer::sleep(Duration::from_millis(PROPOSE_RETRY_MS)).await;
+            }
+            let sender = shard.replication.proposals.borrow().clone();
+            let resync = refused == ProposalRefused::TimedOut;
+            item.answer = sender.and_then(|sender| send(shard.id, &sender, &item.proposal, resync));
         }
     }
 }
 
 /// Hands a proposal to the cluster thread; the answer comes on the receiver.
 fn send(
+    shard_id: u16,
     sender: &flume::Sender<ProposalRequest>,
     proposal: &Proposal,
+    resync: bool,
 ) -> Option<flume::Receiver<Result<(), ProposalRefused>>> {
     let (reply, answer) = flume::bounded(1);
     let request = ProposalRequest {
         group: proposal.group,
+        shard: shard_id,
+        sequence: proposal.sequence,
+        resync,
         records: proposal.records.clone(),
         record_count: proposal.record_count,
         reply,
@@ -136,7 +267,7 @@ fn send(
 /// Moves the records of replicated partitions out of `batch`, keeping the
 /// others in place and in order.
 fn take_replicated(replication: &ShardReplication, batch: &mut DataBatch) -> Vec<Proposal> {
-    let mut proposals: Vec<Proposal> = Vec::new();
+    let mut taken: Vec<(GroupId, Vec<u8>, u32)> = Vec::new();
     let mut kept = Vec::new();
     let mut moved_bytes = 0;
     for (partition, record) in BatchIter::new(&batch.bytes) {
@@ -146,16 +277,25 @@ fn take_replicated(replication: &ShardReplication, batch: &mut DataBatch) -> Vec
             continue;
         };
         moved_bytes += 4 + record.log_record.len();
-        let index = match proposals.iter().position(|proposal| proposal.group == group) {
+        let index = match taken.iter().position(|(taken_group, _, _)| *taken_group == group) {
             Some(index) => index,
             None => {
-                proposals.push(Proposal { group, records: Vec::new(), record_count: 0 });
-                proposals.len() - 1
+                taken.push((group, Vec::new(), 0));
+                taken.len() - 1
             }
         };
-        proposals[index].records.extend_from_slice(record.log_record);
-        proposals[index].record_count += 1;
+        taken[index].1.extend_from_slice(record.log_record);
+        taken[index].2 += 1;
     }
+    let proposals: Vec<Proposal> = taken
+        .into_iter()
+        .map(|(group, records, record_count)| Proposal {
+            group,
+            sequence: replication.next_sequence(group),
+            records: Bytes::from(records),
+            record_count,
+        })
+        .collect();
     if !proposals.is_empty() {
         // The kept records move up: offset asks (by position) no longer
         // name them, and the moved ones get offsets from their Raft group.

@@ -337,6 +337,11 @@ impl Transport {
         }
     }
 
+    /// A Raft batch or forwarded proposal that already arrived, if any.
+    pub fn try_next_replication(&self) -> Option<Inbound> {
+        self.replication.borrow_mut().pop_front()
+    }
+
     fn link(&self, peer: NodeId) -> Option<Rc<Link>> {
         self.links.borrow().get(&peer).cloned()
     }
