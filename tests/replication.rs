@@ -165,6 +165,108 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
     }
 }
 
+/// Producer connections of the pipelining test, spread over the nodes.
+const PIPELINED_CONNECTIONS: u64 = 6;
+/// Events each of them sends, with a `#SYNC` written (not waited for)
+/// after every [`PIPELINED_BURST`].
+const PIPELINED_EVENTS: u64 = 12_000;
+const PIPELINED_BURST: u64 = 1_500;
+/// Keys per connection: each key's events must stay in their order.
+const PIPELINED_KEYS: u64 = 5;
+
+/// Pipelined proposals lose nothing and keep order: producers on all three
+/// nodes send bursts with a `#SYNC` after each without waiting for it, so a
+/// shard has many batches of a partition in flight at once (`GET /cluster`'s
+/// `proposals_in_flight_max` above 1 shows it; a shard that waited for each
+/// batch's commit had at most one per group); every `SYNC` is answered
+/// OK, and every replica holds each event exactly once, at the same
+/// offsets, in per-(connection, key) order.
+#[test]
+fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica() {
+    let (first, seed) = start_node(None);
+    let (second, _) = start_node(Some(seed));
+    let (third, _) = start_node(Some(seed));
+    let nodes = [first, second, third];
+    let all: Vec<&Node> = nodes.iter().collect();
+    wait_for(&all, READY_WITHIN, "three members alive", |view| {
+        view["members"]
+            .as_array()
+            .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
+    });
+    for node in &nodes {
+        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
+    }
+    wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
+    let producers: Vec<_> = (0..PIPELINED_CONNECTIONS)
+        .map(|connection| {
+            let ingest = nodes[connection as usize % 3].server.ingest;
+            std::thread::spawn(move || produce_pipelined(ingest, connection))
+        })
+        .collect();
+    for producer in producers {
+        producer.join().expect("a producer thread");
+    }
+    let total = PIPELINED_CONNECTIONS * PIPELINED_EVENTS;
+    let committed = ends(&nodes[0].server);
+    assert_eq!(committed.iter().sum::<u64>(), total, "offsets on node 0: {committed:?}");
+    let expected = read_all(&nodes[0].server, &committed);
+    check_once_in_order(&expected);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_holds(&node.server, &committed, index);
+        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs");
+    }
+    let in_flight_max = nodes
+        .iter()
+        .flat_map(|node| cluster_of(&node.server)["partitions"].as_array().cloned().unwrap_or_default())
+        .filter(|group| group["stream"] == STREAM)
+        .filter_map(|group| group["proposals_in_flight_max"].as_u64())
+        .max();
+    assert!(
+        in_flight_max.is_some_and(|max| max > 1),
+        "no group ever had more than one proposal of a node in flight: {in_flight_max:?}"
+    );
+}
+
+/// Sends [`PIPELINED_EVENTS`] events `c<connection>k<key> <sequence>`
+/// with a `#SYNC` after every burst, reading the answers only at the end;
+/// every one must be OK.
+fn produce_pipelined(ingest: SocketAddr, connection: u64) {
+    let mut producer = common::Producer::connect(ingest);
+    producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+    let mut syncs_written = 0;
+    for sequence in 0..PIPELINED_EVENTS {
+        let key = sequence % PIPELINED_KEYS;
+        producer.send(format!("c{connection}k{key} {sequence}\n").as_bytes());
+        if sequence % PIPELINED_BURST == PIPELINED_BURST - 1 {
+            producer.send(format!("#SYNC burst{sequence}\n").as_bytes());
+            syncs_written += 1;
+        }
+    }
+    let replies = producer.sync();
+    assert!(replies.iter().all(|line| line.starts_with("OK")), "connection {connection}: {replies:?}");
+    assert_eq!(replies.len(), syncs_written + 1, "connection {connection}: {replies:?}");
+}
+
+/// Every connection's events are in the log once each, and each key's in
+/// the order they were sent.
+fn check_once_in_order(read: &BTreeMap<u32, Vec<Delivered>>) {
+    let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut count_by_connection: BTreeMap<String, u64> = BTreeMap::new();
+    for event in read.values().flatten() {
+        let key = String::from_utf8_lossy(&event.key).to_string();
+        let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
+        if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
+            assert!(sequence > last, "key {key}: {sequence} at offset {} after {last}", event.offset);
+        }
+        let connection = key.split('k').next().unwrap_or_default().to_string();
+        *count_by_connection.entry(connection).or_default() += 1;
+    }
+    assert_eq!(count_by_connection.len() as u64, PIPELINED_CONNECTIONS, "{count_by_connection:?}");
+    for (connection, count) in count_by_connection {
+        assert_eq!(count, PIPELINED_EVENTS, "connection {connection}: events stored");
+    }
+}
+
 /// Waits until `server`'s partitions hold at least `ends` events.
 fn wait_until_holds(server: &Server, ends_wanted: &[u64], index: usize) {
     let started = Instant::now();
