@@ -342,11 +342,11 @@ impl ReplicationNode {
         let refuse = |reason| {
             let _ = request.reply.send(Err(reason));
         };
+        // A shard numbers each group's proposals from 0 (both live as long
+        // as the process), so a later one never overtakes a first refused.
         let order_key = (request.shard, request.group);
-        if !request.resync
-            && let Some(expected) = self.expected.get(&order_key)
-            && *expected != request.sequence
-        {
+        let expected = *self.expected.entry(order_key).or_insert(0);
+        if !request.resync && expected != request.sequence {
             return refuse(ProposalRefused::OutOfOrder);
         }
         let Some(status) = self.host.status(request.group) else { return refuse(ProposalRefused::NotAReplica) };

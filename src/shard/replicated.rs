@@ -231,15 +231,36 @@ async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
                 },
                 None => ProposalRefused::NoLeader,
             };
-            // Out of order: an earlier one was refused and, the queue being
-            // in order, is committed by now; the others wait a moment.
-            if refused != ProposalRefused::OutOfOrder {
+            // Out of order: every earlier proposal of the group is committed
+            // (the completer goes in order), so the cluster thread expects
+            // this one unless a later one was taken after a timeout; taken
+            // again at once whatever it expects (resync), it cannot spin.
+            // The others wait a moment.
+            let out_of_order = refused == ProposalRefused::OutOfOrder;
+            if !out_of_order {
                 note_refusal(shard, item.proposal.group, refused);
                 glommio::timer::sleep(Duration::from_millis(PROPOSE_RETRY_MS)).await;
             }
-            let sender = shard.replication.proposals.borrow().clone();
-            let resync = refused == ProposalRefused::TimedOut;
-            item.answer = sender.and_then(|sender| send(shard.id, &sender, &item.proposal, resync));
+            let Some(sender) = shard.replication.proposals.borrow().clone() else { continue };
+            let timed_out = refused == ProposalRefused::TimedOut;
+            item.answer = send(shard.id, &sender, &item.proposal, timed_out || out_of_order);
+            if !timed_out {
+                resend_queued(shard, item.proposal.group, &sender);
+            }
+        }
+    }
+}
+
+/// Proposes again, right behind a refused proposal of `group` proposed
+/// again, every later one of the group in the queue: the cluster thread
+/// refused them all (out of order), and waiting for each in turn would
+/// take one commit round trip per batch. Not after a timeout, where later
+/// ones may have been taken.
+fn resend_queued(shard: &Rc<Shard>, group: GroupId, sender: &flume::Sender<ProposalRequest>) {
+    let mut inflight = shard.replication.inflight.borrow_mut();
+    for queued in inflight.iter_mut() {
+        for item in queued.sent.iter_mut().filter(|item| item.proposal.group == group) {
+            item.answer = send(shard.id, sender, &item.proposal, false);
         }
     }
 }
