@@ -25,9 +25,10 @@
 //!   only once its load has fallen to `regather_load_ratio_max` of the load it spread at, since
 //!   the events rate that made the shard too busy would otherwise gather it again at once.
 //!
-//! In the engine, a shard outside the kept set hands its partitions, one after another, to the
-//! least loaded kept shard with the ordinary ordered migration; after a spread, a shard hands each
-//! partition it holds away from its home (the initial placement, `partition % shards`) back home.
+//! In the engine, a shard outside the kept set hands its partitions, in batches
+//! (`shard::consolidation`), to the least loaded kept shard with the ordinary ordered migration;
+//! after a spread, a shard hands the partitions it holds away from their home (the initial
+//! placement, `partition % shards`) back home, a batch per home shard.
 //! While gathered no shard steals. The stealing rule ([`crate::balance::want_to_steal`]) takes
 //! over again once the spread is done.
 
