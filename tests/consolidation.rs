@@ -152,12 +152,35 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
     stop_checker.store(true, Ordering::Relaxed);
     checker.join().unwrap();
     let moves = server.total("consolidation_moves");
-    eprintln!("consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves");
+    let batches = server.total("consolidation_batches");
+    eprintln!(
+        "consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves in {batches} batches"
+    );
     assert_eq!(seen.load(Ordering::Relaxed), sent, "the subscriber saw every event exactly once");
     assert_eq!(server.total("events_stored"), sent, "/stats agrees");
     // The idle gather may or may not beat the first producer; the gather and the spread under
     // traffic each move most of the 192 partitions off (or back to) shards 1-3.
     assert!(moves >= 2 * 150, "a gather and a spread under traffic, each moving most partitions: {moves}");
+    // Each shard hands its 64 partitions over in one batch, and shard 0 sends them home in one
+    // batch per home shard: a subscriber is disturbed once per batch, not once per partition.
+    assert!(moves >= 16 * batches, "partitions move in batches: {moves} moves in {batches} batches");
+}
+
+/// A server started idle (default thresholds) gathers before any producer arrives: three
+/// 2-shard servers each have all 256 partitions on shard 0 within 3 s of start, with no traffic
+/// at all. Before the gossip kept its report interval until the process gathered, an idle
+/// shard's reports were a second apart and always stale, so the idle gather happened only if the
+/// first two reports crossed in time (about half the servers) and the others gathered under
+/// their first producer's traffic.
+#[test]
+fn an_idle_server_gathers_before_its_first_producer() {
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(&["--shards", "2", "--consolidate", "on"])).collect();
+    for server in &servers {
+        wait_for_owners(server, Duration::from_secs(3), |listed, owned| listed == 256 && owned.get(&0) == Some(&256))
+            .expect("an idle server gathers onto shard 0 by itself");
+        assert_eq!(server.total("consolidation_moves"), 128);
+        assert_eq!(server.total("events_stored"), 0);
+    }
 }
 
 /// Per-shard values of a /stats counter, by shard id.
@@ -167,7 +190,7 @@ fn shard_gauges(server: &Server, name: &str) -> Vec<u64> {
 }
 
 /// Hysteresis and the off switch on a real server: with the default thresholds (gather at most
-/// 300 k events/s per kept shard) a 2-shard server under a few thousand events/s gathers onto
+/// 150 k events/s per kept shard) a 2-shard server under a few thousand events/s gathers onto
 /// shard 0 and stays there for as long as the load stays (no partition moves after the gather),
 /// while the same server with `--consolidate off` keeps partitions on both shards.
 #[test]

@@ -47,27 +47,38 @@ fn put_varint(out: &mut Vec<u8>, value: i64) {
 fn record_batch(producer_id: i64, epoch: i16, sequence: i32, values: &[&str]) -> Vec<u8> {
     let mut records = Vec::new();
     for (index, value) in values.iter().enumerate() {
-        let mut record = vec![0u8]; // attributes
-        put_varint(&mut record, 0); // timestamp delta
-        put_varint(&mut record, index as i64);
-        put_varint(&mut record, 1);
-        record.push(b'k');
-        put_varint(&mut record, value.len() as i64);
-        record.extend_from_slice(value.as_bytes());
-        put_varint(&mut record, 0); // headers
-        put_varint(&mut records, record.len() as i64);
-        records.extend_from_slice(&record);
+        put_record(&mut records, index, value);
     }
+    sealed_batch(producer_id, epoch, sequence, values.len(), &records)
+}
+
+/// Appends one record (key "k", `value`, no headers) at `offset_delta`.
+fn put_record(records: &mut Vec<u8>, offset_delta: usize, value: &str) {
+    let mut record = vec![0u8]; // attributes
+    put_varint(&mut record, 0); // timestamp delta
+    put_varint(&mut record, offset_delta as i64);
+    put_varint(&mut record, 1);
+    record.push(b'k');
+    put_varint(&mut record, value.len() as i64);
+    record.extend_from_slice(value.as_bytes());
+    put_varint(&mut record, 0); // headers
+    put_varint(records, record.len() as i64);
+    records.extend_from_slice(&record);
+}
+
+/// A v2 batch header with a valid CRC around `records` (whatever they
+/// hold), which it says are `record_count`.
+fn sealed_batch(producer_id: i64, epoch: i16, sequence: i32, record_count: usize, records: &[u8]) -> Vec<u8> {
     let mut after_crc = Vec::new();
     after_crc.extend_from_slice(&0i16.to_be_bytes());
-    after_crc.extend_from_slice(&(values.len() as i32 - 1).to_be_bytes());
+    after_crc.extend_from_slice(&(record_count as i32 - 1).to_be_bytes());
     after_crc.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
     after_crc.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
     after_crc.extend_from_slice(&producer_id.to_be_bytes());
     after_crc.extend_from_slice(&epoch.to_be_bytes());
     after_crc.extend_from_slice(&sequence.to_be_bytes());
-    after_crc.extend_from_slice(&(values.len() as i32).to_be_bytes());
-    after_crc.extend_from_slice(&records);
+    after_crc.extend_from_slice(&(record_count as i32).to_be_bytes());
+    after_crc.extend_from_slice(records);
     let mut batch = Vec::new();
     batch.extend_from_slice(&0i64.to_be_bytes());
     batch.extend_from_slice(&((after_crc.len() + 9) as i32).to_be_bytes());
@@ -660,6 +671,51 @@ fn produce_discard_checks_batches_and_stores_nothing() {
         assert_eq!(produce(&mut stream, "default", &corrupt), 2, "CORRUPT_MESSAGE, discard {discard}");
         assert_eq!(server.stream_end("default"), stored, "discard {discard}");
     }
+}
+
+/// A partition entry of a good batch followed by a bad one is refused
+/// whole, with CORRUPT_MESSAGE, and stores nothing, not even the good
+/// batch nor the good records before the bad one in its own batch: the bad
+/// one has a bad CRC, or a valid CRC around a record whose value runs past
+/// the record's end, or a valid CRC around one record more than it says.
+#[test]
+fn a_corrupt_batch_refuses_its_whole_partition_entry() {
+    let server = Server::start(&["--shards", "2", "--partitions", "1", "--storage", "memory"]);
+    let mut stream = TcpStream::connect(server.ingest_kafka).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let good = record_batch(-1, -1, -1, &["a", "b"]);
+    let mut bad_crc = record_batch(-1, -1, -1, &["c", "d"]);
+    *bad_crc.last_mut().unwrap() ^= 1;
+    let mut records = Vec::new();
+    put_record(&mut records, 0, "c");
+    let mut short_value = Vec::new();
+    put_record(&mut short_value, 1, "d");
+    // The record's value size (after its size, attributes, two deltas, key
+    // size and key, a byte each) says 3 bytes, where 2 are left in it.
+    short_value[6] = 6;
+    records.extend_from_slice(&short_value);
+    let value_past_end = sealed_batch(-1, -1, -1, 2, &records);
+    let mut records = Vec::new();
+    for (index, value) in ["c", "d", "e"].iter().enumerate() {
+        put_record(&mut records, index, value);
+    }
+    let record_more = sealed_batch(-1, -1, -1, 2, &records);
+    for (what, bad) in
+        [("bad CRC", &bad_crc), ("value past its record", &value_past_end), ("a record more", &record_more)]
+    {
+        let entry = [good.as_slice(), bad.as_slice()].concat();
+        assert_eq!(produce(&mut stream, "default", &entry), 2, "CORRUPT_MESSAGE for {what}");
+        assert_eq!(server.stream_end("default"), 0, "nothing stored of an entry with {what}");
+    }
+    let corrupt_counted: f64 = server
+        .get("/metrics")
+        .lines()
+        .filter(|line| line.starts_with("spate_kafka_errors_total{") && line.contains(r#"reason="corrupt_batch""#))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(corrupt_counted, 3.0, "each refusal counted as corrupt_batch");
+    assert_eq!(produce(&mut stream, "default", &good), 0, "a good entry alone");
+    assert_eq!(server.stream_end("default"), 2, "only the good entry's two records");
 }
 
 // ---------------------------------------------------------------------------

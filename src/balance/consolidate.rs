@@ -25,15 +25,16 @@
 //!   only once its load has fallen to `regather_load_ratio_max` of the load it spread at, since
 //!   the events rate that made the shard too busy would otherwise gather it again at once.
 //!
-//! In the engine, a shard outside the kept set hands its partitions, one after another, to the
-//! least loaded kept shard with the ordinary ordered migration; after a spread, a shard hands each
-//! partition it holds away from its home (the initial placement, `partition % shards`) back home.
+//! In the engine, a shard outside the kept set hands its partitions, in batches
+//! (`shard::consolidation`), to the least loaded kept shard with the ordinary ordered migration;
+//! after a spread, a shard hands the partitions it holds away from their home (the initial
+//! placement, `partition % shards`) back home, a batch per home shard.
 //! While gathered no shard steals. The stealing rule ([`crate::balance::want_to_steal`]) takes
 //! over again once the spread is done.
 
 use serde::Serialize;
 
-use crate::balance::report::View;
+use crate::balance::report::{LoadReport, View};
 
 /// The thresholds of consolidation, with the reason for each default.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -214,7 +215,7 @@ impl Consolidator {
             self.low_since_ms = None;
             return self.mode;
         }
-        let total_events_per_s: f64 = fresh.iter().map(|report| report.events_per_s).sum();
+        let total_events_per_s = total_load(&fresh, self.mode, shard_count, cfg);
         let wanted = kept_shards_for(total_events_per_s, cfg).min(shard_count);
         if let Consolidation::Gathered { kept_shards } = self.mode {
             let spread_events_per_s = f64::from(kept_shards) * cfg.spread_events_per_s_min;
@@ -267,6 +268,22 @@ impl Consolidator {
     }
 }
 
+/// The process's load as the decision sees it: the sum of the shards' averages, or of their last
+/// intervals' rates when that is higher and the average is already past the gather threshold of
+/// the shards in use. So a load that arrives all at once (a closed-loop producer on a gathered
+/// process) spreads the process an interval or two after it arrives, not once the average (half-life
+/// 500 ms) has caught up with it while one shard carries everything; and a short burst on a light
+/// load (a producer catching up after a stall) spreads nothing, since its average stays low.
+fn total_load(fresh: &[&LoadReport], mode: Consolidation, shard_count: u16, cfg: &ConsolidationConfig) -> f64 {
+    let average: f64 = fresh.iter().map(|report| report.events_per_s).sum();
+    let recent: f64 = fresh.iter().map(|report| report.recent_events_per_s).sum();
+    let kept_shards = match mode {
+        Consolidation::Spread => shard_count,
+        Consolidation::Gathered { kept_shards } => kept_shards,
+    };
+    if average > f64::from(kept_shards) * cfg.gather_events_per_s_max { average.max(recent) } else { average }
+}
+
 /// How many shards carry `total_events_per_s` at most `gather_events_per_s_max` each (at least one).
 fn kept_shards_for(total_events_per_s: f64, cfg: &ConsolidationConfig) -> u16 {
     let shards = (total_events_per_s / cfg.gather_events_per_s_max).ceil();
@@ -289,7 +306,6 @@ pub fn gather_target(view: &View, kept_shards: u16, report_stale_ms: u64, now_ms
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balance::report::LoadReport;
 
     const STALE_MS: u64 = 500;
 
@@ -301,6 +317,7 @@ mod tests {
                 sequence: now_ms,
                 at_ms: now_ms,
                 events_per_s,
+                recent_events_per_s: events_per_s,
                 bytes_per_s: events_per_s * 80.0,
                 busy_ratio,
                 credit_stalls: 0,
@@ -416,6 +433,31 @@ mod tests {
             consolidator.step(&view_at(&[(0.0, 0.0), (0.0, 0.0)], 7_000), &off, STALE_MS, 7_000),
             Consolidation::Spread
         );
+    }
+
+    #[test]
+    fn a_load_arriving_at_once_spreads_on_the_last_interval_and_a_burst_on_a_light_load_does_not() {
+        // Proves the last interval's rate spreads a gathered process once the average is past the
+        // gather threshold (200 k average, 1 M in the last interval: over 300 k), while a catch-up
+        // burst on a light load (average 50 k, 400 k in one interval) leaves it gathered.
+        let cfg = ConsolidationConfig::default();
+        let with_recent = |average: f64, recent: f64, now_ms: u64| {
+            let mut view = view_at(&[(average, 0.5), (0.0, 0.0)], now_ms);
+            let mut report = view.report(0).cloned().expect("reported");
+            report.recent_events_per_s = recent;
+            report.sequence += 1;
+            view.update(report);
+            view
+        };
+        let mut consolidator = Consolidator::new();
+        run(&mut consolidator, &[(0.0, 0.0), (0.0, 0.0)], 0, 0);
+        assert_eq!(consolidator.mode(), Consolidation::Gathered { kept_shards: 1 });
+        let burst = consolidator.step(&with_recent(50_000.0, 400_000.0, 1_000), &cfg, STALE_MS, 1_000);
+        assert_eq!(burst, Consolidation::Gathered { kept_shards: 1 });
+        let average_only = consolidator.step(&with_recent(200_000.0, 200_000.0, 1_100), &cfg, STALE_MS, 1_100);
+        assert_eq!(average_only, Consolidation::Gathered { kept_shards: 1 }, "200 k is inside the band");
+        let arrived = consolidator.step(&with_recent(200_000.0, 1_000_000.0, 1_200), &cfg, STALE_MS, 1_200);
+        assert_eq!(arrived, Consolidation::Spread);
     }
 
     #[test]

@@ -83,6 +83,7 @@
 //!         sequence: 1,
 //!         at_ms: now_ms - cfg.report_interval_ms,
 //!         events_per_s,
+//!         recent_events_per_s: events_per_s,
 //!         bytes_per_s: events_per_s * 80.0,
 //!         busy_ratio: 0.5,
 //!         credit_stalls: 0,

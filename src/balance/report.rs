@@ -42,6 +42,9 @@ pub struct LoadReport {
     pub at_ms: u64,
     /// Sum of the shard's partition rates: the load the rule balances.
     pub events_per_s: f64,
+    /// Events/s stored over the last report interval alone, not averaged: consolidation spreads
+    /// on it once the average is past the gather threshold ([`crate::balance::Consolidator`]).
+    pub recent_events_per_s: f64,
     pub bytes_per_s: f64,
     /// Fraction of the last interval the shard's executor spent running tasks, in 0..=1.
     pub busy_ratio: f64,
@@ -61,6 +64,7 @@ impl LoadReport {
     pub fn assert_valid(&self) {
         assert!(self.shard < SHARDS_MAX, "shard {} out of range", self.shard);
         assert!(rate_is_valid(self.events_per_s), "events_per_s {}", self.events_per_s);
+        assert!(rate_is_valid(self.recent_events_per_s), "recent_events_per_s {}", self.recent_events_per_s);
         assert!(rate_is_valid(self.bytes_per_s), "bytes_per_s {}", self.bytes_per_s);
         assert!((0.0..=1.0).contains(&self.busy_ratio), "busy_ratio {}", self.busy_ratio);
         assert!(self.hottest.len() <= HOTTEST_PARTITIONS_MAX);
@@ -202,6 +206,7 @@ mod tests {
             sequence,
             at_ms,
             events_per_s,
+            recent_events_per_s: events_per_s,
             bytes_per_s: events_per_s * 100.0,
             busy_ratio: 0.5,
             credit_stalls: 0,

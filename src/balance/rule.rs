@@ -665,6 +665,7 @@ mod tests {
             sequence: 1,
             at_ms: NOW_MS - 100,
             events_per_s,
+            recent_events_per_s: events_per_s,
             bytes_per_s: events_per_s * 100.0,
             busy_ratio: 0.5,
             credit_stalls: 0,

@@ -16,7 +16,10 @@
 //!   partitions with the same events. One record batch (v2, uncompressed,
 //!   encoded by the `kafka-protocol` crate's record codec) per partition, all
 //!   of them in one request, as a Kafka client sends what it has batched for
-//!   every partition of a broker in one request.
+//!   every partition of a broker in one request. The request is written
+//!   straight into the connection's reused buffer, each batch patched in
+//!   place (the crate's decoder reads it back in a test), not built as a
+//!   `ProduceRequest` and copied again by its encoder.
 //! * Up to `--kafka-in-flight` requests (default 4) are outstanding per
 //!   connection; the connection reads a response before sending more. At
 //!   the end it waits for every response: with acks 1 each says its records
@@ -37,7 +40,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader,
     TopicName,
@@ -89,12 +91,12 @@ pub struct KafkaProducer {
     template: BatchTemplate,
     /// The request being built: each line's partition, the lines of each
     /// partition, the next slot of each partition in `line_order`, and the
-    /// line indexes ordered by partition (all reused).
+    /// line indexes ordered by partition (all reused); then the request
+    /// itself, its batches written in place.
     partition_of_line: Vec<u32>,
     line_count_by_partition: Vec<u32>,
     next_slot: Vec<u32>,
     line_order: Vec<u32>,
-    batches: BytesMut,
     request: BytesMut,
     response: Vec<u8>,
     next_correlation_id: i32,
@@ -134,7 +136,6 @@ impl KafkaProducer {
             line_count_by_partition: Vec::new(),
             next_slot: Vec::new(),
             line_order: Vec::new(),
-            batches: BytesMut::new(),
             request: BytesMut::new(),
             response: Vec::new(),
             next_correlation_id: 0,
@@ -175,6 +176,20 @@ impl KafkaProducer {
         version: i16,
         body: &T,
     ) -> Result<i32, BenchError> {
+        let correlation_id = self.begin_request(api_key, version, T::header_version(version))?;
+        body.encode(&mut self.request, version)
+            .map_err(|error| kafka_error(format!("{api_key:?} request does not encode: {error}")))?;
+        self.end_request();
+        stream
+            .write_all(&self.request)
+            .map_err(|source| BenchError::Io { what: "write to the Kafka listener", source })?;
+        Ok(correlation_id)
+    }
+
+    /// Starts a request in `self.request`: a size to patch
+    /// ([`KafkaProducer::end_request`]) and the header, with the next
+    /// correlation id, which it returns.
+    fn begin_request(&mut self, api_key: ApiKey, version: i16, header_version: i16) -> Result<i32, BenchError> {
         let correlation_id = self.next_correlation_id;
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let header = RequestHeader::default()
@@ -185,15 +200,15 @@ impl KafkaProducer {
         self.request.clear();
         self.request.extend_from_slice(&[0; 4]);
         header
-            .encode(&mut self.request, T::header_version(version))
-            .and_then(|()| body.encode(&mut self.request, version))
-            .map_err(|error| kafka_error(format!("{api_key:?} request does not encode: {error}")))?;
+            .encode(&mut self.request, header_version)
+            .map_err(|error| kafka_error(format!("{api_key:?} request header does not encode: {error}")))?;
+        Ok(correlation_id)
+    }
+
+    /// Writes the request's size in front of it.
+    fn end_request(&mut self) {
         let size = (self.request.len() - 4) as u32;
         self.request[..4].copy_from_slice(&size.to_be_bytes());
-        stream
-            .write_all(&self.request)
-            .map_err(|source| BenchError::Io { what: "write to the Kafka listener", source })?;
-        Ok(correlation_id)
     }
 
     /// Reads one response into `self.response` (its body, after the header)
@@ -233,27 +248,47 @@ impl KafkaProducer {
         while self.in_flight.len() >= self.options.in_flight_max {
             self.read_produce_response(stream)?;
         }
-        let request = self.produce_request(lines, timestamp_ms)?;
-        let correlation_id = self.send(stream, ApiKey::Produce, PRODUCE_VERSION, &request)?;
+        let correlation_id = self.produce_request(lines, timestamp_ms)?;
+        stream
+            .write_all(&self.request)
+            .map_err(|source| BenchError::Io { what: "write to the Kafka listener", source })?;
         self.in_flight.push_back(correlation_id);
         Ok(())
     }
 
-    /// The Produce request of `lines`: one batch per partition, records in
-    /// line order, each batch the template's first records with the lines'
-    /// keys and values patched in.
-    fn produce_request(&mut self, lines: &[u8], timestamp_ms: i64) -> Result<ProduceRequest, BenchError> {
+    /// Encodes the Produce request of `lines` into `self.request` and
+    /// returns its correlation id: one batch per partition, records in line
+    /// order, each batch the template's first records with the lines' keys
+    /// and values patched in, written in place. The body's fields are those
+    /// the crate's `ProduceRequest` encodes at v7 (a test decodes it with
+    /// the crate): encoding it from a `ProduceRequest` cost a copy of every
+    /// batch and a `Bytes` per partition.
+    fn produce_request(&mut self, lines: &[u8], timestamp_ms: i64) -> Result<i32, BenchError> {
         debug_assert_eq!(lines.len() % self.line_bytes, 0);
         let line_count = lines.len() / self.line_bytes;
         if self.template.record_count() < line_count {
             self.template = BatchTemplate::new(self.key_width, self.payload_bytes, line_count)?;
         }
         self.group_by_partition(lines);
-        // One allocation for all the batches (reused once the last
-        // request's batches are dropped), not one growth per batch.
         let partitions_used = self.line_count_by_partition.iter().filter(|&&count| count > 0).count();
-        self.batches.reserve(lines.len() + line_count * RECORD_OVERHEAD_BYTES_MAX + partitions_used * header::SIZE);
-        let mut partition_data = Vec::with_capacity(partitions_used);
+        let header_version = ProduceRequest::header_version(PRODUCE_VERSION);
+        let correlation_id = self.begin_request(ApiKey::Produce, PRODUCE_VERSION, header_version)?;
+        let topic = self.options.topic.as_bytes();
+        let request = &mut self.request;
+        request.reserve(
+            lines.len()
+                + line_count * RECORD_OVERHEAD_BYTES_MAX
+                + partitions_used * (header::SIZE + 8)
+                + topic.len()
+                + 20,
+        );
+        request.extend_from_slice(&(-1i16).to_be_bytes()); // no transactional id
+        request.extend_from_slice(&self.options.acks.to_be_bytes());
+        request.extend_from_slice(&PRODUCE_TIMEOUT_MS.to_be_bytes());
+        request.extend_from_slice(&1i32.to_be_bytes()); // one topic
+        request.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+        request.extend_from_slice(topic);
+        request.extend_from_slice(&(partitions_used as i32).to_be_bytes());
         let mut first = 0;
         for partition in 0..self.partition_count as usize {
             let count = self.line_count_by_partition[partition] as usize;
@@ -262,20 +297,17 @@ impl KafkaProducer {
             }
             let order = &self.line_order[first..first + count];
             first += count;
+            request.extend_from_slice(&(partition as i32).to_be_bytes());
+            request.extend_from_slice(&(self.template.batch_size(count) as i32).to_be_bytes());
             let (key_width, payload_bytes, line_bytes) = (self.key_width, self.payload_bytes, self.line_bytes);
-            self.template.write_batch(&mut self.batches, count, timestamp_ms, |record_index| {
+            self.template.write_batch(request, count, timestamp_ms, |record_index| {
                 let line_start = order[record_index] as usize * line_bytes;
                 let key = &lines[line_start..line_start + key_width];
                 (key, &lines[line_start + key_width + 1..line_start + key_width + 1 + payload_bytes])
             });
-            let batch = self.batches.split().freeze();
-            partition_data.push(PartitionProduceData::default().with_index(partition as i32).with_records(Some(batch)));
         }
-        let topic = TopicProduceData::default().with_name(self.topic.clone()).with_partition_data(partition_data);
-        Ok(ProduceRequest::default()
-            .with_acks(self.options.acks)
-            .with_timeout_ms(PRODUCE_TIMEOUT_MS)
-            .with_topic_data(vec![topic]))
+        self.end_request();
+        Ok(correlation_id)
     }
 
     /// Counts the lines of each partition (spate's hash of the key, as a
@@ -401,6 +433,11 @@ impl BatchTemplate {
         self.record_ends.len()
     }
 
+    /// Bytes of a batch of `record_count` records.
+    fn batch_size(&self, record_count: usize) -> usize {
+        self.record_ends[record_count - 1]
+    }
+
     /// Appends a batch of `record_count` records to `out`; record `i` gets
     /// `key_value(i)`, whose sizes must be the template's.
     fn write_batch<'a>(
@@ -509,7 +546,6 @@ mod tests {
             line_count_by_partition: Vec::new(),
             next_slot: Vec::new(),
             line_order: Vec::new(),
-            batches: BytesMut::new(),
             request: BytesMut::new(),
             response: Vec::new(),
             next_correlation_id: 0,
@@ -519,7 +555,18 @@ mod tests {
         };
         let keys: Vec<String> = (0..40).map(|index| format!("k{index:03}")).collect();
         let lines: String = keys.iter().enumerate().map(|(index, key)| format!("{key} payl{index:04}\n")).collect();
-        let request = producer.produce_request(lines.as_bytes(), 5).unwrap();
+        let correlation_id = producer.produce_request(lines.as_bytes(), 5).unwrap();
+        let mut frame = producer.request.clone().freeze();
+        let size = frame.split_to(4);
+        assert_eq!(u32::from_be_bytes(size[..].try_into().unwrap()) as usize, frame.len(), "the size prefix");
+        let header_version = ProduceRequest::header_version(PRODUCE_VERSION);
+        let header = RequestHeader::decode(&mut frame, header_version).unwrap();
+        assert_eq!((header.request_api_key, header.request_api_version), (ApiKey::Produce as i16, PRODUCE_VERSION));
+        assert_eq!(header.correlation_id, correlation_id);
+        let request = ProduceRequest::decode(&mut frame, PRODUCE_VERSION).unwrap();
+        assert!(frame.is_empty(), "the crate's decoder reads the whole request");
+        assert_eq!((request.acks, request.timeout_ms, request.transactional_id), (1, PRODUCE_TIMEOUT_MS, None));
+        assert_eq!((request.topic_data.len(), request.topic_data[0].name.0.as_str()), (1, "default"));
         let partitions = &request.topic_data[0].partition_data;
         assert!(partitions.len() > 1, "40 keys over 4 partitions");
         let mut seen = 0;

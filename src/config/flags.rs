@@ -374,9 +374,9 @@ pub struct Config {
     /// shards while the whole process's load fits in them with room to spare
     /// (a write then wakes one shard instead of a chain of them, and the
     /// others park), and spreads them out again when the load rises; `off`
-    /// keeps every shard in use (the default for now: a gather under
-    /// traffic still stalls subscribers past the goal, and not every test
-    /// suite has run with it on). Off with `--rebalance off` too.
+    /// keeps every shard in use (the default for now: not every test suite
+    /// passes with it on yet, see README, Dynamic partitioning). Off with
+    /// `--rebalance off` too.
     #[arg(long, value_enum, default_value_t = Rebalance::Off)]
     pub consolidate: Rebalance,
 

@@ -138,6 +138,12 @@ pub const KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX: usize = 1024;
 /// cells its first and last record's offsets are answered into, their
 /// waiters in the shard's ingress and their asks in the owner's batch.
 pub const KAFKA_PRODUCE_ENTRY_BYTES: usize = 256;
+/// Records of one Produce partition entry whose positions a Kafka
+/// connection keeps between checking and routing them, so that each is
+/// decoded once (`kafka::batch::EntryCheck`); a larger entry is decoded
+/// again as it is routed. Each costs `kafka::batch::STAGED_RECORD_BYTES`
+/// (32): 128 KiB per connection, a term of the memory formula.
+pub const KAFKA_STAGED_RECORDS_MAX: usize = 4096;
 
 // ---------------------------------------------------------------------------
 // Ingest connections.

@@ -83,7 +83,8 @@ pub async fn handle(shard: &Shard, face: &KafkaFace, frame: Frame, out: &mut Vec
         ApiKey::Produce => {
             // The connection pipelines Produce requests (`decode_produce`);
             // answered here, one is routed and waited for at once.
-            let routed = super::produce::route(shard, face, decode(&mut body, version)?).await;
+            let mut check = super::batch::EntryCheck::default();
+            let routed = super::produce::route(shard, face, decode(&mut body, version)?, &mut check).await;
             routed.answerable(shard.ingress()).await;
             match routed.answer(face).await {
                 Some(response) => respond(out, key, version, correlation_id, &response),
@@ -183,13 +184,15 @@ pub fn decode_body(api_key: i16, version: i16, body: &mut Bytes, record_size_max
     match key {
         ApiKey::Produce => {
             let request: ProduceRequest = decode(body, version)?;
+            let mut check = super::batch::EntryCheck::default();
             for partition in request.topic_data.into_iter().flat_map(|topic| topic.partition_data) {
-                let Ok(batches) = super::batch::check_batches(partition.records.unwrap_or_default(), record_size_max)
-                else {
+                let records = partition.records.unwrap_or_default();
+                if check.check(&records, record_size_max).is_err() {
                     continue;
-                };
-                for batch in &batches {
-                    assert!(batch.records().all(|record| record.is_ok()), "a checked batch's records parse");
+                }
+                for (index, batch) in check.batches().iter().enumerate() {
+                    let count = check.records(&records, index).count();
+                    assert_eq!(count as i32, batch.record_count, "a checked batch's records are all routed");
                 }
             }
         }

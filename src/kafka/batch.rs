@@ -19,6 +19,7 @@
 use bytes::{Buf, Bytes};
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
 
+use crate::config::limits::KAFKA_STAGED_RECORDS_MAX;
 use crate::protocol::record::{ExtendedRecord, RecordRef};
 
 /// Bytes of a v2 batch header, before its records.
@@ -68,39 +69,197 @@ impl std::fmt::Display for BatchError {
     }
 }
 
-/// One checked batch of a produce request: its records, still encoded.
-#[derive(Debug, Clone)]
-pub struct ProducedBatch {
+/// A checked batch's header: who produced it, and where its records are.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedBatch {
     pub producer_id: i64,
     pub producer_epoch: i16,
     pub base_sequence: i32,
     pub record_count: i32,
     pub base_timestamp: i64,
-    /// The records section (after the batch header).
-    records: Bytes,
+    /// Its records section (after the batch header), as positions in the
+    /// partition entry's bytes.
+    records_start: usize,
+    records_end: usize,
+    /// Its first record's index in [`EntryCheck`]'s staged records.
+    first_staged: usize,
 }
 
-/// Checks every batch of a partition's produce data (CRC, format,
-/// compression, each record's framing and size) before any is routed, so a
-/// partition's data is taken whole or refused whole.
-pub fn check_batches(mut data: Bytes, record_size_max: usize) -> Result<Vec<ProducedBatch>, BatchError> {
-    let mut batches = Vec::new();
-    while data.has_remaining() {
-        let batch = check_batch(&mut data)?;
-        for record in batch.records() {
-            let record = record?;
-            let record_size = record.log_size();
-            if record_size > record_size_max {
-                return Err(BatchError::TooLarge { record_size, record_size_max });
-            }
+impl CheckedBatch {
+    /// Who produced it and its sequences, for the idempotence check.
+    pub fn identity(&self) -> super::producers::BatchIdentity {
+        super::producers::BatchIdentity {
+            producer_id: self.producer_id,
+            epoch: self.producer_epoch,
+            first_sequence: self.base_sequence,
+            record_count: self.record_count,
         }
-        batches.push(batch);
     }
-    Ok(batches)
 }
 
-/// Splits the next batch off `data` and checks its header and CRC.
-fn check_batch(data: &mut Bytes) -> Result<ProducedBatch, BatchError> {
+/// Where one checked record's parts lie in its partition entry's bytes:
+/// what routing needs, so that it does not decode the record again. A
+/// null key or value has size -1.
+#[derive(Debug, Clone, Copy)]
+struct StagedRecord {
+    timestamp_ms: i64,
+    key_start: u32,
+    key_size: i32,
+    value_start: u32,
+    value_size: i32,
+    headers_start: u32,
+    headers_size: u32,
+}
+
+/// Bytes of one staged record: what [`KAFKA_STAGED_RECORDS_MAX`] costs.
+pub const STAGED_RECORD_BYTES: usize = 32;
+const _: () = assert!(std::mem::size_of::<StagedRecord>() == STAGED_RECORD_BYTES);
+
+/// The check of one partition entry of a Produce request (every batch),
+/// kept for routing it: each batch's header and, for an entry of at most
+/// [`KAFKA_STAGED_RECORDS_MAX`] records, where each record's parts lie. So a
+/// record is decoded once, while it is checked, and routing reads the
+/// staged positions; a larger entry (rare: a client's batches for one
+/// partition are at most `batch.size`, 1 MiB for librdkafka) is walked
+/// again as it is routed, so the staging stays within a fixed size. One
+/// per connection, reused by every request (no allocation per record, nor
+/// per request once grown).
+#[derive(Debug, Default)]
+pub struct EntryCheck {
+    batches: Vec<CheckedBatch>,
+    staged: Vec<StagedRecord>,
+    /// Every record of the entry is in `staged`.
+    all_staged: bool,
+}
+
+/// Batches of one entry whose headers an [`EntryCheck`] keeps between
+/// requests; a request with more frees what is above it once routed.
+const CHECKED_BATCHES_KEPT_MAX: usize = 64;
+
+impl EntryCheck {
+    /// Checks every batch of a partition entry's produce data (CRC, format,
+    /// compression, each record's framing and size) before any record is
+    /// routed, so a partition's data is taken whole or refused whole, and
+    /// keeps what routing needs ([`EntryCheck::records`]).
+    pub fn check(&mut self, data: &Bytes, record_size_max: usize) -> Result<(), BatchError> {
+        self.batches.clear();
+        self.staged.clear();
+        self.all_staged = true;
+        let base = data.as_ptr() as usize;
+        let mut rest = data.clone();
+        while rest.has_remaining() {
+            let mut batch = check_batch(&mut rest, data.len())?;
+            batch.first_staged = self.staged.len();
+            let records = &data[batch.records_start..batch.records_end];
+            let mut walk = Records { bytes: records, left: batch.record_count, base_timestamp: batch.base_timestamp };
+            self.all_staged &= self.staged.len() + batch.record_count as usize <= KAFKA_STAGED_RECORDS_MAX;
+            for record in &mut walk {
+                let record = record?;
+                let record_size = record.log_size();
+                if record_size > record_size_max {
+                    return Err(BatchError::TooLarge { record_size, record_size_max });
+                }
+                if self.all_staged {
+                    self.staged.push(StagedRecord::of(&record, base));
+                }
+            }
+            self.batches.push(batch);
+        }
+        if !self.all_staged {
+            self.staged.clear();
+        }
+        Ok(())
+    }
+
+    /// The batches checked last, in order.
+    pub fn batches(&self) -> &[CheckedBatch] {
+        &self.batches
+    }
+
+    /// The records of batch `index` of the entry checked last, whose bytes
+    /// are `data` (the same bytes [`EntryCheck::check`] took), in order.
+    pub fn records<'a>(&'a self, data: &'a [u8], index: usize) -> EntryRecords<'a> {
+        let batch = &self.batches[index];
+        if self.all_staged {
+            let staged = &self.staged[batch.first_staged..batch.first_staged + batch.record_count as usize];
+            return EntryRecords(RecordSource::Staged { data, staged: staged.iter() });
+        }
+        let bytes = &data[batch.records_start..batch.records_end];
+        EntryRecords(RecordSource::Walk(Records {
+            bytes,
+            left: batch.record_count,
+            base_timestamp: batch.base_timestamp,
+        }))
+    }
+
+    /// Frees what a request larger than most grew: the staging is kept at
+    /// most [`KAFKA_STAGED_RECORDS_MAX`] records between requests.
+    pub fn trim(&mut self) {
+        self.batches.clear();
+        self.batches.shrink_to(CHECKED_BATCHES_KEPT_MAX);
+        self.staged.clear();
+    }
+}
+
+impl StagedRecord {
+    /// The positions of `record`'s parts, which lie in the bytes at `base`.
+    fn of(record: &ExtendedRecord<'_>, base: usize) -> StagedRecord {
+        // Exact casts: positions and sizes are within one request, whose
+        // size prefix on the wire is an `i32`.
+        let start = |bytes: &[u8]| (bytes.as_ptr() as usize - base) as u32;
+        let (key_start, key_size) = record.key.map_or((0, -1), |key| (start(key), key.len() as i32));
+        let (value_start, value_size) = record.value.map_or((0, -1), |value| (start(value), value.len() as i32));
+        StagedRecord {
+            timestamp_ms: record.timestamp_ms,
+            key_start,
+            key_size,
+            value_start,
+            value_size,
+            headers_start: start(record.headers),
+            headers_size: record.headers.len() as u32,
+        }
+    }
+
+    /// The record again, from the bytes it was staged from.
+    #[inline]
+    fn record<'a>(&self, data: &'a [u8]) -> ExtendedRecord<'a> {
+        let part = |start: u32, size: u32| &data[start as usize..start as usize + size as usize];
+        ExtendedRecord {
+            key: (self.key_size >= 0).then(|| part(self.key_start, self.key_size as u32)),
+            value: (self.value_size >= 0).then(|| part(self.value_start, self.value_size as u32)),
+            headers: part(self.headers_start, self.headers_size),
+            timestamp_ms: self.timestamp_ms,
+        }
+    }
+}
+
+/// The records of one checked batch ([`EntryCheck::records`]): read from
+/// the staged positions, or decoded again for an entry too large to stage.
+pub struct EntryRecords<'a>(RecordSource<'a>);
+
+enum RecordSource<'a> {
+    Staged { data: &'a [u8], staged: std::slice::Iter<'a, StagedRecord> },
+    Walk(Records<'a>),
+}
+
+impl<'a> Iterator for EntryRecords<'a> {
+    type Item = ExtendedRecord<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<ExtendedRecord<'a>> {
+        match &mut self.0 {
+            RecordSource::Staged { data, staged } => staged.next().map(|staged| staged.record(data)),
+            // Checked: a record that does not parse cannot occur here; it
+            // would end the walk, never be routed half-read.
+            RecordSource::Walk(records) => records.next().and_then(Result::ok),
+        }
+    }
+}
+
+/// Splits the next batch off `rest` (the tail of a partition entry of
+/// `entry_size` bytes) and checks its header and CRC.
+fn check_batch(rest: &mut Bytes, entry_size: usize) -> Result<CheckedBatch, BatchError> {
+    let data = rest;
     if data.len() < BATCH_HEADER_SIZE {
         return Err(BatchError::Corrupt(format!(
             "{} bytes left, a batch header needs {BATCH_HEADER_SIZE}",
@@ -116,48 +275,34 @@ fn check_batch(data: &mut Bytes) -> Result<ProducedBatch, BatchError> {
     let Some(size) = size.filter(|&size| size >= BATCH_HEADER_SIZE && size <= data.len()) else {
         return Err(BatchError::Corrupt(format!("batch length {length} with {} bytes left", data.len())));
     };
+    let start = entry_size - data.len();
     let mut whole = data.split_to(size);
-    let infos = RecordBatchDecoder::decode_batch_info(&mut whole.clone())
-        .map_err(|error| BatchError::Corrupt(error.to_string()))?;
+    let infos =
+        RecordBatchDecoder::decode_batch_info(&mut whole).map_err(|error| BatchError::Corrupt(error.to_string()))?;
     let Some(info) = infos.into_iter().next() else {
         return Err(BatchError::Corrupt("no batch".into()));
     };
     if info.compression != Compression::None {
         return Err(BatchError::Compressed(info.compression));
     }
-    let records = whole.split_off(BATCH_HEADER_SIZE);
-    let count_max = records.len() / RECORD_SIZE_MIN;
+    let records_size = size - BATCH_HEADER_SIZE;
+    let count_max = records_size / RECORD_SIZE_MIN;
     if info.record_count < 0 || info.record_count as usize > count_max {
-        return Err(BatchError::Corrupt(format!("{} records in {} bytes", info.record_count, records.len())));
+        return Err(BatchError::Corrupt(format!("{} records in {records_size} bytes", info.record_count)));
     }
-    Ok(ProducedBatch {
+    Ok(CheckedBatch {
         producer_id: info.producer_id,
         producer_epoch: info.producer_epoch,
         base_sequence: info.base_sequence,
         record_count: info.record_count,
         base_timestamp: info.min_timestamp,
-        records,
+        records_start: start + BATCH_HEADER_SIZE,
+        records_end: start + size,
+        first_staged: 0,
     })
 }
 
-impl ProducedBatch {
-    /// Who produced it and its sequences, for the idempotence check.
-    pub fn identity(&self) -> super::producers::BatchIdentity {
-        super::producers::BatchIdentity {
-            producer_id: self.producer_id,
-            epoch: self.producer_epoch,
-            first_sequence: self.base_sequence,
-            record_count: self.record_count,
-        }
-    }
-
-    /// Its records, in order, as borrowed slices; an error ends the walk.
-    pub fn records(&self) -> Records<'_> {
-        Records { bytes: &self.records, left: self.record_count, base_timestamp: self.base_timestamp }
-    }
-}
-
-/// The records of a checked batch (see [`ProducedBatch::records`]).
+/// The records of a checked batch, decoded as they are walked.
 pub struct Records<'a> {
     bytes: &'a [u8],
     left: i32,
@@ -184,14 +329,22 @@ impl<'a> Iterator for Records<'a> {
 
 /// Reads one zigzag varint (Kafka's `varint` and `varlong`, at most 10
 /// bytes) off the front of `bytes`.
+#[inline]
 pub fn get_varlong(bytes: &mut &[u8]) -> Option<i64> {
     // Most varints of a record (attributes aside, every field) are one
-    // byte: sizes under 64, deltas under 64.
-    if let Some(&byte) = bytes.first()
-        && byte & 0x80 == 0
-    {
-        *bytes = &bytes[1..];
-        return Some(i64::from(byte >> 1) ^ -i64::from(byte & 1));
+    // byte (sizes and deltas under 64) or two (under 8192: a record's size,
+    // a value of 64 bytes or more).
+    match **bytes {
+        [byte, ..] if byte & 0x80 == 0 => {
+            *bytes = &bytes[1..];
+            return Some(i64::from(byte >> 1) ^ -i64::from(byte & 1));
+        }
+        [low, high, ..] if high & 0x80 == 0 => {
+            *bytes = &bytes[2..];
+            let value = u64::from(low & 0x7f) | u64::from(high) << 7;
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+        _ => {}
     }
     let mut value = 0u64;
     for (index, &byte) in bytes.iter().enumerate().take(10) {
@@ -205,6 +358,7 @@ pub fn get_varlong(bytes: &mut &[u8]) -> Option<i64> {
 }
 
 /// A varint that must fit an `i32`.
+#[inline]
 fn get_varint(bytes: &mut &[u8]) -> Option<i32> {
     get_varlong(bytes).and_then(|value| i32::try_from(value).ok())
 }
@@ -214,6 +368,7 @@ fn corrupt(what: &str) -> BatchError {
 }
 
 /// A varint-prefixed byte string: `None` for size -1 (null).
+#[inline]
 fn nullable<'a>(bytes: &mut &'a [u8], what: &str) -> Result<Option<&'a [u8]>, BatchError> {
     let size: i32 = get_varint(bytes).ok_or_else(|| corrupt(what))?;
     if size == -1 {
@@ -229,6 +384,7 @@ fn nullable<'a>(bytes: &mut &'a [u8], what: &str) -> Result<Option<&'a [u8]>, Ba
 }
 
 /// Parses one record off the front of `bytes`.
+#[inline]
 fn parse_record<'a>(bytes: &mut &'a [u8], base_timestamp: i64) -> Result<ExtendedRecord<'a>, BatchError> {
     let size: i32 = get_varint(bytes).ok_or_else(|| corrupt("size"))?;
     let size = usize::try_from(size).ok().filter(|&size| size <= bytes.len()).ok_or_else(|| corrupt("size"))?;
@@ -245,7 +401,12 @@ fn parse_record<'a>(bytes: &mut &'a [u8], base_timestamp: i64) -> Result<Extende
 }
 
 /// Checks that `headers` is exactly a header count and that many headers.
+#[inline]
 fn check_headers(mut headers: &[u8]) -> Result<(), BatchError> {
+    if headers == [0] {
+        // No headers: most records.
+        return Ok(());
+    }
     let count: i32 = get_varint(&mut headers).ok_or_else(|| corrupt("header count"))?;
     if count < 0 || count as usize > headers.len() {
         return Err(corrupt("header count"));
@@ -482,14 +643,22 @@ mod tests {
         buffer.freeze()
     }
 
+    /// `data` checked as a partition entry.
+    fn check_batches(data: Bytes, record_size_max: usize) -> Result<EntryCheck, BatchError> {
+        let mut check = EntryCheck::default();
+        check.check(&data, record_size_max).map(|()| check)
+    }
+
     /// What the crate's encoder writes, this walker reads: null and empty
     /// keys apart, values, timestamps and headers (verbatim).
     #[test]
     fn reads_what_the_crate_encodes() {
         let records = [crate_record(None, Some(b"v0"), 1_000), crate_record(Some(b""), None, 1_005)];
-        let batches = check_batches(encoded(&records), 1 << 20).unwrap();
+        let data = encoded(&records);
+        let check = check_batches(data.clone(), 1 << 20).unwrap();
+        let batches = check.batches();
         assert_eq!((batches.len(), batches[0].producer_id, batches[0].record_count), (1, 7, 2));
-        let read: Vec<_> = batches[0].records().map(Result::unwrap).collect();
+        let read: Vec<_> = check.records(&data, 0).collect();
         assert_eq!((read[0].key, read[0].value, read[0].timestamp_ms), (None, Some(&b"v0"[..]), 1_000));
         assert_eq!((read[1].key, read[1].value, read[1].timestamp_ms), (Some(&b""[..]), None, 1_005));
         assert_eq!(read[0].headers[0], 4, "two headers, zigzag");
@@ -501,10 +670,11 @@ mod tests {
     fn the_crate_reads_what_this_writes() {
         let records =
             [crate_record(Some(b"k"), Some(b"v"), 1_700_000_000_000), crate_record(None, None, 1_699_999_999_999)];
-        let batches = check_batches(encoded(&records), 1 << 20).unwrap();
+        let data = encoded(&records);
+        let check = check_batches(data.clone(), 1 << 20).unwrap();
         let mut log = Vec::new();
-        for record in batches[0].records() {
-            crate::protocol::record::encode_extended_batch_record(&mut log, 0, &record.unwrap());
+        for record in check.records(&data, 0) {
+            crate::protocol::record::encode_extended_batch_record(&mut log, 0, &record);
         }
         let stored: Vec<RecordRef<'_>> = crate::protocol::record::BatchIter::new(&log).map(|(_, r)| r).collect();
         let mut out = Vec::new();
@@ -516,6 +686,76 @@ mod tests {
             assert_eq!((&got.key, &got.value, got.timestamp), (&sent.key, &sent.value, sent.timestamp));
             assert_eq!(got.headers, sent.headers);
         }
+    }
+
+    /// `get_varlong` reads exactly what `put_varlong` writes (the writer
+    /// the crate's decoder reads back in `the_crate_reads_what_this_writes`),
+    /// one, two or up to ten bytes, and leaves what follows; a varint cut
+    /// short or longer than ten bytes is `None`.
+    #[test]
+    fn varlongs_read_what_is_written() {
+        let mut values: Vec<i64> = (-20_000..20_000).collect();
+        for shift in 0..63 {
+            values.extend([1i64 << shift, -(1i64 << shift), (1i64 << shift) - 1, -(1i64 << shift) + 1]);
+        }
+        values.extend([i64::MAX, i64::MIN]);
+        for value in values {
+            let mut encoded = Vec::new();
+            put_varlong(&mut encoded, value);
+            let size = encoded.len();
+            encoded.extend_from_slice(&[0xff, 0x01]);
+            let mut bytes = &encoded[..];
+            assert_eq!(get_varlong(&mut bytes), Some(value), "{value}");
+            assert_eq!(bytes, &[0xff, 0x01], "{value}: the bytes after it are left");
+            let mut cut = &encoded[..size - 1];
+            assert_eq!(get_varlong(&mut cut), None, "{value} cut short");
+        }
+        assert_eq!(get_varlong(&mut &[0x80u8; 11][..]), None, "eleven bytes");
+    }
+
+    /// An entry is routed with the same records whether its records were
+    /// staged as they were checked or (past [`KAFKA_STAGED_RECORDS_MAX`])
+    /// are decoded again: every key, value, header and timestamp, in order.
+    #[test]
+    fn staged_and_walked_records_are_the_same() {
+        let batch = |count: usize, first: i64| {
+            let records: Vec<Record> = (0..count)
+                .map(|index| {
+                    let mut record = crate_record(Some(b"key"), Some(b"value"), first + index as i64);
+                    // One batch: the encoder starts another where `offset -
+                    // sequence` changes.
+                    (record.offset, record.sequence) = (index as i64, index as i32);
+                    record.key = (index % 3 != 0).then(|| Bytes::from(format!("key-{index}")));
+                    record.value = (index % 5 != 0).then(|| Bytes::from(format!("value-{first}-{index}")));
+                    record
+                })
+                .collect();
+            encoded(&records)
+        };
+        let (small, large) = (batch(200, 1_000), batch(KAFKA_STAGED_RECORDS_MAX, 5_000));
+        let read = |data: &Bytes| {
+            let check = check_batches(data.clone(), 1 << 20).unwrap();
+            let mut read = Vec::new();
+            for index in 0..check.batches().len() {
+                read.extend(check.records(data, index).map(|record| format!("{record:?}")));
+            }
+            (check.all_staged, read)
+        };
+        let walked = |data: &Bytes| -> Vec<String> {
+            let records = &data[BATCH_HEADER_SIZE..];
+            let count = i32::from_be_bytes(data[57..61].try_into().unwrap());
+            let base_timestamp = i64::from_be_bytes(data[27..35].try_into().unwrap());
+            let records = Records { bytes: records, left: count, base_timestamp };
+            records.map(|record| format!("{:?}", record.unwrap())).collect()
+        };
+        let (staged, small_read) = read(&small);
+        assert!(staged);
+        assert_eq!(small_read, walked(&small));
+        let both = Bytes::from([large.as_ref(), small.as_ref()].concat());
+        let (staged, both_read) = read(&both);
+        assert!(!staged, "{} records are more than are staged", KAFKA_STAGED_RECORDS_MAX + 200);
+        assert_eq!(both_read, [walked(&large), walked(&small)].concat());
+        assert_eq!(both_read.len(), KAFKA_STAGED_RECORDS_MAX + 200);
     }
 
     /// Damage is refused with the right error, never a panic: every

@@ -313,6 +313,9 @@ struct InFlight {
 struct Pipeline {
     requests: VecDeque<InFlight>,
     entry_count: usize,
+    /// The check of the partition entry being routed, reused by every
+    /// request of the connection.
+    check: batch::EntryCheck,
 }
 
 impl Pipeline {
@@ -460,7 +463,7 @@ async fn route_produce(
     while pipeline.is_full(entry_count) {
         pipeline.answer(shard, face, out, 1).await?;
     }
-    let produce = produce::route(shard, face, request).await;
+    let produce = produce::route(shard, face, request, &mut pipeline.check).await;
     pipeline.push(InFlight { version: frame.api_version, correlation_id: frame.correlation_id, produce });
     Ok(())
 }

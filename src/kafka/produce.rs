@@ -1,8 +1,10 @@
 //! Produce: a Kafka producer's records into the same engine as lines.
 //!
 //! Each partition's data is checked whole first ([`super::batch`]): a bad
-//! CRC, a compressed batch or an oversized record refuses that partition's
-//! data (with Kafka's code) and nothing of it is stored. Then every record
+//! CRC, a compressed batch, a record that does not parse or an oversized
+//! record refuses that partition's data (with Kafka's code) and nothing of
+//! it is stored. The check decodes each record once and keeps where its
+//! parts lie ([`EntryCheck`]), so routing does not decode it again. Then every record
 //! is routed to the partition the client chose (Kafka clients pick
 //! partitions themselves; spate stores what they chose), through the
 //! shard's ingress: the same open batches, credits, holds and backpressure
@@ -52,10 +54,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use std::time::{Duration, Instant};
 
-use super::batch::{ProducedBatch, check_batches};
+use super::batch::{CheckedBatch, EntryCheck};
 use super::producers::{BatchIdentity, Verdict};
 use super::{KafkaFace, codes};
 use crate::config::limits::KAFKA_PRODUCE_ENTRY_BYTES;
+use crate::protocol::record::ExtendedRecord;
 use crate::routing::Blocked;
 use crate::shard::Shard;
 use crate::shard::ingress::{Ingress, OffsetSlots};
@@ -110,7 +113,7 @@ pub fn entry_count(request: &ProduceRequest) -> usize {
 /// Checks and routes every record of a Produce request (waiting for credits
 /// or held partitions as a line does); the answer is built later, by
 /// [`RoutedProduce::answer`].
-pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> RoutedProduce {
+pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest, check: &mut EntryCheck) -> RoutedProduce {
     let acks = request.acks;
     let shard_count = usize::from(shard.shard_count());
     let entries = entry_count(&request);
@@ -142,7 +145,7 @@ pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> 
                     let records = data.records.unwrap_or_default();
                     let global = route.base + data.index as u32;
                     let mut target = Target { partition: global, entry, touched: &mut touched, routed: &mut routed };
-                    let (code, count, whole) = produce_partition(shard, face, &mut target, records).await;
+                    let (code, count, whole) = produce_partition(shard, face, &mut target, &records, check).await;
                     (partition.routed_count, partition.whole) = (count, whole);
                     code
                 }
@@ -156,6 +159,7 @@ pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest) -> 
         // Owned, so the request's buffer is not held while it waits.
         routed.topics.push((TopicName(StrBytes::from_string(name)), start..routed.partitions.len()));
     }
+    check.trim();
     if acks != 0 {
         routed.sequences = answering_points(shard, &touched, acks == -1);
     }
@@ -244,37 +248,38 @@ async fn wait_for_originals(face: &KafkaFace, duplicates: &[(u32, BatchIdentity)
     }
 }
 
-/// Checks one partition's batches and routes their records: the Kafka code
-/// for the partition, the records routed, and whether every batch was.
+/// Checks one partition's batches (decoding each record once, into
+/// `check`) and routes their records: the Kafka code for the partition, the
+/// records routed, and whether every batch was.
 async fn produce_partition(
     shard: &Shard,
     face: &KafkaFace,
     target: &mut Target<'_>,
-    records: bytes::Bytes,
+    records: &bytes::Bytes,
+    check: &mut EntryCheck,
 ) -> (i16, u64, bool) {
-    let batches = match check_batches(records, face.record_size_max) {
-        Ok(batches) => batches,
-        Err(error) => {
-            if error.code() == codes::CORRUPT_MESSAGE {
-                ShardMetrics::add(&shard.metrics().kafka_errors_corrupt_batch, 1);
-            }
-            return (error.code(), 0, false);
+    if let Err(error) = check.check(records, face.record_size_max) {
+        if error.code() == codes::CORRUPT_MESSAGE {
+            ShardMetrics::add(&shard.metrics().kafka_errors_corrupt_batch, 1);
         }
-    };
+        return (error.code(), 0, false);
+    }
     if face.produce_discard {
         // Checked whole above, as when stored; nothing is routed.
         return (codes::NONE, 0, false);
     }
+    let batches = check.batches();
     let last = batches.len().saturating_sub(1);
     if batches.iter().all(|batch| batch.producer_id < 0) {
         // Not an idempotent producer: nothing to check, no lock taken.
         let mut count = 0;
         for (index, batch) in batches.iter().enumerate() {
-            count += route_batch(shard, target, batch, (index == 0, index == last)).await;
+            let batch_records = check.records(records, index);
+            count += route_batch(shard, target, batch, batch_records, (index == 0, index == last)).await;
         }
         return (codes::NONE, count, true);
     }
-    let identities: Vec<BatchIdentity> = batches.iter().map(ProducedBatch::identity).collect();
+    let identities: Vec<BatchIdentity> = batches.iter().map(CheckedBatch::identity).collect();
     let mut verdicts = Vec::with_capacity(batches.len());
     if let Err(code) = face.producers.check(target.partition, &identities, &mut verdicts) {
         return (code, 0, false);
@@ -288,7 +293,8 @@ async fn produce_partition(
                 whole = false;
             }
             Verdict::Take | Verdict::Refuse(_) => {
-                count += route_batch(shard, target, batch, (index == 0, index == last)).await;
+                let batch_records = check.records(records, index);
+                count += route_batch(shard, target, batch, batch_records, (index == 0, index == last)).await;
                 if identity.producer_id >= 0 {
                     target.routed.taken.push((target.partition, identity));
                 }
@@ -298,20 +304,21 @@ async fn produce_partition(
     (codes::NONE, count, whole)
 }
 
-/// Routes a checked batch's records to the target partition, waiting for
-/// credits or a held partition whenever routing is blocked, and resuming at
-/// the record that was blocked. `(first, last)`: whether the batch is the
-/// entry's first or last, whose first or last record's offset is asked
-/// for. Returns the records routed.
-async fn route_batch(
+/// Routes a checked batch's records (`records`, from its [`EntryCheck`]) to
+/// the target partition, waiting for credits or a held partition whenever
+/// routing is blocked, and resuming at the record that was blocked.
+/// `(first, last)`: whether the batch is the entry's first or last, whose
+/// first or last record's offset is asked for. Returns the records routed.
+async fn route_batch<'a>(
     shard: &Shard,
     target: &mut Target<'_>,
-    batch: &ProducedBatch,
+    batch: &CheckedBatch,
+    records: impl Iterator<Item = ExtendedRecord<'a>>,
     (first, last): (bool, bool),
 ) -> u64 {
     let record_count = u64::try_from(batch.record_count).unwrap_or(0);
     let slots = (!target.routed.slots.is_empty()).then(|| target.routed.slots.clone());
-    let mut records = batch.records().map_while(Result::ok).peekable();
+    let mut records = records.peekable();
     let mut index = 0u64;
     loop {
         let (mut count, mut bytes) = (0u64, 0u64);

@@ -34,6 +34,16 @@
 //!
 //! Subscribers keep their cursors; a fetch for p reaching S after the
 //! handoff is answered "moved", one reaching T before it waits there.
+//!
+//! A batch ([`Migrations::start_batch`]) moves several partitions from S to
+//! T at once: the same steps for each, started back to back, so their
+//! placement updates, markers and handoffs travel together and a batch costs
+//! about the round trips of one move. Consolidation moves partitions this
+//! way (`shard::consolidation`): a subscriber then sees one disturbance
+//! (fetches answered "moved", a partition still arriving) per batch instead
+//! of one per partition. Markers of one source reach S in the order the
+//! placements were sent (each channel is FIFO), so the partitions of a batch
+//! are handed over in the order they were started.
 
 use std::collections::VecDeque;
 
@@ -129,16 +139,23 @@ struct HeldGrant<G> {
     waits_for: Vec<u32>,
 }
 
+/// Most partitions one batch moves ([`Migrations::start_batch`]). Each costs
+/// an [`Outgoing`] (a few dozen bytes and one flag per shard) on the old
+/// owner, an entry with its early records on the thief, and a placement
+/// update, a marker per shard and a handoff on the mesh.
+pub const MIGRATION_BATCH_PARTITIONS_MAX: usize = 256;
+
 /// One shard's migrations in flight. `G` is a credit grant, `P` the buffer of
 /// records an incoming partition receives before its handoff.
 #[derive(Debug)]
 pub struct Migrations<G, P> {
     me: u16,
     shard_count: u16,
-    outgoing: Option<Outgoing>,
-    /// A partition whose handoff was decided but not yet sent (on disk the
+    /// The partitions this shard is handing over (one batch, in start order).
+    outgoing: Vec<Outgoing>,
+    /// Partitions whose handoff was decided but not yet sent (on disk the
     /// shard first makes its files durable): still busy until then.
-    handing_off: Option<u32>,
+    handing_off: Vec<u32>,
     incoming: AHashMap<u32, Incoming<P>>,
     held_grants: VecDeque<HeldGrant<G>>,
 }
@@ -149,8 +166,8 @@ impl<G, P: Default> Migrations<G, P> {
         Migrations {
             me,
             shard_count,
-            outgoing: None,
-            handing_off: None,
+            outgoing: Vec::new(),
+            handing_off: Vec::new(),
             incoming: AHashMap::new(),
             held_grants: VecDeque::new(),
         }
@@ -158,12 +175,14 @@ impl<G, P: Default> Migrations<G, P> {
 
     /// Whether a migration into or out of this shard is in flight.
     pub fn is_busy(&self) -> bool {
-        self.outgoing.is_some() || self.handing_off.is_some() || !self.incoming.is_empty()
+        !self.outgoing.is_empty() || !self.handing_off.is_empty() || !self.incoming.is_empty()
     }
 
-    /// The shard sent the handoff the last [`Effect::SendHandoff`] asked for.
+    /// The shard sent the handoff an [`Effect::SendHandoff`] asked for.
     pub fn handoff_sent(&mut self, partition: u32) {
-        assert_eq!(self.handing_off.take(), Some(partition), "a handoff that was not asked for");
+        let index = self.handing_off.iter().position(|&handing| handing == partition);
+        let index = index.unwrap_or_else(|| panic!("handoff of {partition}, which was not asked for"));
+        self.handing_off.remove(index);
     }
 
     pub fn is_incoming(&self, partition: u32) -> bool {
@@ -172,14 +191,13 @@ impl<G, P: Default> Migrations<G, P> {
 
     /// Whether `partition` is moving into or out of this shard.
     pub fn is_moving(&self, partition: u32) -> bool {
-        self.incoming.contains_key(&partition)
-            || self.outgoing.as_ref().is_some_and(|outgoing| outgoing.partition == partition)
-            || self.handing_off == Some(partition)
+        self.incoming.contains_key(&partition) || self.is_outgoing(partition) || self.handing_off.contains(&partition)
     }
 
-    /// The partition this shard is handing over, if any.
-    pub fn outgoing_partition(&self) -> Option<u32> {
-        self.outgoing.as_ref().map(|outgoing| outgoing.partition)
+    /// Whether this shard is handing `partition` over (its markers are not
+    /// all in yet).
+    pub fn is_outgoing(&self, partition: u32) -> bool {
+        self.outgoing.iter().any(|outgoing| outgoing.partition == partition)
     }
 
     /// Incoming partitions' pending buffers, for their size.
@@ -201,18 +219,35 @@ impl<G, P: Default> Migrations<G, P> {
         now_ms: u64,
         effects: &mut Vec<Effect<G>>,
     ) {
-        let current = placement.get(partition);
-        assert_eq!(current.owner, self.me, "only the owner moves a partition");
+        self.start_batch(placement, &[partition], thief, now_ms, effects);
+    }
+
+    /// Step 1 for a batch, on the owner: move every partition of
+    /// `partitions` (distinct, at most [`MIGRATION_BATCH_PARTITIONS_MAX`]) to
+    /// `thief`, in that order.
+    pub fn start_batch(
+        &mut self,
+        placement: &mut PlacementTable,
+        partitions: &[u32],
+        thief: u16,
+        now_ms: u64,
+        effects: &mut Vec<Effect<G>>,
+    ) {
+        assert!(!partitions.is_empty() && partitions.len() <= MIGRATION_BATCH_PARTITIONS_MAX, "batch size");
         assert_ne!(thief, self.me, "a partition moves to another shard");
-        assert!(self.outgoing.is_none(), "one outgoing migration at a time");
-        let epoch = current.epoch + 1;
-        let markers_seen = vec![false; usize::from(self.shard_count)];
-        let markers_missing = self.shard_count;
-        self.outgoing = Some(Outgoing { partition, epoch, thief, markers_seen, markers_missing });
-        // Switch locally (this shard's own marker goes behind its batches to
-        // itself), then tell only the thief.
-        self.on_placement(placement, partition, thief, epoch, now_ms, effects);
-        effects.push(Effect::SendPlacement { to: thief, partition, owner: thief, epoch });
+        assert!(self.outgoing.is_empty(), "one outgoing batch at a time");
+        for &partition in partitions {
+            let current = placement.get(partition);
+            assert_eq!(current.owner, self.me, "only the owner moves a partition");
+            let epoch = current.epoch + 1;
+            let markers_seen = vec![false; usize::from(self.shard_count)];
+            let markers_missing = self.shard_count;
+            self.outgoing.push(Outgoing { partition, epoch, thief, markers_seen, markers_missing });
+            // Switch locally (this shard's own marker goes behind its batches
+            // to itself), then tell only the thief.
+            self.on_placement(placement, partition, thief, epoch, now_ms, effects);
+            effects.push(Effect::SendPlacement { to: thief, partition, owner: thief, epoch });
+        }
     }
 
     /// Step 2, on every shard: a placement update for `partition` arrived.
@@ -269,12 +304,14 @@ impl<G, P: Default> Migrations<G, P> {
         // Every shard sends one marker per (partition, epoch), to the owner
         // that is moving it: anything else is a bug, which would otherwise
         // show only as a migration that never ends.
-        let Some(outgoing) = self.outgoing.as_mut() else {
-            debug_assert!(false, "marker {marker:?} from {source} with no migration out of shard {}", self.me);
+        let index = self.outgoing.iter().position(|outgoing| outgoing.partition == marker.partition);
+        let Some(index) = index else {
+            debug_assert!(false, "marker {marker:?} from {source} with no migration of it out of shard {}", self.me);
             return;
         };
-        if (outgoing.partition, outgoing.epoch) != (marker.partition, marker.epoch) {
-            debug_assert!(false, "marker {marker:?} from {source} for another migration than {:?}", outgoing.partition);
+        let outgoing = &mut self.outgoing[index];
+        if outgoing.epoch != marker.epoch {
+            debug_assert!(false, "marker {marker:?} from {source} for another migration (epoch {})", outgoing.epoch);
             return;
         }
         let seen = &mut outgoing.markers_seen[usize::from(source)];
@@ -284,8 +321,8 @@ impl<G, P: Default> Migrations<G, P> {
         if outgoing.markers_missing > 0 {
             return;
         }
-        let Outgoing { partition, epoch, thief, .. } = self.outgoing.take().expect("checked above");
-        self.handing_off = Some(partition);
+        let Outgoing { partition, epoch, thief, .. } = self.outgoing.remove(index);
+        self.handing_off.push(partition);
         effects.push(Effect::SendHandoff { to: thief, partition, epoch });
         effects.push(Effect::Ended { partition, direction: Direction::Out, at_ms: now_ms });
     }
@@ -381,6 +418,45 @@ mod tests {
         assert_eq!(effects[1], Effect::Ended { partition: 3, direction: Direction::Out, at_ms: 11 });
         assert!(owner.is_busy(), "busy until the handoff is sent");
         owner.handoff_sent(3);
+        assert!(!owner.is_busy());
+    }
+
+    /// A batch switches every partition at once (one marker and one
+    /// placement update each), hands each over once its own markers are in,
+    /// and keeps the shard busy until the last handoff is sent.
+    #[test]
+    fn a_batch_hands_each_partition_over_once_its_markers_are_in() {
+        let mut table = PlacementTable::spread(8, 2);
+        let mut owner: Machine = Migrations::new(1, 2);
+        let mut effects = Vec::new();
+        owner.start_batch(&mut table, &[1, 3, 5], 0, 0, &mut effects);
+        let placements = effects.iter().filter(|effect| matches!(effect, Effect::SendPlacement { to: 0, .. })).count();
+        let markers = effects.iter().filter(|effect| matches!(effect, Effect::SendMarker { to: 1, .. })).count();
+        assert_eq!((placements, markers), (3, 3));
+        assert!([1, 3, 5].iter().all(|&partition| table.owner(partition) == 0 && owner.is_outgoing(partition)));
+        effects.clear();
+        for partition in [1, 3, 5] {
+            owner.on_marker(1, Marker { partition, epoch: 1 }, 5, &mut effects);
+        }
+        assert!(effects.is_empty(), "the thief's markers are missing");
+        owner.on_marker(0, Marker { partition: 1, epoch: 1 }, 6, &mut effects);
+        owner.on_marker(0, Marker { partition: 3, epoch: 1 }, 6, &mut effects);
+        let handoffs: Vec<u32> = effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::SendHandoff { to: 0, partition, epoch: 1 } => Some(*partition),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(handoffs, [1, 3]);
+        assert!(owner.is_outgoing(5) && !owner.is_outgoing(1));
+        owner.handoff_sent(1);
+        owner.handoff_sent(3);
+        assert!(owner.is_busy(), "partition 5 is still outgoing");
+        effects.clear();
+        owner.on_marker(0, Marker { partition: 5, epoch: 1 }, 7, &mut effects);
+        assert_eq!(effects[0], Effect::SendHandoff { to: 0, partition: 5, epoch: 1 });
+        owner.handoff_sent(5);
         assert!(!owner.is_busy());
     }
 

@@ -101,7 +101,8 @@ impl Partition {
     }
 
     /// Folds the events since the last sample into the rates.
-    pub fn sample_rates(&mut self, elapsed_ms: u64, now_ms: u64) {
+    /// Returns the events/s of the interval alone.
+    pub fn sample_rates(&mut self, elapsed_ms: u64, now_ms: u64) -> f64 {
         let seconds = elapsed_ms.max(1) as f64 / 1000.0;
         let events = (self.events_total - self.sampled_events) as f64;
         let bytes = (self.bytes_total - self.sampled_bytes) as f64;
@@ -109,6 +110,7 @@ impl Partition {
         self.bytes_rate.update(bytes / seconds, now_ms);
         self.sampled_events = self.events_total;
         self.sampled_bytes = self.bytes_total;
+        events / seconds
     }
 }
 

@@ -102,6 +102,8 @@ pub struct BalanceCounters {
     /// Partitions this shard handed over to gather the process onto fewer shards, or to send
     /// them home after a spread ([`Consolidator`]).
     pub consolidation_moves: u64,
+    /// The batches those moves went in (one per [`Balancer::consolidation_move`]).
+    pub consolidation_batches: u64,
 }
 
 /// What this shard measured for its report, besides its partitions.
@@ -155,6 +157,19 @@ impl Balancer {
             && !self.ledger.state.is_migrating()
     }
 
+    /// Consolidation is on and the process is not gathered yet: an idle
+    /// process keeps gossiping at the report interval until it is, because
+    /// at the idle pace (one report a second) every report is older than
+    /// `report_stale_ms` when the next arrives, and the rule decides nothing
+    /// without a fresh report of every shard. A server started idle then
+    /// gathers within a few report intervals instead of at its first
+    /// producer, whose events the moves would meet.
+    pub fn gather_pending(&self) -> bool {
+        self.consolidation_config.enabled
+            && self.view.shard_count() > 1
+            && self.consolidator.mode() == Consolidation::Spread
+    }
+
     /// The hottest partition's rate this shard owns.
     pub fn hottest_events_per_s(&self) -> f64 {
         self.loads.iter().map(|load| load.events_per_s).fold(0.0, f64::max)
@@ -194,9 +209,10 @@ impl Balancer {
         let now_ms = sample.now_ms;
         let elapsed_ms = self.last_sample_ms.map_or(0, |last| now_ms.saturating_sub(last));
         self.loads.clear();
+        let mut recent_events_per_s = 0.0;
         for (partition_id, partition) in partitions.iter_mut() {
             if self.last_sample_ms.is_some() {
-                partition.sample_rates(elapsed_ms, now_ms);
+                recent_events_per_s += partition.sample_rates(elapsed_ms, now_ms);
             }
             self.loads.push(PartitionLoad {
                 partition: partition_id,
@@ -220,6 +236,7 @@ impl Balancer {
             sequence: self.report_sequence,
             at_ms: now_ms,
             events_per_s: self.events_per_s,
+            recent_events_per_s,
             bytes_per_s: self.bytes_per_s,
             busy_ratio: self.busy_ratio,
             credit_stalls: sample.credit_stalls,
@@ -299,36 +316,54 @@ impl Balancer {
         self.ledger.migration_ended(partition, direction, at_ms, moved_ms);
     }
 
-    /// The partition this shard should hand over now for consolidation, and to which shard:
-    /// while gathered, any partition of a shard outside the kept set, to the least loaded kept
-    /// shard; after a spread, a partition away from its home, to its home. `owned` lists the
-    /// partitions this shard owns that may move now. Records the migration as begun.
-    pub fn consolidation_move(&mut self, owned: impl Iterator<Item = u32>, now_ms: u64) -> Option<(u32, u16)> {
+    /// The partitions this shard should hand over now for consolidation, as one batch, and to
+    /// which shard: while gathered, the lowest-numbered partitions of a shard outside the kept
+    /// set, to the least loaded kept shard; after a spread, partitions away from their home, those
+    /// of one home shard, to it. At most `batch_max` of them. `owned` lists the partitions this
+    /// shard owns that may move now. Records the migration as begun (by the batch's last
+    /// partition, the last to be handed over).
+    pub fn consolidation_move(
+        &mut self,
+        owned: impl Iterator<Item = u32>,
+        batch_max: usize,
+        now_ms: u64,
+    ) -> Option<(Vec<u32>, u16)> {
         if self.ledger.state.is_migrating() || self.ledger.pending_request.is_some() {
             return None;
         }
         let shard_count = self.view.shard_count();
+        let mut owned: Vec<u32> = owned.collect();
+        owned.sort_unstable();
         let chosen = match self.consolidator.mode() {
             Consolidation::Gathered { kept_shards } if self.me >= kept_shards => {
                 let target = gather_target(&self.view, kept_shards, self.config.report_stale_ms, now_ms);
-                owned.min().map(|partition| (partition, target))
+                owned.truncate(batch_max);
+                (!owned.is_empty()).then_some((owned, target))
             }
             Consolidation::Spread if self.consolidator.spreading() => {
-                let away = owned.filter(|&partition| home_shard(partition, shard_count) != self.me).min();
+                let away = owned.iter().copied().find(|&partition| home_shard(partition, shard_count) != self.me);
                 if away.is_none() {
                     self.consolidator.spread_done();
                 }
-                away.map(|partition| (partition, home_shard(partition, shard_count)))
+                away.map(|first| {
+                    let home = home_shard(first, shard_count);
+                    owned.retain(|&partition| home_shard(partition, shard_count) == home);
+                    owned.truncate(batch_max);
+                    (owned, home)
+                })
             }
             _ => None,
         };
-        let (partition, to) = chosen?;
+        let (partitions, to) = chosen?;
         assert_ne!(to, self.me, "a consolidation move goes to another shard");
-        let migration = Migration { partition, peer: to, direction: Direction::Out, started_ms: now_ms };
+        let last = *partitions.last().expect("a batch is never empty");
+        let migration = Migration { partition: last, peer: to, direction: Direction::Out, started_ms: now_ms };
         self.ledger.state.begin(migration);
-        self.counters.migrations_started += 1;
-        self.counters.consolidation_moves += 1;
-        Some((partition, to))
+        let count = partitions.len() as u64;
+        self.counters.migrations_started += count;
+        self.counters.consolidation_moves += count;
+        self.counters.consolidation_batches += 1;
+        Some((partitions, to))
     }
 
     /// Whether this shard has consolidation work it may do: it is outside the kept set while

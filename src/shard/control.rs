@@ -233,6 +233,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
     metrics.migrations_started.set(counters.migrations_started);
     metrics.migrations_completed.set(counters.migrations_completed);
     metrics.consolidation_moves.set(counters.consolidation_moves);
+    metrics.consolidation_batches.set(counters.consolidation_batches);
     let kept_shards = match balancer.consolidator.mode() {
         crate::balance::Consolidation::Spread => shard.shard_count,
         crate::balance::Consolidation::Gathered { kept_shards } => kept_shards,

@@ -219,11 +219,13 @@ impl Ingress {
     }
 
     /// Queues a migration marker for `owner` behind everything batched for
-    /// it so far, and sends it (or lets the flusher, if no slot is free).
+    /// it so far; the flusher sends it once the tasks ready now have run.
+    /// Not at once: the markers of a batch of migrations
+    /// ([`crate::partition::migration::Migrations::start_batch`]) then leave
+    /// in one batch, taking one credit slot instead of one each.
     pub fn send_marker(&self, owner: u16, marker: Marker) {
         self.router.borrow_mut().add_marker(owner, marker);
-        self.flush(owner);
-        self.request_flush();
+        self.request_flush_soon();
     }
 
     /// Asks the flusher task to send open batches within `batch_flush_us`.

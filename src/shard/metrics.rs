@@ -177,6 +177,7 @@ shard_metrics! {
     Counter migrations_completed: u64 => "spate_migrations_completed_total", "Migrations completed into this shard.";
     Gauge consolidation_kept_shards: u64 => "spate_consolidation_kept_shards", "Shards that own partitions by this shard's consolidation decision: fewer than the shard count while the process is gathered at low load, the shard count while spread.";
     Counter consolidation_moves: u64 => "spate_consolidation_moves_total", "Partitions this shard handed over to gather the process onto fewer shards, or to send them home after it spread.";
+    Counter consolidation_batches: u64 => "spate_consolidation_batches_total", "Batches those partitions moved in: one placement switch, marker round and handoff round for up to 256 partitions to one shard.";
     Gauge migration_pending_bytes: u64 => "spate_migration_pending_bytes", "Events buffered for partitions migrating to this shard.";
     Gauge disk_bytes: u64 => "spate_disk_bytes", "Bytes of segment files of the partitions this shard owns.";
     Gauge disk_segments: u64 => "spate_disk_segments", "Segment files of the partitions this shard owns.";

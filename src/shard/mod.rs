@@ -683,7 +683,10 @@ impl Shard {
             if self.balancer.borrow().consolidation_due() {
                 self.consolidation_wake.notify();
             }
-            self.gossip_pace.set_idle(self.balancer.borrow().is_idle() && !self.is_migrating());
+            let balancer = self.balancer.borrow();
+            let idle = balancer.is_idle() && !balancer.gather_pending() && !self.is_migrating();
+            drop(balancer);
+            self.gossip_pace.set_idle(idle);
         }
     }
 

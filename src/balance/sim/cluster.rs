@@ -924,12 +924,11 @@ impl Cluster {
         counts.fill(0);
         let mut stale = None;
         for (shard_index, shard) in self.shards.iter().enumerate() {
-            let outgoing = shard.migrations.outgoing_partition();
             for (&partition, state) in &shard.installed {
                 let index = partition as usize;
                 counts[index] = counts[index].saturating_add(1);
                 locations[index] = shard_index as u16;
-                let handing_over = u32::from(outgoing == Some(partition));
+                let handing_over = u32::from(shard.migrations.is_outgoing(partition));
                 if state.epoch + handing_over != self.newest_epoch[index] {
                     stale = Some((partition, state.epoch));
                 }
@@ -962,7 +961,7 @@ impl Cluster {
     /// over, is placed on `me` at its newest epoch in `me`'s own table.
     fn check_table(&self, me: u16, partition: u32) {
         let shard = &self.shards[usize::from(me)];
-        if !shard.installed.contains_key(&partition) || shard.migrations.outgoing_partition() == Some(partition) {
+        if !shard.installed.contains_key(&partition) || shard.migrations.is_outgoing(partition) {
             return;
         }
         let expected = Placement { owner: me, epoch: self.newest_epoch[partition as usize] };
@@ -979,7 +978,7 @@ impl Cluster {
         for (me, shard) in self.shards.iter().enumerate() {
             let Some(migration) = shard.ledger.state.migration() else { continue };
             let in_flight = match migration.direction {
-                Direction::Out => shard.migrations.outgoing_partition() == Some(migration.partition),
+                Direction::Out => shard.migrations.is_outgoing(migration.partition),
                 Direction::In => shard.migrations.is_incoming(migration.partition),
             };
             if !in_flight {

@@ -742,6 +742,7 @@ impl<'a> Run<'a> {
                 sequence: self.report_sequence,
                 at_ms: self.now_ms,
                 events_per_s,
+                recent_events_per_s: events_per_s,
                 bytes_per_s: events_per_s * EVENT_SIZE_BYTES,
                 busy_ratio: (events_per_s / capacity_events_per_s).min(1.0),
                 credit_stalls: 0,
