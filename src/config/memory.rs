@@ -337,7 +337,7 @@ pub const FORMULA: &[FormulaLine] = &[
         storage: None,
         expression: || {
             format!(
-                "cluster * (S * S * credit_window_bytes + {} * {})",
+                "cluster * ({} * {} + credit_window_bytes * S * S)",
                 TRANSPORT_PEERS_MAX,
                 size(crate::replication::node::UNSENT_BYTES_MAX)
             )
