@@ -116,16 +116,15 @@ fn ends(server: &Server) -> Vec<u64> {
     offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
 }
 
-/// Three nodes, a stream of 2 partitions with replication factor 3: the
-/// events a producer on one node got `OK SYNC` for are on all three
-/// replicas at the same offsets; then a follower killed with kill -9 while
-/// events keep coming is restarted and catches up to the same log.
-#[test]
-fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up() {
+/// Starts three nodes (the second and third join through the first),
+/// waits until all three see each other alive, creates the stream with
+/// replication factor 3 on each, and waits until every partition's group
+/// has its 3 voters and a leader.
+fn start_replicated_cluster() -> Vec<Node> {
     let (first, seed) = start_node(None);
     let (second, _) = start_node(Some(seed));
     let (third, _) = start_node(Some(seed));
-    let mut nodes = vec![first, second, third];
+    let nodes = vec![first, second, third];
     let all: Vec<&Node> = nodes.iter().collect();
     wait_for(&all, READY_WITHIN, "three members alive", |view| {
         view["members"]
@@ -133,10 +132,20 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
             .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
     });
     for node in &nodes {
-        let spec = json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 });
-        node.server.create_stream(spec);
+        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
     }
     wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
+    nodes
+}
+
+/// Three nodes, a stream of 2 partitions with replication factor 3: the
+/// events a producer on one node got `OK SYNC` for are on all three
+/// replicas at the same offsets; then a follower killed with kill -9 while
+/// events keep coming is restarted and catches up to the same log.
+#[test]
+fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up() {
+    let mut nodes = start_replicated_cluster();
+    let all: Vec<&Node> = nodes.iter().collect();
     let producer_node = leader_of(&all, 0);
     produce(&nodes[producer_node].server, 0, 1000);
     let committed = ends(&nodes[producer_node].server);
@@ -183,20 +192,8 @@ const PIPELINED_KEYS: u64 = 5;
 /// offsets, in per-(connection, key) order.
 #[test]
 fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica() {
-    let (first, seed) = start_node(None);
-    let (second, _) = start_node(Some(seed));
-    let (third, _) = start_node(Some(seed));
-    let nodes = [first, second, third];
+    let nodes = start_replicated_cluster();
     let all: Vec<&Node> = nodes.iter().collect();
-    wait_for(&all, READY_WITHIN, "three members alive", |view| {
-        view["members"]
-            .as_array()
-            .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
-    });
-    for node in &nodes {
-        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
-    }
-    wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
     let producers: Vec<_> = (0..PIPELINED_CONNECTIONS)
         .map(|connection| {
             let ingest = nodes[connection as usize % 3].server.ingest;
