@@ -193,7 +193,6 @@ const PIPELINED_KEYS: u64 = 5;
 #[test]
 fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica() {
     let nodes = start_replicated_cluster();
-    let all: Vec<&Node> = nodes.iter().collect();
     let producers: Vec<_> = (0..PIPELINED_CONNECTIONS)
         .map(|connection| {
             let ingest = nodes[connection as usize % 3].server.ingest;
