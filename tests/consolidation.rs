@@ -145,12 +145,7 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
 
     stop_producers.store(true, Ordering::Relaxed);
     let sent: u64 = producers.into_iter().map(|producer| producer.join().unwrap()).sum();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while seen.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stop_checker.store(true, Ordering::Relaxed);
-    checker.join().unwrap();
+    common::finish_order_checker(checker, &seen, &stop_checker, sent, Duration::from_secs(30));
     let moves = server.total("consolidation_moves");
     let batches = server.total("consolidation_batches");
     eprintln!(

@@ -124,12 +124,7 @@ fn run(
         }
     }
     let sent: u64 = producers.into_iter().map(|producer| producer.join().unwrap()).sum();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while subscribed.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stop.store(true, Ordering::Relaxed);
-    subscriber.join().unwrap();
+    common::finish_order_checker(subscriber, &subscribed, &stop, sent, Duration::from_secs(30));
     assert_eq!(subscribed.load(Ordering::Relaxed), sent, "the subscriber saw every event exactly once");
     assert_eq!(server.total("events_stored"), sent, "/stats agrees");
     RunResult { sent, samples }

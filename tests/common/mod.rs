@@ -554,6 +554,24 @@ pub fn spawn_order_checker(
     })
 }
 
+/// Ends a [`spawn_order_checker`]: waits up to `limit` for it to have seen `sent` events, then
+/// stops it and joins it (so its assertions fail the test). The caller asserts the count.
+pub fn finish_order_checker(
+    checker: std::thread::JoinHandle<()>,
+    seen: &std::sync::atomic::AtomicU64,
+    stop: &std::sync::atomic::AtomicBool,
+    sent: u64,
+    limit: Duration,
+) {
+    use std::sync::atomic::Ordering;
+    let deadline = Instant::now() + limit;
+    while seen.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    checker.join().unwrap();
+}
+
 /// Starts a one-shard node with `partitions` partitions whose internode address is a free
 /// loopback port, joining the cluster through `seed` when given (a new cluster without), with
 /// `extra` flags after. Returns the server and its internode address.
