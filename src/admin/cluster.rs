@@ -109,7 +109,46 @@ pub fn metrics(out: &mut String, view: &ClusterView) {
     for (name, help, value) in totals {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
+    replication_metrics(out, view);
     transport_metrics(out, view);
+}
+
+/// The Raft store's families: its entries against the bound, proposals
+/// refused while it was full, compactions, rewrites and snapshots.
+fn replication_metrics(out: &mut String, view: &ClusterView) {
+    let stats = view.replication;
+    let families = [
+        ("spate_raft_log_entry_bytes", "gauge", "Bytes of Raft log entries held (every group).", stats.entry_bytes),
+        ("spate_raft_log_entry_bytes_max", "gauge", "The bound on them (--raft-log-bytes-max).", stats.entry_bytes_max),
+        (
+            "spate_raft_log_full_refusals_total",
+            "counter",
+            "Proposals refused because the Raft log was full (compaction behind).",
+            stats.full_refusals,
+        ),
+        ("spate_raft_log_compactions_total", "counter", "Raft log compactions of a group.", stats.compactions),
+        (
+            "spate_raft_log_rewrites_total",
+            "counter",
+            "Rewrites of raft.log with the live state only.",
+            stats.store_rewrites,
+        ),
+        (
+            "spate_raft_snapshots_installed_total",
+            "counter",
+            "Raft snapshots installed (the leader had compacted what this replica needed).",
+            stats.snapshots_installed,
+        ),
+        (
+            "spate_raft_partition_gaps_total",
+            "counter",
+            "Deliveries held: a partition lacked records before its group's compaction point.",
+            stats.gaps,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    }
 }
 
 /// The transport's families, one series per peer (`peer` = its node id).

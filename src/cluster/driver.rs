@@ -84,6 +84,8 @@ pub struct ClusterView {
     pub peers: Vec<PeerView>,
     /// Every Raft group this node holds.
     pub groups: Vec<crate::replication::node::GroupView>,
+    /// The Raft store and its compaction (default without replication).
+    pub replication: crate::replication::node::ReplicationStats,
 }
 
 /// What the cluster thread starts from.
@@ -199,6 +201,7 @@ impl Node {
             now: self.now(),
             peers: self.transport.as_ref().map(|transport| transport.peers()).unwrap_or_default(),
             groups: self.replication.as_ref().map(|replication| replication.borrow().views()).unwrap_or_default(),
+            replication: self.replication.as_ref().map(|replication| replication.borrow().stats()).unwrap_or_default(),
         }
     }
 }

@@ -417,6 +417,14 @@ pub struct Config {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub transport_test_receive_us_per_kib: u64,
 
+    /// With `--cluster`: bytes of Raft log entries (every replicated
+    /// group's, memory and `replication/raft.log` alike) the node holds
+    /// before it refuses proposals. Entries leave once applied and durable
+    /// in their partition's log (compaction), so this is reached only when
+    /// compaction falls behind; it is in the memory formula.
+    #[arg(long, default_value_t = crate::replication::file_store::ENTRY_BYTES_MAX, value_parser = clap::value_parser!(u64).range(MIB as u64..=(1 << 40)))]
+    pub raft_log_bytes_max: u64,
+
     /// TEST KNOB: shards the apply delay applies to (comma-separated ids);
     /// empty means every shard. Makes one shard the slow, "hot" one.
     #[arg(long, value_delimiter = ',')]

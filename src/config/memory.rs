@@ -356,6 +356,20 @@ pub const FORMULA: &[FormulaLine] = &[
         },
     },
     FormulaLine {
+        term: Term::Fixed,
+        storage: None,
+        expression: || "cluster * raft_log_bytes_max".to_string(),
+        what: "replication: the Raft log entries of every group, held in memory as well as in the file; \
+               compacted once applied and durable in their partition, so full only when compaction is behind \
+               (a snapshot sent to a lagging replica is its metadata, no data)",
+        bytes: |config| {
+            if config.cluster_address().is_none() {
+                return 0;
+            }
+            usize::try_from(config.raft_log_bytes_max).unwrap_or(usize::MAX)
+        },
+    },
+    FormulaLine {
         term: Term::Groups,
         storage: None,
         expression: || {
@@ -1139,6 +1153,7 @@ mod tests {
                 "log_prefault_bytes" => config.log_prefault_bytes,
                 "groups_max" => config.groups_max,
                 "cluster" => usize::from(config.cluster_address().is_some()),
+                "raft_log_bytes_max" => usize::try_from(config.raft_log_bytes_max).unwrap_or(usize::MAX),
                 other => panic!("the formula names {other:?}, which is no flag this test knows"),
             };
             value as u128

@@ -14,12 +14,30 @@
 //! body: `u8` kind, `u32` stream part and `u32` partition of the group, and
 //! the kind's payload (protobuf for raft-rs's types).
 //!
-//! Bounds: the file and the memory grow with the replicated data, since the
-//! log is never compacted yet (that needs snapshots that stream segments);
-//! [`ENTRY_BYTES_MAX`] caps the entries' bytes, and proposals past it are
-//! refused ([`FileLogStore::is_full`]). A failed write or sync ends the
-//! process: raft-rs has been told the round is durable, and a node that
-//! went on could acknowledge what it lost (PostgreSQL's "fsyncgate").
+//! Compaction: a group's log is compacted once its entries are applied and
+//! their records durable in the partition's log (the node decides when,
+//! [`crate::replication::node`]); the store drops them from memory and
+//! appends a compaction record. The file would still grow forever, so it
+//! is *rewritten*: when it passes [`FileLogStore::rewrite_threshold_bytes`]
+//! (the larger of half the entry bound and 4x the live entries), the live
+//! state of every group (compaction point, entries past it, hard state,
+//! applied index and configuration) is written to `raft.log.new`, synced,
+//! and renamed over `raft.log` (the directory synced too), so a crash at
+//! any point leaves one complete file. Each rewrite writes at most a
+//! quarter of what was appended since the last, so rewriting adds at most
+//! 25 % to the store's writes, and the file stays below 4x the live entries
+//! (at most 4x the entry bound, 1 GiB by default). One file rewritten by
+//! rename was chosen over numbered files deleted once compacted: a group
+//! that goes quiet would pin every numbered file after its last entry,
+//! while a rewrite carries its few live entries forward.
+//!
+//! Bounds: the entries' bytes (every group's, memory and file alike) are
+//! capped by the entry bound (`--raft-log-bytes-max`, default
+//! [`ENTRY_BYTES_MAX`]), and proposals past it are refused
+//! ([`FileLogStore::is_full`]) until compaction makes room. A failed write
+//! or sync ends the process: raft-rs has been told the round is durable,
+//! and a node that went on could acknowledge what it lost (PostgreSQL's
+//! "fsyncgate").
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -29,7 +47,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState};
 
 use crate::replication::GroupId;
-use crate::replication::store::{GroupLog, LogStore, MemoryLogStore};
+use crate::replication::store::{Compacted, GroupLog, LogStore, MemoryLogStore};
 use crate::runtime::log;
 
 /// Most bytes of entry data the store holds (every group's, memory and
@@ -38,6 +56,7 @@ pub const ENTRY_BYTES_MAX: u64 = 256 << 20;
 /// The store's directory under the data directory.
 pub const REPLICATION_DIR_NAME: &str = "replication";
 const LOG_FILE_NAME: &str = "raft.log";
+const REWRITE_FILE_NAME: &str = "raft.log.new";
 /// A body longer than this is corruption (an entry is at most a proposal
 /// of a batch's records; raft-rs's own messages are smaller).
 const RECORD_BYTES_MAX: usize = 64 << 20;
@@ -48,6 +67,8 @@ const KIND_HARD_STATE: u8 = 3;
 const KIND_COMMIT: u8 = 4;
 const KIND_APPLIED: u8 = 5;
 const KIND_REMOVE: u8 = 6;
+const KIND_COMPACT: u8 = 7;
+const KIND_RESTORE: u8 = 8;
 
 /// The node's Raft store: memory, plus a log file when storage is on disk.
 pub struct FileLogStore {
@@ -56,8 +77,13 @@ pub struct FileLogStore {
     path: Option<PathBuf>,
     /// Records of this round, written and synced by [`LogStore::sync`].
     pending: Vec<u8>,
+    /// Bytes of entry data held (every group's live entries).
     entry_bytes: u64,
+    entry_bytes_max: u64,
+    /// Bytes of the file, and of its last rewrite (what was live then).
+    file_bytes: u64,
     pub syncs: u64,
+    pub rewrites: u64,
 }
 
 impl FileLogStore {
@@ -70,8 +96,17 @@ impl FileLogStore {
             path: None,
             pending: Vec::new(),
             entry_bytes: 0,
+            entry_bytes_max: ENTRY_BYTES_MAX,
+            file_bytes: 0,
             syncs: 0,
+            rewrites: 0,
         }
+    }
+
+    /// Sets the entry bound (`--raft-log-bytes-max`).
+    pub fn with_entry_bytes_max(mut self, entry_bytes_max: u64) -> FileLogStore {
+        self.entry_bytes_max = entry_bytes_max.max(1);
+        self
     }
 
     /// Opens (or creates) the store under `data_dir`, reading back every
@@ -96,12 +131,69 @@ impl FileLogStore {
             file.sync_all()?;
         }
         store.file = Some(file);
+        store.file_bytes = valid as u64;
+        store.entry_bytes = store
+            .memory
+            .groups()
+            .iter()
+            .filter_map(|group| store.memory.log(*group))
+            .map(|log| log.data_bytes_from(0))
+            .sum();
         Ok(store)
     }
 
-    /// Whether the entries reached [`ENTRY_BYTES_MAX`].
+    /// Whether the entries reached the entry bound.
     pub fn is_full(&self) -> bool {
-        self.entry_bytes >= ENTRY_BYTES_MAX
+        self.entry_bytes >= self.entry_bytes_max
+    }
+
+    pub fn entry_bytes_max(&self) -> u64 {
+        self.entry_bytes_max
+    }
+
+    /// The file size past which [`LogStore::sync`] rewrites it with the
+    /// live state only (module doc).
+    pub fn rewrite_threshold_bytes(&self) -> u64 {
+        (self.entry_bytes_max / 2).max(self.entry_bytes.saturating_mul(4))
+    }
+
+    /// Writes the live state of every group to a new file and renames it
+    /// over the log (module doc), then appends to the new file.
+    fn rewrite(&mut self) -> std::io::Result<()> {
+        let Some(path) = self.path.clone() else { return Ok(()) };
+        let mut bytes = Vec::new();
+        for group in self.memory.groups() {
+            let Some(log) = self.memory.log(group).cloned() else { continue };
+            self.pending.clear();
+            self.record(KIND_CREATE, group, |_| {});
+            if log.compacted.index > 0 {
+                self.record(KIND_RESTORE, group, |out| encode_compacted(out, &log.compacted));
+            }
+            if !log.entries.is_empty() {
+                self.record(KIND_APPEND, group, |out| encode_entries(out, &log.entries));
+            }
+            self.record(KIND_HARD_STATE, group, |out| {
+                out.extend_from_slice(&log.hard_state.write_to_bytes().unwrap_or_default())
+            });
+            self.record(KIND_APPLIED, group, |out| {
+                out.extend_from_slice(&log.applied.to_le_bytes());
+                out.extend_from_slice(&log.conf_state.write_to_bytes().unwrap_or_default());
+            });
+            bytes.extend_from_slice(&self.pending);
+        }
+        self.pending.clear();
+        let new_path = path.with_file_name(REWRITE_FILE_NAME);
+        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&new_path)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&new_path, &path)?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
+        self.file_bytes = bytes.len() as u64;
+        self.rewrites += 1;
+        Ok(())
     }
 
     pub fn entry_bytes(&self) -> u64 {
@@ -129,11 +221,7 @@ impl FileLogStore {
         let payload = rest.get(8..)?;
         match kind {
             KIND_CREATE => self.memory.create(group, GroupLog::default()),
-            KIND_APPEND => {
-                let entries = decode_entries(payload)?;
-                self.entry_bytes += entries.iter().map(|entry| entry.data.len() as u64).sum::<u64>();
-                self.memory.append(group, &entries);
-            }
+            KIND_APPEND => self.memory.append(group, &decode_entries(payload)?),
             KIND_HARD_STATE => self.memory.set_hard_state(group, &HardState::parse_from_bytes(payload).ok()?),
             KIND_COMMIT => self.memory.set_commit(group, u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)),
             KIND_APPLIED => {
@@ -144,6 +232,8 @@ impl FileLogStore {
                 };
                 self.memory.set_applied(group, applied, conf_state.as_ref());
             }
+            KIND_COMPACT => self.memory.compact(group, decode_compacted(payload)?),
+            KIND_RESTORE => self.memory.restore(group, decode_compacted(payload)?),
             KIND_REMOVE => self.memory.remove(group),
             _ => return None,
         }
@@ -171,9 +261,35 @@ impl FileLogStore {
         let Some(file) = self.file.as_mut() else { return Ok(()) };
         file.write_all(&self.pending)?;
         file.sync_data()?;
+        self.file_bytes += self.pending.len() as u64;
         self.pending.clear();
+        if self.file_bytes > self.rewrite_threshold_bytes() {
+            self.rewrite()?;
+        }
         Ok(())
     }
+
+    /// Bytes of entry data of `group` from `index` on.
+    fn data_bytes_from(&self, group: GroupId, index: u64) -> u64 {
+        self.memory.log(group).map_or(0, |log| log.data_bytes_from(index))
+    }
+}
+
+fn encode_compacted(out: &mut Vec<u8>, compacted: &Compacted) {
+    out.extend_from_slice(&compacted.index.to_le_bytes());
+    out.extend_from_slice(&compacted.term.to_le_bytes());
+    out.extend_from_slice(&compacted.offset.to_le_bytes());
+    out.extend_from_slice(&compacted.conf_state.write_to_bytes().unwrap_or_default());
+}
+
+fn decode_compacted(payload: &[u8]) -> Option<Compacted> {
+    let u64_at = |at: usize| payload.get(at..at + 8).and_then(|bytes| bytes.try_into().ok()).map(u64::from_le_bytes);
+    Some(Compacted {
+        index: u64_at(0)?,
+        term: u64_at(8)?,
+        offset: u64_at(16)?,
+        conf_state: ConfState::parse_from_bytes(payload.get(24..)?).ok()?,
+    })
 }
 
 /// The body of the record at the start of `bytes` and the bytes it takes,
@@ -229,9 +345,9 @@ impl LogStore for FileLogStore {
     }
 
     fn append(&mut self, group: GroupId, entries: &[Entry]) {
-        if entries.is_empty() {
-            return;
-        }
+        let Some(first) = entries.first() else { return };
+        let replaced = self.data_bytes_from(group, first.index);
+        self.entry_bytes = self.entry_bytes.saturating_sub(replaced);
         self.entry_bytes += entries.iter().map(|entry| entry.data.len() as u64).sum::<u64>();
         self.record(KIND_APPEND, group, |out| encode_entries(out, entries));
         self.memory.append(group, entries);
@@ -259,7 +375,25 @@ impl LogStore for FileLogStore {
         self.memory.set_applied(group, applied, conf_state);
     }
 
+    fn compact(&mut self, group: GroupId, compacted: Compacted) {
+        let Some(log) = self.memory.log(group) else { return };
+        if compacted.index <= log.compacted.index || compacted.index > log.last_index() {
+            return;
+        }
+        let dropped = log.data_bytes_from(0) - log.data_bytes_from(compacted.index + 1);
+        self.entry_bytes = self.entry_bytes.saturating_sub(dropped);
+        self.record(KIND_COMPACT, group, |out| encode_compacted(out, &compacted));
+        self.memory.compact(group, compacted);
+    }
+
+    fn restore(&mut self, group: GroupId, compacted: Compacted) {
+        self.entry_bytes = self.entry_bytes.saturating_sub(self.data_bytes_from(group, 0));
+        self.record(KIND_RESTORE, group, |out| encode_compacted(out, &compacted));
+        self.memory.restore(group, compacted);
+    }
+
     fn remove(&mut self, group: GroupId) {
+        self.entry_bytes = self.entry_bytes.saturating_sub(self.data_bytes_from(group, 0));
         self.record(KIND_REMOVE, group, |_| {});
         self.memory.remove(group);
     }

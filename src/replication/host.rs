@@ -74,7 +74,7 @@ use crate::cluster::rng::SeededRng;
 use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
 use crate::replication::placement::{Candidate, desired_replicas};
 use crate::replication::reconfig::{self, LeaderView, Step};
-use crate::replication::store::{GroupLog, GroupStorage, LogStore};
+use crate::replication::store::{Compacted, GroupLog, GroupStorage, LogStore};
 use crate::replication::wire::{BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, PeerBatch, message_bytes_estimate};
 use crate::replication::{GroupId, ReplicaId};
 
@@ -170,6 +170,8 @@ pub struct HostCounters {
     /// Configuration changes raft-rs refused to apply: must stay 0.
     pub conf_change_errors: u64,
     pub frame_errors: u64,
+    /// Snapshots installed: the leader had compacted what this replica needed.
+    pub snapshots_installed: u64,
 }
 
 /// One group's state on this node: its Raft state machine, whose log and
@@ -464,7 +466,10 @@ impl<S: LogStore> ReplicaHost<S> {
     /// Whether a message for a group this node lacks may create it: only a
     /// leader's append or heartbeat, and past the group's tombstone.
     fn may_create(&mut self, id: GroupId, message: &Message) -> bool {
-        let from_leader = matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgHeartbeat);
+        let from_leader = matches!(
+            message.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        );
         let past_tombstone = self.tombstones.get(&id).is_none_or(|applied| message.commit > *applied);
         if !from_leader || !past_tombstone || message.term == 0 {
             return false;
@@ -507,6 +512,13 @@ impl<S: LogStore> ReplicaHost<S> {
             {
                 let mut store = self.store.borrow_mut();
                 if !ready.entries().is_empty() || ready.hs().is_some() {
+                    wrote = true;
+                }
+                if !ready.snapshot().is_empty() {
+                    // The leader compacted what this replica needs: the log
+                    // restarts after the snapshot's point (store module doc).
+                    store.restore(id, Compacted::of_snapshot(ready.snapshot()));
+                    self.counters.snapshots_installed += 1;
                     wrote = true;
                 }
                 store.append(id, ready.entries());
@@ -664,6 +676,21 @@ impl<S: LogStore> ReplicaHost<S> {
             learners: conf.learners,
             quiet: group.quiet,
         })
+    }
+
+    /// When this node leads `id`: the lowest index a live peer (one raft-rs
+    /// saw recently, or a member this node sees alive) has matched, so
+    /// compaction can spare it a snapshot; `None` when not leading.
+    pub fn lowest_live_match(&self, id: GroupId) -> Option<u64> {
+        let raft = &self.groups.get(&id)?.raw.raft;
+        if raft.state != StateRole::Leader {
+            return None;
+        }
+        raft.prs()
+            .iter()
+            .filter(|(peer, progress)| **peer != self.id && (progress.recent_active || self.is_live(**peer)))
+            .map(|(_, progress)| progress.matched)
+            .min()
     }
 
     /// Groups not ticked now.

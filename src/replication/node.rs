@@ -79,7 +79,7 @@ use crate::replication::file_store::FileLogStore;
 use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
 use crate::replication::host::{Ack, HostConfig, ProposeError, ReplicaHost};
 use crate::replication::placement::{Candidate, desired_replicas};
-use crate::replication::store::LogStore;
+use crate::replication::store::{Compacted, LogStore};
 use crate::replication::wire::PeerBatch;
 use crate::replication::{GroupId, ReplicaId, replica_id_of};
 use crate::runtime::log;
@@ -162,8 +162,26 @@ pub struct CommittedRecords {
     pub partition: u32,
     pub first_offset: u64,
     pub records: Vec<u8>,
-    pub reply: flume::Sender<Option<u64>>,
+    pub reply: flume::Sender<Option<PartitionEnd>>,
 }
+
+/// Where a partition's log ends, as its shard answers a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionEnd {
+    pub end_offset: u64,
+    /// Records below it survive a `kill -9` under the fsync policy (the
+    /// partition's visible offset: written under `interval` and `never`,
+    /// synced under `always`; everything with `--storage memory`, where
+    /// nothing survives anyway): the group's log may be compacted up to it.
+    pub durable_offset: u64,
+}
+
+/// Most delivered positions a group keeps as compaction candidates; older
+/// ones are dropped (a later one serves as well).
+const DURABLE_POINTS_MAX: usize = 4096;
+/// How long a group whose partition lacks records before its compaction
+/// point waits before it looks again, in ms.
+const GAP_RETRY_MS: u64 = 1000;
 
 /// One group as `GET /cluster` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -192,6 +210,9 @@ pub struct GroupView {
 struct Cursor {
     index: u64,
     offset: u64,
+    /// Entry data bytes walked since the cursor was last learnt (only
+    /// differences count: the tail kept at compaction).
+    bytes: u64,
 }
 
 struct Pending {
@@ -244,6 +265,31 @@ pub struct ReplicationNode {
     unsent: HashMap<NodeId, Unsent>,
     pub batches_dropped: u64,
     pub forwarded_refused: u64,
+    /// Per group, delivered positions oldest first: compaction candidates
+    /// once the partition says their records are durable (module doc,
+    /// "Compaction and snapshots"); at most [`DURABLE_POINTS_MAX`] each.
+    durable_points: HashMap<GroupId, VecDeque<Cursor>>,
+    /// Groups whose partition lacks records before the compaction point,
+    /// and since when.
+    gaps: HashMap<GroupId, Instant>,
+    pub stats: ReplicationStats,
+    full_refusals: log::Episode,
+    gap_warnings: log::Episode,
+}
+
+/// The node's Raft store and compaction counters (`/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicationStats {
+    pub entry_bytes: u64,
+    pub entry_bytes_max: u64,
+    /// Proposals refused because the store was full.
+    pub full_refusals: u64,
+    pub compactions: u64,
+    pub snapshots_installed: u64,
+    pub store_rewrites: u64,
+    /// Deliveries held because the partition lacks records before its
+    /// group's compaction point.
+    pub gaps: u64,
 }
 
 impl ReplicationNode {
@@ -270,7 +316,41 @@ impl ReplicationNode {
             unsent: HashMap::new(),
             batches_dropped: 0,
             forwarded_refused: 0,
+            durable_points: HashMap::new(),
+            gaps: HashMap::new(),
+            stats: ReplicationStats::default(),
+            full_refusals: log::Episode::new("proposals refused: Raft log full"),
+            gap_warnings: log::Episode::new("partitions behind their group's compaction point"),
         }
+    }
+
+    /// The store and compaction counters as of now.
+    pub fn stats(&self) -> ReplicationStats {
+        let store = self.store.borrow();
+        ReplicationStats {
+            entry_bytes: store.entry_bytes(),
+            entry_bytes_max: store.entry_bytes_max(),
+            snapshots_installed: self.host.counters.snapshots_installed,
+            store_rewrites: store.rewrites,
+            ..self.stats
+        }
+    }
+
+    /// Counts and (once per episode) logs a proposal refused because the
+    /// store is full: compaction is behind (module doc).
+    fn note_full(&mut self) {
+        self.stats.full_refusals += 1;
+        let (bytes, bytes_max) = (self.store.borrow().entry_bytes(), self.store.borrow().entry_bytes_max());
+        self.full_refusals.occur(
+            Instant::now(),
+            log::Level::Warn,
+            log::Scope::process(),
+            format_args!(
+                "replication: the Raft log holds {bytes} bytes of entries (--raft-log-bytes-max {bytes_max}): \
+                 proposals are refused until compaction catches up (applied entries whose records are durable \
+                 in their partition are dropped)"
+            ),
+        );
     }
 
     /// Whether there is anything to run: a replicated stream or a group.
@@ -351,6 +431,7 @@ impl ReplicationNode {
         }
         let Some(status) = self.host.status(request.group) else { return refuse(ProposalRefused::NotAReplica) };
         if self.store.borrow().is_full() {
+            self.note_full();
             return refuse(ProposalRefused::StoreFull);
         }
         if self.pending.len() >= PROPOSALS_PENDING_MAX {
@@ -391,6 +472,7 @@ impl ReplicationNode {
         };
         let Ok((header, records)) = decode_proposal(proposal) else { return };
         if self.store.borrow().is_full() {
+            self.note_full();
             return;
         }
         // Not leading (any more): the proposer times out and tries again.
@@ -519,6 +601,9 @@ impl ReplicationNode {
                 continue;
             }
             let Some(status) = self.host.status(group) else { continue };
+            if self.gaps.get(&group).is_some_and(|since| since.elapsed() < Duration::from_millis(GAP_RETRY_MS)) {
+                continue;
+            }
             let cursor = self.cursors.get(&group);
             if cursor.is_none_or(|cursor| cursor.index <= status.commit) {
                 due.push((group, stream.base + group.partition));
@@ -536,24 +621,30 @@ impl ReplicationNode {
         let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
         let (mut records, mut next) = (Vec::new(), cursor);
         while next.index <= commit && records.len() < DELIVERY_BYTES_MAX {
-            if let Some(entry) = log.entry(next.index)
-                && let Ok((header, frame)) = decode_proposal(&entry.data)
+            let Some(entry) = log.entry(next.index) else { break };
+            if let Ok((header, frame)) = decode_proposal(&entry.data)
                 && entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal
             {
                 records.extend_from_slice(frame);
                 next.offset += u64::from(header.record_count);
             }
+            next.bytes += entry.data.len() as u64;
             next.index += 1;
         }
         (records, next)
     }
 
     /// Where delivery to a shard whose log ends at `end_offset` starts:
-    /// the first committed entry holding an offset at or past it.
-    fn cursor_for(&self, group: GroupId, end_offset: u64) -> Cursor {
+    /// the first committed entry holding an offset at or past it; `None`
+    /// when the partition lacks records before the group's compaction
+    /// point (they are in no entry here).
+    fn cursor_for(&self, group: GroupId, end_offset: u64) -> Option<Cursor> {
         let store = self.store.borrow();
-        let mut cursor = Cursor { index: 1, offset: 0 };
-        let Some(log) = store.log(group) else { return cursor };
+        let Some(log) = store.log(group) else { return Some(Cursor { index: 1, offset: 0, bytes: 0 }) };
+        let mut cursor = Cursor { index: log.first_index(), offset: log.compacted.offset, bytes: 0 };
+        if end_offset < cursor.offset {
+            return None;
+        }
         let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
         while cursor.index <= commit {
             let count = log
@@ -567,7 +658,78 @@ impl ReplicationNode {
             cursor.offset += count;
             cursor.index += 1;
         }
-        cursor
+        Some(cursor)
+    }
+
+    /// Records a delivery the shard answered: `delivered` is where the
+    /// cursor now stands, and compacts the group's log up to the newest
+    /// delivered position whose records are durable, keeping a tail of
+    /// [`Self::tail_bytes`] (module doc, "Compaction and snapshots").
+    fn delivered(&mut self, group: GroupId, delivered: Cursor, durable_offset: u64) {
+        let tail_bytes = self.tail_bytes();
+        let points = self.durable_points.entry(group).or_default();
+        if points.back().is_none_or(|last| last.index < delivered.index) {
+            if points.len() >= DURABLE_POINTS_MAX {
+                points.pop_front();
+            }
+            points.push_back(delivered);
+        }
+        // A leader spares a live follower a snapshot (whose records it
+        // would have to fetch) while the store is less than half full.
+        let store_bytes = (self.store.borrow().entry_bytes(), self.store.borrow().entry_bytes_max());
+        let spare = self.host.lowest_live_match(group).filter(|_| store_bytes.0 < store_bytes.1 / 2);
+        let mut target = None;
+        while let Some(front) = points.front()
+            && front.offset <= durable_offset
+            && delivered.bytes.saturating_sub(front.bytes) >= tail_bytes
+            && spare.is_none_or(|matched| front.index <= matched + 1)
+        {
+            target = points.pop_front();
+        }
+        let Some(target) = target else { return };
+        let compacted = {
+            let store = self.store.borrow();
+            let Some(log) = store.log(group) else { return };
+            let index = target.index - 1;
+            if index > log.applied || index < log.conf_index {
+                // Not applied yet, or before the last configuration change:
+                // try again at a later delivery.
+                points.push_front(target);
+                return;
+            }
+            let Some(term) = log.entry(index).map(|entry| entry.term) else { return };
+            Compacted { index, term, conf_state: log.conf_state.clone(), offset: target.offset }
+        };
+        self.store.borrow_mut().compact(group, compacted);
+        self.stats.compactions += 1;
+    }
+
+    /// Entry bytes a group keeps past its compaction point, so a follower
+    /// that lags briefly catches up from the log rather than a snapshot:
+    /// an eighth of the store's bound, shared by the groups.
+    fn tail_bytes(&self) -> u64 {
+        let groups = self.host.groups().count().max(1) as u64;
+        self.store.borrow().entry_bytes_max() / 8 / groups
+    }
+
+    /// The partition of `group` lacks records before the compaction point
+    /// (a snapshot was installed, or a power cut took records a kill would
+    /// not): nothing is delivered until they are back, logged once per episode.
+    fn note_gap(&mut self, group: GroupId, end_offset: u64) {
+        self.stats.gaps += 1;
+        self.gaps.insert(group, Instant::now());
+        let needed = self.store.borrow().log(group).map_or(0, |log| log.compacted.offset);
+        self.gap_warnings.occur(
+            Instant::now(),
+            log::Level::Warn,
+            log::Scope::process(),
+            format_args!(
+                "replication: partition {} of group stream {:08x} ends at offset {end_offset}, before its group's \
+                 compaction point (offset {needed}): its records up to there must come from another replica, \
+                 which is not implemented yet; delivery to it waits",
+                group.partition, group.stream_id
+            ),
+        );
     }
 
     /// Answers the proposals of `group` delivered before `cursor`.
@@ -637,7 +799,9 @@ async fn deliver_once(
     group: GroupId,
     partition: u32,
 ) -> bool {
-    let known = node.borrow().cursors.get(&group).copied();
+    let first_index = node.borrow().store.borrow().log(group).map_or(1, |log| log.first_index());
+    // A cursor before the compaction point (a snapshot came): learn again.
+    let known = node.borrow().cursors.get(&group).copied().filter(|cursor| cursor.index >= first_index);
     let (records, first_offset, after) = match known {
         Some(cursor) => {
             let (records, after) = node.borrow().committed_records(group, cursor);
@@ -649,21 +813,28 @@ async fn deliver_once(
         // Learn where the shard's log ends first (an empty delivery).
         None => (Vec::new(), u64::MAX, None),
     };
-    let Some(end_offset) = ask_owner(node, controls, group, partition, first_offset, records).await else {
+    let Some(end) = ask_owner(node, controls, group, partition, first_offset, records).await else {
         return false;
     };
     let mut node = node.borrow_mut();
     match after {
-        Some(after) if after.offset == end_offset => {
+        Some(after) if after.offset == end.end_offset => {
             node.cursors.insert(group, after);
             node.answer_delivered(group, after);
+            node.delivered(group, after, end.durable_offset);
             true
         }
         _ => {
             // First contact, or the shard's log is not where the cursor
             // thought (it lost an unsynced tail, or has more): start again
             // from where it ends.
-            let cursor = node.cursor_for(group, end_offset);
+            node.durable_points.remove(&group);
+            let Some(cursor) = node.cursor_for(group, end.end_offset) else {
+                node.cursors.remove(&group);
+                node.note_gap(group, end.end_offset);
+                return false;
+            };
+            node.gaps.remove(&group);
             node.cursors.insert(group, cursor);
             node.answer_delivered(group, cursor);
             true
@@ -680,7 +851,7 @@ async fn ask_owner(
     partition: u32,
     first_offset: u64,
     records: Vec<u8>,
-) -> Option<u64> {
+) -> Option<PartitionEnd> {
     let first = node.borrow().owners.get(&group).copied().unwrap_or(0);
     let count = controls.len() as u16;
     for step in 0..count {
@@ -696,9 +867,9 @@ async fn ask_owner(
             Ok(None)
         };
         match futures_lite::future::or(answer.recv_async(), timeout).await {
-            Ok(Some(end_offset)) => {
+            Ok(Some(end)) => {
                 node.borrow_mut().owners.insert(group, shard);
-                return Some(end_offset);
+                return Some(end);
             }
             Ok(None) | Err(_) => continue,
         }

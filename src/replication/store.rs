@@ -12,8 +12,14 @@
 //! the synced state apart, and [`MemoryLogStore::crash`] throws away every
 //! write since the last sync, as a power cut would.
 //!
-//! Logs are not compacted yet: a new replica catches up from index 1. The
-//! WAL brings compaction, and snapshots that stream segments.
+//! A group's log is compacted ([`LogStore::compact`]) once its entries are
+//! applied and their records durable in the partition's own log: the
+//! entries up to a point are dropped and the point ([`Compacted`]: index,
+//! term, configuration and the partition offset after it) is kept. A peer
+//! that needs a dropped entry gets a Raft snapshot of that point instead
+//! ([`GroupStorage`]'s `snapshot`), installed with [`LogStore::restore`];
+//! the partition's records before it come from a peer's partition log
+//! ([`crate::replication::node`], "Compaction and snapshots").
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -24,32 +30,104 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 
 use crate::replication::GroupId;
 
+/// Where a group's log was compacted: every entry up to `index` is gone.
+/// It is also what a snapshot of the group says (raft-rs's metadata, and
+/// the partition offset in its data).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Compacted {
+    pub index: u64,
+    /// The term of the entry at `index`.
+    pub term: u64,
+    /// The configuration as of `index`.
+    pub conf_state: ConfState,
+    /// The partition offset the records of the entry after `index` start
+    /// at: how many records the entries up to `index` hold.
+    pub offset: u64,
+}
+
+impl Compacted {
+    /// The compaction point a snapshot describes (its data: the offset,
+    /// `u64` little-endian; a snapshot without it counts as offset 0).
+    pub fn of_snapshot(snapshot: &Snapshot) -> Compacted {
+        let metadata = snapshot.get_metadata();
+        let offset = snapshot.data.get(..8).and_then(|bytes| bytes.try_into().ok()).map_or(0, u64::from_le_bytes);
+        Compacted { index: metadata.index, term: metadata.term, conf_state: metadata.get_conf_state().clone(), offset }
+    }
+
+    /// The snapshot that describes this compaction point.
+    pub fn to_snapshot(&self) -> Snapshot {
+        let mut snapshot = Snapshot { data: self.offset.to_le_bytes().to_vec().into(), ..Snapshot::default() };
+        let metadata = snapshot.mut_metadata();
+        metadata.index = self.index;
+        metadata.term = self.term;
+        metadata.set_conf_state(self.conf_state.clone());
+        snapshot
+    }
+}
+
 /// A group's persistent Raft state.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GroupLog {
-    /// Entries from index 1 on (no compaction yet): `entries[i].index == i + 1`.
+    /// Entries after the compaction point:
+    /// `entries[i].index == compacted.index + 1 + i`.
     pub entries: Vec<Entry>,
     pub hard_state: HardState,
     /// The configuration as of `applied`, written with it.
     pub conf_state: ConfState,
     pub applied: u64,
+    /// The index of the last configuration change applied: the log may be
+    /// compacted only at or past it, so `conf_state` is the configuration
+    /// as of the compaction point.
+    pub conf_index: u64,
+    pub compacted: Compacted,
 }
 
 impl GroupLog {
+    pub fn first_index(&self) -> u64 {
+        self.compacted.index + 1
+    }
+
     pub fn last_index(&self) -> u64 {
-        self.entries.len() as u64
+        self.compacted.index + self.entries.len() as u64
     }
 
     pub fn entry(&self, index: u64) -> Option<&Entry> {
-        index.checked_sub(1).and_then(|position| self.entries.get(usize::try_from(position).ok()?))
+        index.checked_sub(self.first_index()).and_then(|position| self.entries.get(usize::try_from(position).ok()?))
+    }
+
+    /// Bytes of entry data from `index` on (all of them from index 0).
+    pub fn data_bytes_from(&self, index: u64) -> u64 {
+        let skip = usize::try_from(index.saturating_sub(self.first_index())).unwrap_or(usize::MAX);
+        self.entries.iter().skip(skip).map(|entry| entry.data.len() as u64).sum()
     }
 
     /// Appends `entries`, first cutting off any suffix they replace.
     fn append(&mut self, entries: &[Entry]) {
         let Some(first) = entries.first() else { return };
-        let keep = usize::try_from(first.index.saturating_sub(1)).unwrap_or(usize::MAX);
+        let keep = usize::try_from(first.index.saturating_sub(self.first_index())).unwrap_or(usize::MAX);
         self.entries.truncate(keep);
-        self.entries.extend_from_slice(entries);
+        let skip = usize::try_from(self.first_index().saturating_sub(first.index)).unwrap_or(usize::MAX);
+        self.entries.extend_from_slice(entries.get(skip..).unwrap_or_default());
+    }
+
+    /// Drops the entries up to `compacted.index` (never past the last).
+    fn compact(&mut self, compacted: Compacted) {
+        if compacted.index <= self.compacted.index || compacted.index > self.last_index() {
+            return;
+        }
+        let drop = usize::try_from(compacted.index - self.compacted.index).unwrap_or(usize::MAX);
+        self.entries.drain(..drop.min(self.entries.len()));
+        self.compacted = compacted;
+    }
+
+    /// Installs a snapshot: the log restarts after its point, as applied.
+    fn restore(&mut self, compacted: Compacted) {
+        self.entries.clear();
+        self.hard_state.commit = self.hard_state.commit.max(compacted.index);
+        self.conf_state = compacted.conf_state.clone();
+        self.applied = compacted.index;
+        self.conf_index = compacted.index;
+        self.compacted = compacted;
     }
 }
 
@@ -61,6 +139,8 @@ enum Write {
     HardState(HardState),
     Commit(u64),
     Applied { applied: u64, conf_state: Option<ConfState> },
+    Compact(Compacted),
+    Restore(Compacted),
     Remove,
 }
 
@@ -82,8 +162,11 @@ fn apply_write(groups: &mut BTreeMap<GroupId, GroupLog>, group: GroupId, write: 
             log.applied = applied;
             if let Some(conf_state) = conf_state {
                 log.conf_state = conf_state;
+                log.conf_index = applied;
             }
         }
+        Write::Compact(compacted) => log.compact(compacted),
+        Write::Restore(compacted) => log.restore(compacted),
         Write::Create(_) | Write::Remove => {}
     }
 }
@@ -102,6 +185,12 @@ pub trait LogStore {
     /// Records what the node applied, with the configuration as of it
     /// when a configuration change was applied.
     fn set_applied(&mut self, group: GroupId, applied: u64, conf_state: Option<&ConfState>);
+    /// Drops the entries up to `compacted.index`: they are applied and
+    /// their records durable in the partition's log.
+    fn compact(&mut self, group: GroupId, compacted: Compacted);
+    /// Installs a snapshot from the leader: every entry goes, the log
+    /// restarts after `compacted.index`, applied up to it.
+    fn restore(&mut self, group: GroupId, compacted: Compacted);
     fn remove(&mut self, group: GroupId);
     /// Makes every write so far durable: one fsync for all groups.
     fn sync(&mut self);
@@ -175,6 +264,14 @@ impl LogStore for MemoryLogStore {
         self.write(group, Write::Applied { applied, conf_state: conf_state.cloned() });
     }
 
+    fn compact(&mut self, group: GroupId, compacted: Compacted) {
+        self.write(group, Write::Compact(compacted));
+    }
+
+    fn restore(&mut self, group: GroupId, compacted: Compacted) {
+        self.write(group, Write::Restore(compacted));
+    }
+
     fn remove(&mut self, group: GroupId) {
         self.write(group, Write::Remove);
     }
@@ -215,14 +312,15 @@ impl<S: LogStore> raft::Storage for GroupStorage<S> {
     ) -> raft::Result<Vec<Entry>> {
         let store = self.store.borrow();
         let log = store.log(self.group).ok_or_else(unavailable)?;
-        if low == 0 {
+        if low < log.first_index() {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
         if high > log.last_index() + 1 || low > high {
             return Err(unavailable());
         }
-        let range = usize::try_from(low - 1).map_err(|_| unavailable())?
-            ..usize::try_from(high - 1).map_err(|_| unavailable())?;
+        let first = log.first_index();
+        let range = usize::try_from(low - first).map_err(|_| unavailable())?
+            ..usize::try_from(high - first).map_err(|_| unavailable())?;
         let mut entries = log.entries[range].to_vec();
         raft::util::limit_size(&mut entries, max_size.into());
         Ok(entries)
@@ -231,14 +329,18 @@ impl<S: LogStore> raft::Storage for GroupStorage<S> {
     fn term(&self, index: u64) -> raft::Result<u64> {
         let store = self.store.borrow();
         let log = store.log(self.group).ok_or_else(unavailable)?;
-        if index == 0 {
-            return Ok(0);
+        if index == log.compacted.index {
+            return Ok(log.compacted.term);
+        }
+        if index < log.compacted.index {
+            return Err(raft::Error::Store(StorageError::Compacted));
         }
         log.entry(index).map(|entry| entry.term).ok_or_else(unavailable)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(1)
+        let store = self.store.borrow();
+        Ok(store.log(self.group).map_or(1, GroupLog::first_index))
     }
 
     fn last_index(&self) -> raft::Result<u64> {
@@ -246,9 +348,15 @@ impl<S: LogStore> raft::Storage for GroupStorage<S> {
         Ok(store.log(self.group).map_or(0, GroupLog::last_index))
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Logs are never compacted, so a peer never needs one (module doc).
-        Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))
+    /// The compaction point: raft-rs asks only for a peer that needs an
+    /// entry before it (the partition's records come apart, module doc).
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let store = self.store.borrow();
+        let log = store.log(self.group).ok_or_else(unavailable)?;
+        if log.compacted.index == 0 || log.compacted.index < request_index {
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(log.compacted.to_snapshot())
     }
 }
 

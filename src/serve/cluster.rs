@@ -72,7 +72,8 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
     let store = match config.storage {
         Storage::Disk => FileLogStore::open(&config.data_dir).map_err(ServeError::ReplicationStore)?,
         Storage::Memory => FileLogStore::in_memory(),
-    };
+    }
+    .with_entry_bytes_max(config.raft_log_bytes_max);
     let (proposals, receiver) = flume::bounded(PROPOSALS_QUEUED_MAX);
     Ok(ClusterStart {
         identity,

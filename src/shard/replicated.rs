@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use crate::protocol::record::BatchIter;
 use crate::replication::GroupId;
-use crate::replication::node::{CommittedRecords, ProposalRefused, ProposalRequest, append_committed};
+use crate::replication::node::{CommittedRecords, PartitionEnd, ProposalRefused, ProposalRequest, append_committed};
 use crate::routing::DataBatch;
 use crate::runtime::log;
 use crate::runtime::notify::Notify;
@@ -353,10 +353,14 @@ pub fn apply_committed(shard: &Rc<Shard>, committed: CommittedRecords) {
             return;
         };
         let end_offset = partition.log.next_offset();
+        // Visible = what survives a kill -9 under the fsync policy
+        // ([`PartitionEnd::durable_offset`]); before this append.
+        let durable_offset = partition.log.visible_offset();
         let partition_id = committed.partition;
-        append_committed(&committed, end_offset, |record| {
+        let end_offset = append_committed(&committed, end_offset, |record| {
             partitions.append(partition_id, record);
-        })
+        });
+        PartitionEnd { end_offset, durable_offset }
     };
     match &shard.committer {
         Some(committer) => committer.wake(),

@@ -1,0 +1,208 @@
+//! Raft log compaction on three real `spate serve` processes on loopback,
+//! each with a small `--raft-log-bytes-max`: a replicated stream takes
+//! several times that bound and keeps answering every `#SYNC` OK (an
+//! uncompacted log would refuse proposals once full and never answer), the
+//! replicas hold the same records at the same offsets, and a node killed
+//! with kill -9 after compaction comes back with nothing acknowledged lost.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{Delivered, Server, Subscriber};
+use serde_json::{Value, json};
+
+const STREAM: &str = "compacted";
+const PARTITIONS: u32 = 2;
+/// The Raft store's bound on every node: 2 MiB of entries.
+const RAFT_LOG_BYTES_MAX: u64 = 2 << 20;
+/// Events sent: about 230 bytes of entry each, so 12 MiB in all, six
+/// times the bound.
+const EVENTS: u64 = 48_000;
+/// A `#SYNC` after every this many events.
+const SYNC_EVERY: u64 = 500;
+const PAYLOAD_BYTES: usize = 200;
+const READY_WITHIN: Duration = Duration::from_secs(30);
+const CATCH_UP_WITHIN: Duration = Duration::from_secs(60);
+
+fn start_node(seed: Option<SocketAddr>) -> (Server, SocketAddr) {
+    let bound = RAFT_LOG_BYTES_MAX.to_string();
+    common::start_cluster_node(seed, "4", &["--raft-log-bytes-max", &bound])
+}
+
+fn cluster_of(server: &Server) -> Value {
+    serde_json::from_str(&server.get("/cluster")).expect("/cluster is JSON")
+}
+
+fn wait_for(nodes: &[Server], limit: Duration, what: &str, ready: impl Fn(&Value) -> bool) {
+    let started = Instant::now();
+    loop {
+        let views: Vec<Value> = nodes.iter().map(cluster_of).collect();
+        if views.iter().all(&ready) {
+            return;
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}; views: {views:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn groups_ready(view: &Value) -> bool {
+    let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
+    let ready = groups.iter().filter(|group| {
+        group["stream"] == STREAM
+            && group["voters"].as_array().is_some_and(|voters| voters.len() == 3)
+            && !group["leader"].is_null()
+    });
+    ready.count() == PARTITIONS as usize
+}
+
+/// Three nodes joined, the RF 3 stream on each, every group with its
+/// voters and a leader.
+fn start_cluster() -> Vec<Server> {
+    let (first, seed) = start_node(None);
+    let (second, _) = start_node(Some(seed));
+    let (third, _) = start_node(Some(seed));
+    let nodes = vec![first, second, third];
+    wait_for(&nodes, READY_WITHIN, "three members alive", |view| {
+        view["members"]
+            .as_array()
+            .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
+    });
+    for node in &nodes {
+        node.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
+    }
+    wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
+    nodes
+}
+
+/// Sends `count` events from `first` on to `ingest`, `#SYNC` every
+/// [`SYNC_EVERY`]; every SYNC must be answered OK.
+fn produce(ingest: SocketAddr, first: u64, count: u64) {
+    let padding = "x".repeat(PAYLOAD_BYTES);
+    let mut producer = common::Producer::connect(ingest);
+    producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+    for index in first..first + count {
+        producer.send(format!("key{} {index:08} {padding}\n", index % 7).as_bytes());
+        if index % SYNC_EVERY == SYNC_EVERY - 1 {
+            let replies = producer.sync();
+            assert!(replies.iter().all(|line| line.starts_with("OK")), "event {index}: {replies:?}");
+        }
+    }
+    let replies = producer.sync();
+    assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+}
+
+fn ends(server: &Server) -> Vec<u64> {
+    let streams = server.streams();
+    let offsets = streams[STREAM]["next_offsets"].as_array().expect("next_offsets").clone();
+    offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
+}
+
+fn read_all(server: &Server, ends: &[u64]) -> BTreeMap<u32, Vec<Delivered>> {
+    let mut read = BTreeMap::new();
+    for (partition, &end) in ends.iter().enumerate() {
+        let partition = partition as u32;
+        let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {STREAM} {partition} 0"));
+        subscriber.set_timeout(Duration::from_secs(10));
+        read.insert(partition, subscriber.take(end as usize));
+    }
+    read
+}
+
+fn wait_until_holds(server: &Server, wanted: &[u64], index: usize) {
+    let started = Instant::now();
+    loop {
+        let now = ends(server);
+        if now.iter().zip(wanted).all(|(have, want)| have >= want) {
+            return;
+        }
+        assert!(started.elapsed() < CATCH_UP_WITHIN, "node {index} holds {now:?}, not {wanted:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every event `0..total` is in `read` exactly once.
+fn check_each_once(read: &BTreeMap<u32, Vec<Delivered>>, total: u64) {
+    let mut seen: Vec<u64> = read
+        .values()
+        .flatten()
+        .map(|event| {
+            let payload = String::from_utf8_lossy(&event.payload).to_string();
+            payload.split(' ').next().and_then(|index| index.parse().ok()).expect("an indexed payload")
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen.len() as u64, total, "events stored");
+    assert!(seen.iter().copied().eq(0..total), "every event once");
+}
+
+/// Every node holds the committed log of node `reference`, record for
+/// record at the same offsets, and it holds each of `total` events once.
+fn check_replicas_agree(nodes: &[Server], reference: usize, total: u64) {
+    let committed = ends(&nodes[reference]);
+    assert_eq!(committed.iter().sum::<u64>(), total, "offsets on node {reference}: {committed:?}");
+    let expected = read_all(&nodes[reference], &committed);
+    check_each_once(&expected, total);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_holds(node, &committed, index);
+        assert_eq!(read_all(node, &committed), expected, "node {index}'s replica differs");
+    }
+}
+
+/// A store with every group's log compacted stays below its bound: entries
+/// held under `--raft-log-bytes-max`, `raft.log` below 4x it.
+fn check_store_bounded(node: &Server, index: usize) {
+    assert!(node.metric("spate_raft_log_compactions_total") > 0.0, "node {index} never compacted");
+    let held = node.metric("spate_raft_log_entry_bytes");
+    assert!(held < RAFT_LOG_BYTES_MAX as f64, "node {index} holds {held} bytes of entries");
+    let file = node.data_dir.join("replication").join("raft.log");
+    let file_bytes = std::fs::metadata(&file).map(|metadata| metadata.len()).unwrap_or(0);
+    assert!(file_bytes < 4 * RAFT_LOG_BYTES_MAX, "node {index}'s raft.log is {file_bytes} bytes");
+}
+
+/// A 3-node RF 3 stream takes six times the nodes' `--raft-log-bytes-max`
+/// with every `#SYNC` answered OK: entries applied and durable in their
+/// partition are compacted away (without it, the store fills after a sixth
+/// and the next `#SYNC` is never answered), every replica holds every event
+/// once at the same offsets, and each store stays within its bound.
+#[test]
+fn a_replicated_stream_takes_several_times_the_raft_log_bound() {
+    let nodes = start_cluster();
+    let producers: Vec<_> = (0..3u64)
+        .map(|node| {
+            let ingest = nodes[node as usize].ingest;
+            std::thread::spawn(move || produce(ingest, node * EVENTS / 3, EVENTS / 3))
+        })
+        .collect();
+    for producer in producers {
+        producer.join().expect("a producer thread");
+    }
+    check_replicas_agree(&nodes, 0, EVENTS);
+    for (index, node) in nodes.iter().enumerate() {
+        check_store_bounded(node, index);
+        assert_eq!(node.metric("spate_raft_log_full_refusals_total"), 0.0, "node {index} refused proposals");
+    }
+}
+
+/// kill -9 of a node after its log was compacted loses nothing
+/// acknowledged: it restarts from its partition logs and the Raft log past
+/// the compaction point, takes more events, and every replica then holds
+/// every event exactly once at the same offsets.
+#[test]
+fn a_node_killed_after_compaction_restarts_with_nothing_acknowledged_lost() {
+    let mut nodes = start_cluster();
+    produce(nodes[0].ingest, 0, EVENTS / 2);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_holds(node, &ends(&nodes[0]), index);
+    }
+    let victim = 1;
+    assert!(nodes[victim].metric("spate_raft_log_compactions_total") > 0.0, "compacted before the kill");
+    nodes[victim].crash();
+    nodes[victim].spawn();
+    wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader after the restart", groups_ready);
+    produce(nodes[victim].ingest, EVENTS / 2, EVENTS / 2);
+    check_replicas_agree(&nodes, 0, EVENTS);
+    check_store_bounded(&nodes[victim], victim);
+}
