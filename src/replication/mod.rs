@@ -26,7 +26,8 @@
 //! # A group's state
 //!
 //! On each replica a group is: its Raft log (entries from index 1, each
-//! either a configuration change or a frame; never compacted yet), its hard
+//! either a configuration change or a frame; compacted once applied and
+//! durable in the partition, [`node`] "Compaction and snapshots"), its hard
 //! state (term, vote, commit) and its applied index with the configuration
 //! as of it (voters, learners, outgoing voters while joint), all in the
 //! node's [`store::LogStore`]; in memory, the `RawNode` (role, leader,
@@ -45,7 +46,8 @@
 //!   every partition does today), reads come from the partition's segments
 //!   and tail cache, and a checkpoint lets a group's log be compacted; a
 //!   lagging or new replica then catches up from a snapshot that streams
-//!   segments (today it replays from index 1).
+//!   segments (today the node's own store compacts, and a snapshot
+//!   carries only its metadata and the partition offset, not the records).
 //! - **Host: one [`host::ReplicaHost`] per shard,** owning the groups of the
 //!   partitions that shard owns (a group moves with its partition between
 //!   shards, as its log does). The shard's committer calls `process()`

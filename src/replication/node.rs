@@ -54,6 +54,29 @@
 //! order ([`ProposalRequest`]), so a refusal never lets a later batch
 //! overtake an earlier one.
 //!
+//! # Compaction and snapshots
+//!
+//! A group's log is compacted on each node by itself, up to a point whose
+//! entries are applied and whose records are durable in the partition's
+//! log: each delivery's answer says where the partition's log ends and up
+//! to where it survives a kill -9 under the fsync policy
+//! ([`PartitionEnd`]); the delivered positions are kept per group and the
+//! newest one below that is the compaction point (never before the last
+//! configuration change, so the configuration as of it is known). A tail
+//! of an eighth of the store's bound (shared by the groups) stays, and a
+//! leader keeps what a live follower has not matched while the store is
+//! under half full, so a follower that lags briefly catches up from the
+//! log. After a restart, delivery starts at the compaction point's offset;
+//! the partition holds it, since only durable records were compacted.
+//!
+//! A peer that needs a compacted entry gets a Raft snapshot of the point
+//! (index, term, configuration, and the partition offset after it in its
+//! data): a few bytes, so nothing to bound. It installs it, but its
+//! partition then lacks the records before the point: they would have to
+//! come from a peer's partition log in bounded chunks over the transport,
+//! which is not implemented yet; such a group is logged once per episode,
+//! counted (`spate_raft_partition_gaps_total`) and its delivery waits.
+//!
 //! # Groups
 //!
 //! The groups are those of the streams with a replication factor above 1
