@@ -421,6 +421,43 @@ mod tests {
         Entry { index, term, data: data.to_vec().into(), ..Entry::default() }
     }
 
+    /// A compacted group comes back after a reopen as it was: the entries
+    /// past the compaction point, the point itself (index, term, offset,
+    /// configuration); the file was rewritten with the live state only, so
+    /// it is far smaller than everything appended.
+    #[test]
+    fn compaction_and_rewrite_keep_the_live_state_only() {
+        let dir = std::env::temp_dir().join(format!("spate-raft-compact-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let group = GroupId { stream_id: 3, partition: 1 };
+        let payload = vec![7u8; 64 << 10];
+        let mut appended = 0u64;
+        {
+            let mut store = FileLogStore::open(&dir).unwrap().with_entry_bytes_max(1 << 20);
+            store.create(group, GroupLog::default());
+            for index in 1..=64u64 {
+                store.append(group, &[entry(index, 1, &payload)]);
+                appended += payload.len() as u64;
+                store.set_applied(group, index, None);
+                if index > 4 {
+                    let compacted =
+                        Compacted { index: index - 4, term: 1, offset: (index - 4) * 10, ..Compacted::default() };
+                    store.compact(group, compacted);
+                }
+                store.sync();
+                assert!(!store.is_full(), "compaction makes room");
+            }
+            assert!(store.rewrites > 0, "the file was rewritten");
+        }
+        let file_bytes = std::fs::metadata(dir.join(REPLICATION_DIR_NAME).join(LOG_FILE_NAME)).unwrap().len();
+        assert!(file_bytes < appended / 4, "raft.log is {file_bytes} bytes after {appended} appended");
+        let store = FileLogStore::open(&dir).unwrap();
+        let log = store.log(group).expect("the group is back");
+        assert_eq!((log.compacted.index, log.compacted.offset, log.first_index(), log.last_index()), (60, 600, 61, 64));
+        assert_eq!((log.applied, store.entry_bytes()), (64, 4 * payload.len() as u64));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// What was synced comes back after a reopen, including an overwritten
     /// suffix, a removed group and the applied configuration; a torn tail
     /// (a crash mid-write) is dropped and the file stays appendable.
