@@ -29,9 +29,13 @@ struct Node {
 }
 
 fn start_node(seed: Option<SocketAddr>) -> (Node, SocketAddr) {
-    let (server, cluster) = common::start_cluster_node(seed, "4", &[]);
+    let (server, cluster) = common::start_cluster_node(seed, "4", SERVE_FLAGS);
     (Node { server }, cluster)
 }
+
+/// Every node's drain on SIGTERM: short, so a test that stops a node does
+/// not wait the default 10 s for connections it left open.
+const SERVE_FLAGS: &[&str] = &["--shutdown-timeout-ms", "2000"];
 
 fn cluster_of(server: &Server) -> Value {
     serde_json::from_str(&server.get("/cluster")).expect("/cluster is JSON")
@@ -574,4 +578,33 @@ fn check_replicas_agree(nodes: &[&Node], views: &BTreeMap<u32, (usize, Value)>) 
             );
         }
     }
+}
+
+/// How long SIGTERM may take on a node whose proposals cannot commit: the
+/// handover gives up once the others are seen gone (kill -9 is detected
+/// within 9 s for 3 nodes; 30 s at most), then the 2 s drain, then the
+/// watchdog's 2 s, with margin for a loaded box.
+const STUCK_EXIT_WITHIN: Duration = Duration::from_secs(40);
+
+/// SIGTERM always ends a node, even one whose proposals cannot commit
+/// (both other replicas killed, a producer's `#SYNC` waiting): it exits
+/// within its bound, and its log shows the leave's handover step ended.
+#[test]
+fn sigterm_ends_a_node_whose_proposals_cannot_commit() {
+    let (mut nodes, _) = start_replicated_cluster(PARTITIONS);
+    produce(&nodes[0].server, 0, 100);
+    nodes[1].server.crash();
+    nodes[2].server.crash();
+    let mut producer = common::Producer::connect(nodes[0].server.ingest);
+    producer.send(format!("#STREAM {STREAM}\nkey1 stuck\nkey2 stuck\n#SYNC\n").as_bytes());
+    producer.flush();
+    std::thread::sleep(Duration::from_millis(500));
+    let survivor = nodes.swap_remove(0);
+    let log_path = survivor.server.log_path.clone();
+    let stopped = survivor.server.terminate_within(STUCK_EXIT_WITHIN);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let Some((_, took)) = stopped else { panic!("still running {STUCK_EXIT_WITHIN:?} after SIGTERM; log: {log}") };
+    eprintln!("the node with a stuck pipeline exited {took:?} after SIGTERM");
+    let ended = ["handed over in", "no other live member", "gave up waiting"];
+    assert!(ended.iter().any(|line| log.contains(line)), "the log does not show the handover step ended; log: {log}");
 }

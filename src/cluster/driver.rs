@@ -57,6 +57,9 @@ pub const REQUESTS_MAX: usize = 16;
 pub const LEAVE_HANDOVER_TIMEOUT_MS: u64 = 30_000;
 /// How often the leave checks whether the handover is done, in ms.
 const HANDOVER_POLL_MS: u64 = 100;
+/// How long the leave waits before it concludes that no member is left
+/// to hand over to, in ms: a few Raft ticks and gossip rounds.
+const HANDOVER_SETTLE_MS: u64 = 1000;
 /// How often the transport's links are matched to the membership, in ms.
 const LINK_SYNC_MS: u64 = 250;
 /// Registered io_uring buffer memory of the cluster executor: it only
@@ -298,9 +301,22 @@ async fn leave(node: Rc<Node>, reply: flume::Sender<()>) {
     if let Some(replication) = node.replication.as_ref().filter(|replication| replication.borrow().is_active()) {
         let started = Instant::now();
         loop {
-            let held = replication.borrow().replicas_held();
+            let (held, others) = {
+                let replication = replication.borrow();
+                (replication.replicas_held(), replication.live_members())
+            };
             if held == 0 {
                 log::info!("cluster: every replica of this node handed over in {} ms", started.elapsed().as_millis());
+                break;
+            }
+            // Every other member leaving too (a whole cluster stopped) or
+            // gone: nobody to hand over to. After a moment, so the gossip
+            // of this node's own leaving and the others' has been applied.
+            if others == 0 && started.elapsed() >= Duration::from_millis(HANDOVER_SETTLE_MS) {
+                log::warn!(
+                    "cluster: no other live member to hand {held} groups over to (the others are leaving or \
+                     gone): leaving without a handover"
+                );
                 break;
             }
             if started.elapsed() >= Duration::from_millis(LEAVE_HANDOVER_TIMEOUT_MS) {

@@ -865,7 +865,13 @@ fn wakes_quiet_group<S: LogStore>(raft: &raft::Raft<GroupStorage<S>>, message: &
     !(heartbeat && message.term == raft.term)
 }
 
+/// Wakes a quiet group; its silence starts again (ticks spent quiet are
+/// not a leader's silence: a woken follower hears from it within a
+/// heartbeat interval).
 fn wake<S: LogStore>(group: &mut Group<S>) {
+    if group.quiet {
+        group.silent_ticks = 0;
+    }
     group.quiet = false;
     group.quiet_ticks = 0;
 }

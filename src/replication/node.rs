@@ -654,11 +654,18 @@ impl ReplicationNode {
         });
     }
 
+    /// Live members placement may choose, this node included unless it is
+    /// leaving: 0 when a leaving node has nobody to hand over to.
+    pub fn live_members(&self) -> usize {
+        self.live.len()
+    }
+
     /// Groups that still have a replica on this node as it leaves: it
     /// leads them, or is a voter or learner of them as far as it knows and
     /// still hears from their leader (a replica removed while the leader's
     /// last word to it was lost never learns it; a second of silence from
-    /// an awake group says so).
+    /// the other leader of an awake group says so; a group with no leader
+    /// at all is held).
     pub fn replicas_held(&self) -> usize {
         self.host
             .groups()
@@ -666,7 +673,8 @@ impl ReplicationNode {
                 let Some(status) = self.host.status(*group) else { return false };
                 let member = status.voters.contains(&self.self_id) || status.learners.contains(&self.self_id);
                 let silent = self.host.silent_ticks(*group).is_some_and(|ticks| ticks >= REMOVED_SILENT_TICKS);
-                status.leader == self.self_id || (member && (status.quiet || !silent))
+                let removed = silent && !status.quiet && status.leader != 0;
+                status.leader == self.self_id || (member && !removed)
             })
             .count()
     }
