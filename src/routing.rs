@@ -104,6 +104,40 @@ pub fn route_extended(
     Ok((owner, asked))
 }
 
+/// Routes a run of records the Kafka face already encoded
+/// ([`crate::kafka::batch::StagedRun`]: record `i` ends at `ends[i]` in
+/// `encoded`, the first starts at `start`) to the partition its producer
+/// chose: as many whole records as the owner's credits and the open batch's
+/// room take, in one copy, so a Kafka batch costs one placement lookup and
+/// one credit check per run instead of per record. Returns the owner and
+/// how many were routed (at least one), and with `ask`, the first record's
+/// [`OffsetAsk`]. `Err` when not even the first fits the credits.
+#[inline]
+pub fn route_encoded(
+    placement: &PlacementTable,
+    router: &mut Router,
+    partition: u32,
+    (encoded, start, ends): (&[u8], usize, &[u32]),
+    ask: bool,
+    mut deliver: impl FnMut(u16, DataBatch),
+) -> Result<(u16, usize, Option<OffsetAsk>), Blocked> {
+    let owner = placement.owner(partition);
+    if router.is_held(partition) {
+        return Err(Blocked { owner, credit_bytes_needed: 0, held: Some(partition) });
+    }
+    let first_size = ends[0] as usize - start;
+    if router.would_overflow(owner, first_size)
+        && let Some(batch) = router.take_batch(owner)
+    {
+        deliver(owner, batch);
+    }
+    let (count, batch_full, asked) = router.try_push_encoded(owner, (encoded, start, ends), ask)?;
+    if batch_full && let Some(batch) = router.take_batch(owner) {
+        deliver(owner, batch);
+    }
+    Ok((owner, count, asked))
+}
+
 /// A source's question to an owner: which offset did the record at
 /// `position` of batch `sequence` get? Asked for a Kafka Produce's first
 /// and last record of each partition (its answer names the first record's
@@ -278,6 +312,36 @@ impl Router {
         encode_extended_batch_record(&mut destination.batch, partition, record);
         destination.batch_event_count += 1;
         Ok((destination.batch.len() >= self.batch_bytes, asked))
+    }
+
+    /// Appends the longest prefix of a run of encoded records (see
+    /// [`route_encoded`]) that the owner's credits and the open batch's
+    /// room take, at least the first record if the credits take it (as
+    /// [`Router::try_push_extended`] would, past a batch it could not
+    /// send). Returns how many, whether the batch reached `batch_bytes`,
+    /// and the first record's ask.
+    #[inline]
+    pub fn try_push_encoded(
+        &mut self,
+        owner: u16,
+        (encoded, start, ends): (&[u8], usize, &[u32]),
+        ask: bool,
+    ) -> Result<(usize, bool, Option<OffsetAsk>), Blocked> {
+        let destination = &mut self.destinations[usize::from(owner)];
+        let first_size = ends[0] as usize - start;
+        if destination.credit_bytes < first_size {
+            return Err(Blocked { owner, credit_bytes_needed: first_size, held: None });
+        }
+        let room = destination.batch.capacity().saturating_sub(destination.batch.len()).max(first_size);
+        let limit = destination.credit_bytes.min(room);
+        let count = ends.partition_point(|&end| end as usize - start <= limit);
+        let end = ends[count - 1] as usize;
+        destination.credit_bytes -= end - start;
+        let asked = ask.then(|| destination.ask_offset());
+        destination.batch.extend_from_slice(&encoded[start..end]);
+        // Exact: a run is at most KAFKA_STAGED_RECORDS_MAX records.
+        destination.batch_event_count += count as u32;
+        Ok((count, destination.batch.len() >= self.batch_bytes, asked))
     }
 
     /// Takes back the asks a grant returned, as the open batches' next box.
@@ -595,6 +659,71 @@ mod tests {
             router.take_batch(0).unwrap().offset_asks.is_some_and(|asks| asks.capacity() >= 2),
             "the box is reused"
         );
+    }
+
+    /// A run of pre-encoded records goes in whole records only, within the
+    /// credits and each batch's room: the batches, in order, hold exactly
+    /// the run's bytes, each a whole number of records counted right, and a
+    /// run refused for credits names the first record's size.
+    #[test]
+    fn encoded_runs_cut_at_credits_and_batch_room() {
+        static VALUE: [u8; 100] = [b'v'; 100];
+        let (mut encoded, mut ends) = (Vec::new(), Vec::new());
+        for index in 0..60 {
+            let value = &VALUE[..index * 37 % 100];
+            let record = ExtendedRecord { key: Some(b"key"), value: Some(value), headers: &[0], timestamp_ms: 5 };
+            crate::protocol::record::encode_extended_batch_record(&mut encoded, 1, &record);
+            ends.push(encoded.len() as u32);
+        }
+        let placement = PlacementTable::spread(4, 2);
+        let owner = placement.owner(1);
+        let mut router = Router::new(2, 256, 1_000, 64);
+        let (mut start, mut index, mut refusals) = (0usize, 0usize, 0);
+        // Every batch sent (its bytes and count), and those not granted yet.
+        let (mut sent, mut in_flight) = (Vec::new(), Vec::new());
+        let mut keep = |batch: DataBatch, in_flight: &mut Vec<DataBatch>| {
+            sent.push((batch.bytes.clone(), batch.event_count));
+            in_flight.push(batch);
+        };
+        while index < ends.len() {
+            let mut delivered = Vec::new();
+            let routed = route_encoded(&placement, &mut router, 1, (&encoded, start, &ends[index..]), false, |_, b| {
+                delivered.push(b)
+            });
+            delivered.into_iter().for_each(|batch| keep(batch, &mut in_flight));
+            match routed {
+                Ok((to, count, _)) => {
+                    assert_eq!(to, owner);
+                    start = ends[index + count - 1] as usize;
+                    index += count;
+                }
+                Err(blocked) => {
+                    refusals += 1;
+                    assert_eq!(blocked.credit_bytes_needed, ends[index] as usize - start);
+                    if let Some(batch) = router.take_batch(owner) {
+                        keep(batch, &mut in_flight);
+                    }
+                    for batch in in_flight.drain(..) {
+                        router.grant(owner, grant_for(batch));
+                    }
+                }
+            }
+        }
+        if let Some(batch) = router.take_batch(owner) {
+            keep(batch, &mut in_flight);
+        }
+        assert!(refusals > 0, "the window is smaller than the run");
+        let mut all = Vec::new();
+        for (bytes, event_count) in &sent {
+            assert_eq!(
+                crate::protocol::record::BatchIter::new(bytes).count(),
+                *event_count as usize,
+                "whole records, counted"
+            );
+            assert!(bytes.len() <= 256, "within the batch's room: {}", bytes.len());
+            all.extend_from_slice(bytes);
+        }
+        assert_eq!(all, encoded);
     }
 
     /// Batch slots bound the number of batches in flight, and sequences are

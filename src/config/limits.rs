@@ -138,12 +138,18 @@ pub const KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX: usize = 1024;
 /// cells its first and last record's offsets are answered into, their
 /// waiters in the shard's ingress and their asks in the owner's batch.
 pub const KAFKA_PRODUCE_ENTRY_BYTES: usize = 256;
-/// Records of one Produce partition entry whose positions a Kafka
-/// connection keeps between checking and routing them, so that each is
-/// decoded once (`kafka::batch::EntryCheck`); a larger entry is decoded
-/// again as it is routed. Each costs `kafka::batch::STAGED_RECORD_BYTES`
-/// (32): 128 KiB per connection, a term of the memory formula.
+/// Records of one Produce partition entry a Kafka connection keeps encoded
+/// between checking and routing them, so that each is decoded and encoded
+/// once and routed in runs (`kafka::batch::EntryCheck`); a larger entry is
+/// decoded again as it is routed. Each costs its end's position
+/// (`kafka::batch::STAGED_RECORD_BYTES`, 4) besides its bytes.
 pub const KAFKA_STAGED_RECORDS_MAX: usize = 4096;
+/// Bytes of encoded records a Kafka connection stages for one partition
+/// entry (see [`KAFKA_STAGED_RECORDS_MAX`]): 256 KiB, a term of the memory
+/// formula. Entries of the Java client (`batch.size` 16 KiB) and of
+/// librdkafka under a `linger.ms` of a few ms fit; a larger one is walked
+/// twice instead.
+pub const KAFKA_STAGED_BYTES_MAX: usize = 256 << 10;
 
 // ---------------------------------------------------------------------------
 // Ingest connections.

@@ -459,17 +459,19 @@ pub const FORMULA: &[FormulaLine] = &[
         storage: None,
         expression: || {
             format!(
-                "C * (2 * kafka_request_size_max + {} * {} + {} * {})",
+                "C * (2 * kafka_request_size_max + {} * {} + {} + {} * {})",
                 KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX,
                 KAFKA_PRODUCE_ENTRY_BYTES,
+                KAFKA_STAGED_BYTES_MAX,
                 KAFKA_STAGED_RECORDS_MAX,
                 crate::kafka::batch::STAGED_RECORD_BYTES
             )
         },
-        what: "Kafka connections each holding a request and a response of the largest size, Produce requests in flight, and one partition entry's checked records",
+        what: "Kafka connections each holding a request and a response of the largest size, Produce requests in flight, and one partition entry's checked records, encoded",
         bytes: |config| {
             let kafka_on = config.ingest_kafka.0.is_some();
             let in_flight = KAFKA_PRODUCE_ENTRIES_IN_FLIGHT_MAX * KAFKA_PRODUCE_ENTRY_BYTES
+                + KAFKA_STAGED_BYTES_MAX
                 + KAFKA_STAGED_RECORDS_MAX * crate::kafka::batch::STAGED_RECORD_BYTES;
             let per_connection = product(&[2, config.kafka_request_size_max]).saturating_add(in_flight);
             if kafka_on { product(&[connections(config), per_connection]) } else { 0 }

@@ -187,12 +187,15 @@ pub fn decode_body(api_key: i16, version: i16, body: &mut Bytes, record_size_max
             let mut check = super::batch::EntryCheck::default();
             for partition in request.topic_data.into_iter().flat_map(|topic| topic.partition_data) {
                 let records = partition.records.unwrap_or_default();
-                if check.check(&records, record_size_max).is_err() {
+                if check.check(&records, 0, record_size_max).is_err() {
                     continue;
                 }
                 for (index, batch) in check.batches().iter().enumerate() {
                     let count = check.records(&records, index).count();
                     assert_eq!(count as i32, batch.record_count, "a checked batch's records are all routed");
+                    if let Some(run) = check.staged(index) {
+                        assert_eq!(run.ends.len() as i32, batch.record_count, "every staged record is routed");
+                    }
                 }
             }
         }

@@ -19,8 +19,8 @@
 use bytes::{Buf, Bytes};
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
 
-use crate::config::limits::KAFKA_STAGED_RECORDS_MAX;
-use crate::protocol::record::{ExtendedRecord, RecordRef};
+use crate::config::limits::{KAFKA_STAGED_BYTES_MAX, KAFKA_STAGED_RECORDS_MAX};
+use crate::protocol::record::{ExtendedRecord, RecordRef, encode_extended_batch_record};
 
 /// Bytes of a v2 batch header, before its records.
 pub const BATCH_HEADER_SIZE: usize = 61;
@@ -97,38 +97,26 @@ impl CheckedBatch {
     }
 }
 
-/// Where one checked record's parts lie in its partition entry's bytes:
-/// what routing needs, so that it does not decode the record again. A
-/// null key or value has size -1.
-#[derive(Debug, Clone, Copy)]
-struct StagedRecord {
-    timestamp_ms: i64,
-    key_start: u32,
-    key_size: i32,
-    value_start: u32,
-    value_size: i32,
-    headers_start: u32,
-    headers_size: u32,
-}
-
-/// Bytes of one staged record: what [`KAFKA_STAGED_RECORDS_MAX`] costs.
-pub const STAGED_RECORD_BYTES: usize = 32;
-const _: () = assert!(std::mem::size_of::<StagedRecord>() == STAGED_RECORD_BYTES);
-
 /// The check of one partition entry of a Produce request (every batch),
-/// kept for routing it: each batch's header and, for an entry of at most
-/// [`KAFKA_STAGED_RECORDS_MAX`] records, where each record's parts lie. So a
-/// record is decoded once, while it is checked, and routing reads the
-/// staged positions; a larger entry (rare: a client's batches for one
-/// partition are at most `batch.size`, 1 MiB for librdkafka) is walked
-/// again as it is routed, so the staging stays within a fixed size. One
-/// per connection, reused by every request (no allocation per record, nor
-/// per request once grown).
+/// kept for routing it: each batch's header and, for an entry within
+/// [`KAFKA_STAGED_RECORDS_MAX`] records and [`KAFKA_STAGED_BYTES_MAX`]
+/// bytes, every record already encoded as the extended batch record routing
+/// appends to its owner's batch ([`encode_extended_batch_record`]). So a
+/// record is decoded and encoded once, while it is checked, and routing
+/// copies whole runs of them with one credit check per run
+/// ([`crate::routing::route_encoded`]); a larger entry (rare: a client's
+/// batches for one partition are at most `batch.size`, 1 MiB for
+/// librdkafka, 16 KiB for the Java client) is walked again as it is routed,
+/// so the staging stays within a fixed size. One per connection, reused by
+/// every request (no allocation per record, nor per request once grown).
 #[derive(Debug, Default)]
 pub struct EntryCheck {
     batches: Vec<CheckedBatch>,
-    staged: Vec<StagedRecord>,
-    /// Every record of the entry is in `staged`.
+    /// The staged records, encoded back to back.
+    encoded: Vec<u8>,
+    /// Where each staged record ends in `encoded`.
+    ends: Vec<u32>,
+    /// Every record of the entry is staged.
     all_staged: bool,
 }
 
@@ -136,23 +124,28 @@ pub struct EntryCheck {
 /// requests; a request with more frees what is above it once routed.
 const CHECKED_BATCHES_KEPT_MAX: usize = 64;
 
+/// Bytes of one staged record's end: what [`KAFKA_STAGED_RECORDS_MAX`]
+/// costs besides [`KAFKA_STAGED_BYTES_MAX`].
+pub const STAGED_RECORD_BYTES: usize = std::mem::size_of::<u32>();
+
 impl EntryCheck {
     /// Checks every batch of a partition entry's produce data (CRC, format,
     /// compression, each record's framing and size) before any record is
     /// routed, so a partition's data is taken whole or refused whole, and
-    /// keeps what routing needs ([`EntryCheck::records`]).
-    pub fn check(&mut self, data: &Bytes, record_size_max: usize) -> Result<(), BatchError> {
+    /// stages what routing needs for (global) `partition`
+    /// ([`EntryCheck::staged`]).
+    pub fn check(&mut self, data: &Bytes, partition: u32, record_size_max: usize) -> Result<(), BatchError> {
         self.batches.clear();
-        self.staged.clear();
+        self.encoded.clear();
+        self.ends.clear();
         self.all_staged = true;
-        let base = data.as_ptr() as usize;
         let mut rest = data.clone();
         while rest.has_remaining() {
             let mut batch = check_batch(&mut rest, data.len())?;
-            batch.first_staged = self.staged.len();
+            batch.first_staged = self.ends.len();
             let records = &data[batch.records_start..batch.records_end];
             let mut walk = Records { bytes: records, left: batch.record_count, base_timestamp: batch.base_timestamp };
-            self.all_staged &= self.staged.len() + batch.record_count as usize <= KAFKA_STAGED_RECORDS_MAX;
+            self.all_staged &= self.ends.len() + batch.record_count as usize <= KAFKA_STAGED_RECORDS_MAX;
             for record in &mut walk {
                 let record = record?;
                 let record_size = record.log_size();
@@ -160,15 +153,35 @@ impl EntryCheck {
                     return Err(BatchError::TooLarge { record_size, record_size_max });
                 }
                 if self.all_staged {
-                    self.staged.push(StagedRecord::of(&record, base));
+                    self.stage(partition, &record);
                 }
             }
             self.batches.push(batch);
         }
         if !self.all_staged {
-            self.staged.clear();
+            self.encoded.clear();
+            self.ends.clear();
         }
         Ok(())
+    }
+
+    /// Encodes `record` behind the staged ones, unless that would pass
+    /// [`KAFKA_STAGED_BYTES_MAX`] (then nothing of the entry is staged).
+    #[inline]
+    fn stage(&mut self, partition: u32, record: &ExtendedRecord<'_>) {
+        let needed = self.encoded.len() + record.batch_size();
+        if needed > KAFKA_STAGED_BYTES_MAX {
+            self.all_staged = false;
+            return;
+        }
+        if needed > self.encoded.capacity() {
+            // Doubling, but never past the bound (the memory formula's).
+            let capacity = needed.max(2 * self.encoded.capacity()).min(KAFKA_STAGED_BYTES_MAX);
+            self.encoded.reserve_exact(capacity - self.encoded.len());
+        }
+        encode_extended_batch_record(&mut self.encoded, partition, record);
+        // Exact: the staged bytes are within KAFKA_STAGED_BYTES_MAX.
+        self.ends.push(self.encoded.len() as u32);
     }
 
     /// The batches checked last, in order.
@@ -176,84 +189,46 @@ impl EntryCheck {
         &self.batches
     }
 
-    /// The records of batch `index` of the entry checked last, whose bytes
-    /// are `data` (the same bytes [`EntryCheck::check`] took), in order.
-    pub fn records<'a>(&'a self, data: &'a [u8], index: usize) -> EntryRecords<'a> {
-        let batch = &self.batches[index];
-        if self.all_staged {
-            let staged = &self.staged[batch.first_staged..batch.first_staged + batch.record_count as usize];
-            return EntryRecords(RecordSource::Staged { data, staged: staged.iter() });
+    /// Batch `index`'s records, encoded for routing, when the entry was
+    /// staged whole.
+    pub fn staged(&self, index: usize) -> Option<StagedRun<'_>> {
+        if !self.all_staged {
+            return None;
         }
+        let batch = &self.batches[index];
+        let first = batch.first_staged;
+        let start = if first == 0 { 0 } else { self.ends[first - 1] as usize };
+        Some(StagedRun { encoded: &self.encoded, start, ends: &self.ends[first..first + batch.record_count as usize] })
+    }
+
+    /// The records of batch `index` of the entry checked last, whose bytes
+    /// are `data` (the same bytes [`EntryCheck::check`] took), decoded
+    /// again, in order: for an entry too large to stage.
+    pub fn records<'a>(&'a self, data: &'a [u8], index: usize) -> impl Iterator<Item = ExtendedRecord<'a>> + 'a {
+        let batch = &self.batches[index];
         let bytes = &data[batch.records_start..batch.records_end];
-        EntryRecords(RecordSource::Walk(Records {
-            bytes,
-            left: batch.record_count,
-            base_timestamp: batch.base_timestamp,
-        }))
+        // Checked: a record that does not parse cannot occur here; it would
+        // end the walk, never be routed half-read.
+        Records { bytes, left: batch.record_count, base_timestamp: batch.base_timestamp }.map_while(Result::ok)
     }
 
     /// Frees what a request larger than most grew: the staging is kept at
-    /// most [`KAFKA_STAGED_RECORDS_MAX`] records between requests.
+    /// most [`KAFKA_STAGED_BYTES_MAX`] between requests.
     pub fn trim(&mut self) {
         self.batches.clear();
         self.batches.shrink_to(CHECKED_BATCHES_KEPT_MAX);
-        self.staged.clear();
+        self.encoded.clear();
+        self.ends.clear();
     }
 }
 
-impl StagedRecord {
-    /// The positions of `record`'s parts, which lie in the bytes at `base`.
-    fn of(record: &ExtendedRecord<'_>, base: usize) -> StagedRecord {
-        // Exact casts: positions and sizes are within one request, whose
-        // size prefix on the wire is an `i32`.
-        let start = |bytes: &[u8]| (bytes.as_ptr() as usize - base) as u32;
-        let (key_start, key_size) = record.key.map_or((0, -1), |key| (start(key), key.len() as i32));
-        let (value_start, value_size) = record.value.map_or((0, -1), |value| (start(value), value.len() as i32));
-        StagedRecord {
-            timestamp_ms: record.timestamp_ms,
-            key_start,
-            key_size,
-            value_start,
-            value_size,
-            headers_start: start(record.headers),
-            headers_size: record.headers.len() as u32,
-        }
-    }
-
-    /// The record again, from the bytes it was staged from.
-    #[inline]
-    fn record<'a>(&self, data: &'a [u8]) -> ExtendedRecord<'a> {
-        let part = |start: u32, size: u32| &data[start as usize..start as usize + size as usize];
-        ExtendedRecord {
-            key: (self.key_size >= 0).then(|| part(self.key_start, self.key_size as u32)),
-            value: (self.value_size >= 0).then(|| part(self.value_start, self.value_size as u32)),
-            headers: part(self.headers_start, self.headers_size),
-            timestamp_ms: self.timestamp_ms,
-        }
-    }
-}
-
-/// The records of one checked batch ([`EntryCheck::records`]): read from
-/// the staged positions, or decoded again for an entry too large to stage.
-pub struct EntryRecords<'a>(RecordSource<'a>);
-
-enum RecordSource<'a> {
-    Staged { data: &'a [u8], staged: std::slice::Iter<'a, StagedRecord> },
-    Walk(Records<'a>),
-}
-
-impl<'a> Iterator for EntryRecords<'a> {
-    type Item = ExtendedRecord<'a>;
-
-    #[inline]
-    fn next(&mut self) -> Option<ExtendedRecord<'a>> {
-        match &mut self.0 {
-            RecordSource::Staged { data, staged } => staged.next().map(|staged| staged.record(data)),
-            // Checked: a record that does not parse cannot occur here; it
-            // would end the walk, never be routed half-read.
-            RecordSource::Walk(records) => records.next().and_then(Result::ok),
-        }
-    }
+/// One checked batch's records, encoded as routing appends them: record
+/// `i` is `encoded[ends[i - 1]..ends[i]]`, the first starting at `start`.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedRun<'a> {
+    pub encoded: &'a [u8],
+    pub start: usize,
+    pub ends: &'a [u32],
 }
 
 /// Splits the next batch off `rest` (the tail of a partition entry of
@@ -646,7 +621,7 @@ mod tests {
     /// `data` checked as a partition entry.
     fn check_batches(data: Bytes, record_size_max: usize) -> Result<EntryCheck, BatchError> {
         let mut check = EntryCheck::default();
-        check.check(&data, record_size_max).map(|()| check)
+        check.check(&data, 0, record_size_max).map(|()| check)
     }
 
     /// What the crate's encoder writes, this walker reads: null and empty
@@ -713,9 +688,11 @@ mod tests {
         assert_eq!(get_varlong(&mut &[0x80u8; 11][..]), None, "eleven bytes");
     }
 
-    /// An entry is routed with the same records whether its records were
-    /// staged as they were checked or (past [`KAFKA_STAGED_RECORDS_MAX`])
-    /// are decoded again: every key, value, header and timestamp, in order.
+    /// An entry is routed with the same bytes whether its records were
+    /// staged (encoded as they were checked) or, past
+    /// [`KAFKA_STAGED_RECORDS_MAX`], are decoded again and encoded as they
+    /// are routed: every key, value, header and timestamp, in order, and
+    /// each staged record's end where its encoding ends.
     #[test]
     fn staged_and_walked_records_are_the_same() {
         let batch = |count: usize, first: i64| {
@@ -733,29 +710,72 @@ mod tests {
             encoded(&records)
         };
         let (small, large) = (batch(200, 1_000), batch(KAFKA_STAGED_RECORDS_MAX, 5_000));
+        // The routed bytes of every batch, staged or walked, and the
+        // record count.
         let read = |data: &Bytes| {
             let check = check_batches(data.clone(), 1 << 20).unwrap();
-            let mut read = Vec::new();
+            let (mut bytes, mut count) = (Vec::new(), 0);
             for index in 0..check.batches().len() {
-                read.extend(check.records(data, index).map(|record| format!("{record:?}")));
+                match check.staged(index) {
+                    Some(run) => {
+                        let mut start = run.start;
+                        for &end in run.ends {
+                            let one = &run.encoded[start..end as usize];
+                            let (partition, record) = crate::protocol::record::BatchIter::new(one).next().unwrap();
+                            assert_eq!((partition, 4 + record.log_record.len()), (0, one.len()), "one whole record");
+                            start = end as usize;
+                        }
+                        bytes.extend_from_slice(&run.encoded[run.start..start]);
+                        count += run.ends.len();
+                    }
+                    None => {
+                        for record in check.records(data, index) {
+                            crate::protocol::record::encode_extended_batch_record(&mut bytes, 0, &record);
+                            count += 1;
+                        }
+                    }
+                }
             }
-            (check.all_staged, read)
+            (check.all_staged, bytes, count)
         };
-        let walked = |data: &Bytes| -> Vec<String> {
+        let walked = |data: &Bytes| -> Vec<u8> {
             let records = &data[BATCH_HEADER_SIZE..];
             let count = i32::from_be_bytes(data[57..61].try_into().unwrap());
             let base_timestamp = i64::from_be_bytes(data[27..35].try_into().unwrap());
-            let records = Records { bytes: records, left: count, base_timestamp };
-            records.map(|record| format!("{:?}", record.unwrap())).collect()
+            let mut bytes = Vec::new();
+            for record in (Records { bytes: records, left: count, base_timestamp }) {
+                crate::protocol::record::encode_extended_batch_record(&mut bytes, 0, &record.unwrap());
+            }
+            bytes
         };
-        let (staged, small_read) = read(&small);
+        let (staged, small_read, count) = read(&small);
         assert!(staged);
-        assert_eq!(small_read, walked(&small));
+        assert_eq!((small_read, count), (walked(&small), 200));
         let both = Bytes::from([large.as_ref(), small.as_ref()].concat());
-        let (staged, both_read) = read(&both);
+        let (staged, both_read, count) = read(&both);
         assert!(!staged, "{} records are more than are staged", KAFKA_STAGED_RECORDS_MAX + 200);
         assert_eq!(both_read, [walked(&large), walked(&small)].concat());
-        assert_eq!(both_read.len(), KAFKA_STAGED_RECORDS_MAX + 200);
+        assert_eq!(count, KAFKA_STAGED_RECORDS_MAX + 200);
+    }
+
+    /// An entry whose encoding would pass [`KAFKA_STAGED_BYTES_MAX`] is not
+    /// staged (routing walks it again), so the staging stays bounded.
+    #[test]
+    fn an_entry_past_the_staged_bytes_is_walked() {
+        let count = KAFKA_STAGED_BYTES_MAX / 1000 + 1;
+        let records: Vec<Record> = (0..count)
+            .map(|index| {
+                let mut record = crate_record(Some(b"key"), None, index as i64);
+                record.value = Some(Bytes::from(vec![b'v'; 1000]));
+                (record.offset, record.sequence) = (index as i64, index as i32);
+                record
+            })
+            .collect();
+        let check = check_batches(encoded(&records), 1 << 20).unwrap();
+        assert!(check.staged(0).is_none());
+        assert!(check.encoded.capacity() <= KAFKA_STAGED_BYTES_MAX);
+        let fewer = check_batches(encoded(&records[..count / 2]), 1 << 20).unwrap();
+        assert_eq!(fewer.staged(0).map(|run| run.ends.len()), Some(count / 2));
     }
 
     /// Damage is refused with the right error, never a panic: every

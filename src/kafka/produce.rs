@@ -54,7 +54,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use std::time::{Duration, Instant};
 
-use super::batch::{CheckedBatch, EntryCheck};
+use super::batch::{CheckedBatch, EntryCheck, StagedRun};
 use super::producers::{BatchIdentity, Verdict};
 use super::{KafkaFace, codes};
 use crate::config::limits::KAFKA_PRODUCE_ENTRY_BYTES;
@@ -258,7 +258,7 @@ async fn produce_partition(
     records: &bytes::Bytes,
     check: &mut EntryCheck,
 ) -> (i16, u64, bool) {
-    if let Err(error) = check.check(records, face.record_size_max) {
+    if let Err(error) = check.check(records, target.partition, face.record_size_max) {
         if error.code() == codes::CORRUPT_MESSAGE {
             ShardMetrics::add(&shard.metrics().kafka_errors_corrupt_batch, 1);
         }
@@ -274,8 +274,7 @@ async fn produce_partition(
         // Not an idempotent producer: nothing to check, no lock taken.
         let mut count = 0;
         for (index, batch) in batches.iter().enumerate() {
-            let batch_records = check.records(records, index);
-            count += route_batch(shard, target, batch, batch_records, (index == 0, index == last)).await;
+            count += route_checked(shard, target, check, records, (index, batch), (index == 0, index == last)).await;
         }
         return (codes::NONE, count, true);
     }
@@ -293,8 +292,8 @@ async fn produce_partition(
                 whole = false;
             }
             Verdict::Take | Verdict::Refuse(_) => {
-                let batch_records = check.records(records, index);
-                count += route_batch(shard, target, batch, batch_records, (index == 0, index == last)).await;
+                count +=
+                    route_checked(shard, target, check, records, (index, batch), (index == 0, index == last)).await;
                 if identity.producer_id >= 0 {
                     target.routed.taken.push((target.partition, identity));
                 }
@@ -302,6 +301,82 @@ async fn produce_partition(
         }
     }
     (codes::NONE, count, whole)
+}
+
+/// Routes checked batch `index` of `check`'s entry (whose bytes are
+/// `records`): from its staged encoding when the entry was staged, else
+/// decoding its records again.
+async fn route_checked(
+    shard: &Shard,
+    target: &mut Target<'_>,
+    check: &EntryCheck,
+    records: &bytes::Bytes,
+    (index, batch): (usize, &CheckedBatch),
+    ends: (bool, bool),
+) -> u64 {
+    match check.staged(index) {
+        Some(run) => route_staged(shard, target, run, ends).await,
+        None => route_batch(shard, target, batch, check.records(records, index), ends).await,
+    }
+}
+
+/// [`route_batch`] for a staged batch: its records go in runs, each one
+/// copy into the owner's batch ([`crate::routing::route_encoded`]). The
+/// entry's first and last records ask for their offsets, so a run starts
+/// at each and the last one is routed on its own.
+async fn route_staged(shard: &Shard, target: &mut Target<'_>, run: StagedRun<'_>, (first, last): (bool, bool)) -> u64 {
+    let count = run.ends.len();
+    let slots = (!target.routed.slots.is_empty()).then(|| target.routed.slots.clone());
+    let (mut index, mut start) = (0usize, run.start);
+    while index < count {
+        let (mut routed, mut bytes) = (0u64, 0u64);
+        let blocked = {
+            let mut route = shard.begin_route();
+            // A request is a whole unit: its batches go soon, not after
+            // the flush timer.
+            route.drained = true;
+            let mut blocked = None;
+            while index < count {
+                let asks_last = last && index + 1 == count && !(first && index == 0);
+                let ask = match &slots {
+                    Some(slots) if first && index == 0 => Some((slots, 2 * target.entry)),
+                    Some(slots) if asks_last => Some((slots, 2 * target.entry + 1)),
+                    _ => None,
+                };
+                // The last record asks on its own: the run stops before it.
+                let run_end = if slots.is_some() && last && index + 1 < count { count - 1 } else { count };
+                match route.route_encoded(target.partition, (run.encoded, start, &run.ends[index..run_end]), ask) {
+                    Ok((owner, taken)) => {
+                        target.touched[usize::from(owner)] = true;
+                        let end = run.ends[index + taken - 1] as usize;
+                        // A record's log size is its batch size less the
+                        // partition id.
+                        bytes += (end - start - 4 * taken) as u64;
+                        (start, index, routed) = (end, index + taken, routed + taken as u64);
+                    }
+                    Err(error) => {
+                        blocked = Some(error);
+                        break;
+                    }
+                }
+            }
+            blocked
+        };
+        let metrics = shard.metrics();
+        ShardMetrics::add(&metrics.events_ingested, routed);
+        ShardMetrics::add(&metrics.bytes_ingested, bytes);
+        ShardMetrics::add(&metrics.kafka_records_produced, routed);
+        match blocked {
+            None => break,
+            Some(Blocked { held: Some(held), .. }) => {
+                shard.ingress().wait_for_release(held).await;
+            }
+            Some(blocked) => {
+                shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+            }
+        }
+    }
+    index as u64
 }
 
 /// Routes a checked batch's records (`records`, from its [`EntryCheck`]) to

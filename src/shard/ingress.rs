@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::protocol::record::ExtendedRecord;
-use crate::routing::{Blocked, CreditGrant, DataBatch, OffsetAsk, Router, route, route_extended};
+use crate::routing::{Blocked, CreditGrant, DataBatch, OffsetAsk, Router, route, route_encoded, route_extended};
 use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::frame::MeshFrame;
 use crate::shard::metrics::ShardMetrics;
@@ -113,6 +113,28 @@ impl Route<'_> {
             ingress.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
         }
         Ok(owner)
+    }
+
+    /// Routes a run of records the Kafka face encoded while checking them
+    /// (see [`crate::routing::route_encoded`]); with `ask`, the first
+    /// record's offset is asked for as in [`Route::route_extended`].
+    /// Returns the owner and how many records were routed.
+    #[inline]
+    pub fn route_encoded(
+        &mut self,
+        partition: u32,
+        run: (&[u8], usize, &[u32]),
+        ask: Option<(&OffsetSlots, usize)>,
+    ) -> Result<(u16, usize), Blocked> {
+        let Route { ingress, placement, router, .. } = self;
+        let deliver = |owner, batch| ingress.deliver(owner, batch);
+        let (owner, count, asked) = route_encoded(placement, router, partition, run, ask.is_some(), deliver)?;
+        if let (Some((slots, index)), Some(asked)) = (ask, asked) {
+            let waiter =
+                OffsetWaiter { sequence: asked.sequence, position: asked.position, slots: slots.clone(), index };
+            ingress.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
+        }
+        Ok((owner, count))
     }
 
     /// Like [`Route::sync_point`], but without asking for durability: once
