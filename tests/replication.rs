@@ -7,6 +7,8 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use common::{Delivered, Server, Subscriber};
@@ -27,9 +29,13 @@ struct Node {
 }
 
 fn start_node(seed: Option<SocketAddr>) -> (Node, SocketAddr) {
-    let (server, cluster) = common::start_cluster_node(seed, "4", &[]);
+    let (server, cluster) = common::start_cluster_node(seed, "4", SERVE_FLAGS);
     (Node { server }, cluster)
 }
+
+/// Every node's drain on SIGTERM: short, so a test that stops a node does
+/// not wait the default 10 s for connections it left open.
+const SERVE_FLAGS: &[&str] = &["--shutdown-timeout-ms", "2000"];
 
 fn cluster_of(server: &Server) -> Value {
     serde_json::from_str(&server.get("/cluster")).expect("/cluster is JSON")
@@ -48,15 +54,16 @@ fn wait_for(nodes: &[&Node], limit: Duration, what: &str, ready: impl Fn(&Value)
     }
 }
 
-/// Every partition of the stream has a group with three voters and a leader.
-fn groups_ready(view: &Value) -> bool {
+/// Every one of the stream's `partitions` has a group with three voters
+/// and a leader.
+fn groups_ready(view: &Value, partitions: u32) -> bool {
     let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
     let ready = groups.iter().filter(|group| {
         group["stream"] == STREAM
             && group["voters"].as_array().is_some_and(|voters| voters.len() == 3)
             && !group["leader"].is_null()
     });
-    ready.count() == PARTITIONS as usize
+    ready.count() == partitions as usize
 }
 
 /// The node leading partition `partition`, by index into `nodes`.
@@ -119,8 +126,9 @@ fn ends(server: &Server) -> Vec<u64> {
 /// Starts three nodes (the second and third join through the first),
 /// waits until all three see each other alive, creates the stream with
 /// replication factor 3 on each, and waits until every partition's group
-/// has its 3 voters and a leader.
-fn start_replicated_cluster() -> Vec<Node> {
+/// has its 3 voters and a leader; returns them and the first's cluster
+/// address (for a node joining later).
+fn start_replicated_cluster(partitions: u32) -> (Vec<Node>, SocketAddr) {
     let (first, seed) = start_node(None);
     let (second, _) = start_node(Some(seed));
     let (third, _) = start_node(Some(seed));
@@ -132,10 +140,10 @@ fn start_replicated_cluster() -> Vec<Node> {
             .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
     });
     for node in &nodes {
-        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
+        node.server.create_stream(json!({ "name": STREAM, "partitions": partitions, "replication_factor": 3 }));
     }
-    wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
-    nodes
+    wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", |view| groups_ready(view, partitions));
+    (nodes, seed)
 }
 
 /// Three nodes, a stream of 2 partitions with replication factor 3: the
@@ -144,7 +152,7 @@ fn start_replicated_cluster() -> Vec<Node> {
 /// events keep coming is restarted and catches up to the same log.
 #[test]
 fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up() {
-    let mut nodes = start_replicated_cluster();
+    let (mut nodes, _) = start_replicated_cluster(PARTITIONS);
     let all: Vec<&Node> = nodes.iter().collect();
     let producer_node = leader_of(&all, 0);
     produce(&nodes[producer_node].server, 0, 1000);
@@ -192,7 +200,7 @@ const PIPELINED_KEYS: u64 = 5;
 /// offsets, in per-(connection, key) order.
 #[test]
 fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica() {
-    let nodes = start_replicated_cluster();
+    let (nodes, _) = start_replicated_cluster(PARTITIONS);
     let producers: Vec<_> = (0..PIPELINED_CONNECTIONS)
         .map(|connection| {
             let ingest = nodes[connection as usize % 3].server.ingest;
@@ -277,4 +285,326 @@ fn wait_until_holds(server: &Server, ends_wanted: &[u64], index: usize) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Partitions of the join test's stream (the goal is for 256;
+/// 32 keep the test well under a minute on a loaded 2-core box while
+/// still moving about 24 replicas and 8 leaderships to the newcomer).
+const JOIN_PARTITIONS: u32 = 32;
+/// How long the newcomer may take to lead its share and hold its replicas.
+const SHARE_WITHIN: Duration = Duration::from_secs(30);
+/// Producer connections of the join test, one per original node.
+const JOIN_CONNECTIONS: u64 = 3;
+/// Keys per connection (each key's events must stay in order).
+const JOIN_KEYS: u64 = 8;
+/// Events between two `#SYNC`s of a join-test producer.
+const JOIN_SYNC_EVERY: u64 = 100;
+
+/// What a join-test producer did: the events it sent (every one
+/// acknowledged, since it ends with a `#SYNC` that must answer OK).
+struct Produced {
+    connection: u64,
+    sent: u64,
+}
+
+/// Sends `c<connection>k<key> <sequence>` events with `#SYNC` every
+/// [`JOIN_SYNC_EVERY`] (each must answer OK) until `stop` is set.
+fn produce_until(ingest: SocketAddr, connection: u64, stop: Arc<AtomicBool>) -> Produced {
+    let mut producer = common::Producer::connect(ingest);
+    producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) || sent == 0 {
+        for _ in 0..JOIN_SYNC_EVERY {
+            producer.send(format!("c{connection}k{} {sent}\n", sent % JOIN_KEYS).as_bytes());
+            sent += 1;
+        }
+        let replies = producer.sync();
+        assert!(replies.iter().all(|line| line.starts_with("OK")), "connection {connection} at {sent}: {replies:?}");
+    }
+    Produced { connection, sent }
+}
+
+/// A `SUB <stream> * earliest` subscriber on its own thread, keeping every
+/// event until `targets` says where each partition it must read in full
+/// ends, and it got that far (or 30 s passed since: the check then says
+/// what is missing).
+fn subscribe_until(subscribe: SocketAddr, targets: mpsc::Receiver<BTreeMap<u32, u64>>) -> Vec<Delivered> {
+    let mut subscriber = Subscriber::connect(subscribe, &format!("SUB {STREAM} * earliest"));
+    subscriber.set_timeout(Duration::from_millis(500));
+    let (mut events, mut next): (Vec<Delivered>, BTreeMap<u32, u64>) = (Vec::new(), BTreeMap::new());
+    let mut wanted: Option<(BTreeMap<u32, u64>, Instant)> = None;
+    loop {
+        if let Ok(targets) = targets.try_recv() {
+            wanted = Some((targets, Instant::now()));
+        }
+        if let Some((targets, since)) = &wanted {
+            let reached = targets.iter().all(|(partition, end)| next.get(partition).copied().unwrap_or(0) >= *end);
+            if reached || since.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+        }
+        if let Some(event) = subscriber.next_event() {
+            next.insert(event.partition, event.offset + 1);
+            events.push(event);
+        }
+    }
+    assert!(subscriber.notices.is_empty(), "subscriber: {:?}", subscriber.notices);
+    events
+}
+
+/// This node's id as `/cluster` names it.
+fn node_id(server: &Server) -> String {
+    cluster_of(server)["node_id"].as_str().expect("node_id").to_string()
+}
+
+/// Per partition of the stream, its leader's view of the group (from the
+/// node that leads it), if every partition has one.
+fn leader_views(nodes: &[&Node], partitions: u32) -> Option<BTreeMap<u32, (usize, Value)>> {
+    let mut views = BTreeMap::new();
+    for (index, node) in nodes.iter().enumerate() {
+        for group in cluster_of(&node.server)["partitions"].as_array().cloned().unwrap_or_default() {
+            if group["stream"] == STREAM && group["leader_is_self"] == true {
+                views.insert(group["partition"].as_u64()? as u32, (index, group));
+            }
+        }
+    }
+    (views.len() == partitions as usize).then_some(views)
+}
+
+/// Whether every group is settled on `members` (ids): three voters, all
+/// of them members, no learner, and each led by its node.
+fn settled_on(views: &BTreeMap<u32, (usize, Value)>, members: &[String]) -> bool {
+    views.values().all(|(_, group)| {
+        let voters = group["voters"].as_array().map_or(&[][..], Vec::as_slice);
+        voters.len() == 3
+            && voters.iter().all(|voter| members.iter().any(|member| voter == member))
+            && group["learners"].as_array().is_some_and(Vec::is_empty)
+    })
+}
+
+/// Groups `id` leads and holds a vote in, among `views`.
+fn share_of(views: &BTreeMap<u32, (usize, Value)>, nodes: &[&Node], id: &str) -> (usize, usize) {
+    let index = nodes.iter().position(|node| node_id(&node.server) == id);
+    let led = views.values().filter(|(leader, _)| Some(*leader) == index).count();
+    let held = views
+        .values()
+        .filter(|(_, group)| group["voters"].as_array().is_some_and(|voters| voters.iter().any(|voter| voter == id)))
+        .count();
+    (led, held)
+}
+
+/// What placement gives node `id` among `members` (ids as `/cluster` names
+/// them): the partitions whose rendezvous ranking puts it first (it should
+/// lead them) and those whose top 3 include it (it should hold a vote).
+fn placement_share(members: &[String], id: &str, partitions: u32) -> (usize, usize) {
+    use spate::replication::placement::{Candidate, desired_replicas};
+    let replica =
+        |text: &str| spate::replication::replica_id_of(spate::cluster::NodeId::parse(text).expect("a node id"));
+    let candidates: Vec<Candidate> =
+        members.iter().map(|member| Candidate { replica: replica(member), weight: 1.0 }).collect();
+    let stream_id = spate::stream::group_stream_id(STREAM);
+    let (mut first, mut top) = (0, 0);
+    for partition in 0..partitions {
+        let desired = desired_replicas(spate::replication::GroupId { stream_id, partition }, &candidates, 3);
+        first += usize::from(desired.preferred_leader() == Some(replica(id)));
+        top += usize::from(desired.contains(replica(id)));
+    }
+    (first, top)
+}
+
+/// Reads partition `partition` of `server` from offset 0 up to `end`.
+fn read_partition(server: &Server, partition: u32, end: u64) -> Vec<Delivered> {
+    let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {STREAM} {partition} 0"));
+    subscriber.set_timeout(Duration::from_secs(10));
+    subscriber.take(end as usize)
+}
+
+/// The end checks of a membership change under load: every acknowledged
+/// event is in the log once, in per-(connection, key) order; every voter
+/// of a partition holds the same log at the same offsets; and what each
+/// live subscriber saw of a partition is a prefix of that log, all of it
+/// where its node is still a voter (a node that stopped being a replica
+/// stops receiving the partition: README, "Joining and leaving").
+fn check_after_change(
+    nodes: &[&Node],
+    views: &BTreeMap<u32, (usize, Value)>,
+    produced: &[Produced],
+    seen: &[(usize, Vec<Delivered>)],
+) {
+    check_replicas_agree(nodes, views);
+    let mut logs = BTreeMap::new();
+    for (partition, (leader, _)) in views {
+        let end = ends(&nodes[*leader].server)[*partition as usize];
+        logs.insert(*partition, read_partition(&nodes[*leader].server, *partition, end));
+    }
+    let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut count_by_connection: BTreeMap<u64, u64> = BTreeMap::new();
+    for event in logs.values().flatten() {
+        let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
+        if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
+            assert!(sequence > last, "{:?}: {sequence} at offset {} after {last}", event.key, event.offset);
+        }
+        let key = String::from_utf8_lossy(&event.key).to_string();
+        let connection = key[1..].split('k').next().and_then(|text| text.parse().ok()).expect("c<n>k<m>");
+        *count_by_connection.entry(connection).or_default() += 1;
+    }
+    for producer in produced {
+        let stored = count_by_connection.get(&producer.connection).copied().unwrap_or(0);
+        assert_eq!(stored, producer.sent, "connection {}: events stored once each", producer.connection);
+    }
+    for (index, events) in seen {
+        let id = node_id(&nodes[*index].server);
+        for (partition, log) in &logs {
+            let got: Vec<&Delivered> = events.iter().filter(|event| event.partition == *partition).collect();
+            let voter = views[partition].1["voters"].as_array().is_some_and(|voters| voters.iter().any(|v| *v == id));
+            assert!(got.len() <= log.len(), "subscriber on node {index}, partition {partition}: more than the log");
+            assert!(
+                got.iter().zip(log).all(|(got, want)| *got == want),
+                "subscriber on node {index}, partition {partition}: not the log"
+            );
+            if voter {
+                assert_eq!(
+                    got.len(),
+                    log.len(),
+                    "subscriber on node {index}, a voter of partition {partition}: events missing"
+                );
+            }
+        }
+    }
+}
+
+/// How long the leaving node may take from SIGTERM to exit: its handover
+/// (a few seconds here; bounded at 30 s) and its drain.
+const LEAVE_WITHIN: Duration = Duration::from_secs(45);
+
+/// A fourth node joining three (RF 3, 32 partitions) under load takes its
+/// share by itself: within 30 s it leads exactly the partitions placement
+/// ranks it first for (about P/4: a binomial share, so P/4 ± 2 is not
+/// promised at any P) and holds a vote in exactly those whose top 3 it is
+/// in (about 3P/4), every group with 3 voters and no learner; meanwhile producers on the three first
+/// nodes get every `#SYNC` answered OK, and afterwards every acknowledged
+/// event is stored once in per-(connection, key) order, the voters of each
+/// partition hold the same log, and live subscribers saw no gap or
+/// duplicate. Then it leaves on SIGTERM, still under load: before it exits
+/// (and says the handover is done) every group is back on the three first
+/// nodes, with the same checks after (and the subscribers on the three,
+/// voters of every partition again, saw every event).
+#[test]
+fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
+    let (mut nodes, seed) = start_replicated_cluster(JOIN_PARTITIONS);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (subscribers, targets): (Vec<_>, Vec<_>) = (0..3)
+        .map(|index| {
+            let (target, targets) = mpsc::channel();
+            let subscribe = nodes[index].server.subscribe;
+            (std::thread::spawn(move || (index, subscribe_until(subscribe, targets))), target)
+        })
+        .unzip();
+    let producers: Vec<_> = (0..JOIN_CONNECTIONS)
+        .map(|connection| {
+            let (ingest, stop) = (nodes[connection as usize % 3].server.ingest, stop.clone());
+            std::thread::spawn(move || produce_until(ingest, connection, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let (newcomer, _) = start_node(Some(seed));
+    newcomer.server.create_stream(json!({ "name": STREAM, "partitions": JOIN_PARTITIONS, "replication_factor": 3 }));
+    nodes.push(newcomer);
+    let all: Vec<&Node> = nodes.iter().collect();
+    let members: Vec<String> = all.iter().map(|node| node_id(&node.server)).collect();
+    let started = Instant::now();
+    let share = placement_share(&members, &members[3], JOIN_PARTITIONS);
+    let views = loop {
+        let views = leader_views(&all, JOIN_PARTITIONS);
+        let now = views.as_ref().map(|views| share_of(views, &all, &members[3]));
+        if let Some(views) = views.filter(|views| settled_on(views, &members) && now == Some(share)) {
+            break views;
+        }
+        assert!(
+            started.elapsed() < SHARE_WITHIN,
+            "the newcomer has not taken its share (leads, holds) {share:?} within {SHARE_WITHIN:?}: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("the newcomer took its share (leads, holds) {share:?} of {JOIN_PARTITIONS} in {:?}", started.elapsed());
+    check_replicas_agree(&all, &views);
+    // Then it leaves on SIGTERM, still under load: its share must be back
+    // on the three first nodes before it exits (no election needed).
+    drop(all);
+    let newcomer = nodes.pop().expect("the newcomer");
+    let log_path = newcomer.server.log_path.clone();
+    let (status, took) = newcomer.server.terminate_within(LEAVE_WITHIN).expect("the newcomer exits within the bound");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(status.success(), "the newcomer's exit: {status:?}; log: {log}");
+    assert!(log.contains("handed over in"), "the newcomer did not report its handover done; log: {log}");
+    eprintln!("the newcomer handed its share over and exited {took:?} after SIGTERM");
+    let firsts: Vec<&Node> = nodes.iter().collect();
+    let views = leader_views(&firsts, JOIN_PARTITIONS).expect("a leader for every partition as the newcomer exits");
+    assert!(settled_on(&views, &members[..3]), "groups not back on the three first nodes: {views:#?}");
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let produced: Vec<Produced> = producers.into_iter().map(|producer| producer.join().expect("a producer")).collect();
+    let views = leader_views(&firsts, JOIN_PARTITIONS).expect("a leader for every partition");
+    for (index, target) in targets.iter().enumerate() {
+        let id = node_id(&firsts[index].server);
+        let voter_of = views.iter().filter(|(_, (_, group))| {
+            group["voters"].as_array().is_some_and(|voters| voters.iter().any(|voter| *voter == id))
+        });
+        let wanted: BTreeMap<u32, u64> = voter_of
+            .map(|(partition, (leader, _))| (*partition, ends(&firsts[*leader].server)[*partition as usize]))
+            .collect();
+        let _ = target.send(wanted);
+    }
+    let seen: Vec<(usize, Vec<Delivered>)> =
+        subscribers.into_iter().map(|subscriber| subscriber.join().expect("a subscriber")).collect();
+    check_after_change(&firsts, &views, &produced, &seen);
+}
+
+/// The voters of every partition hold the same committed log as its leader
+/// (up to what the leader has now).
+fn check_replicas_agree(nodes: &[&Node], views: &BTreeMap<u32, (usize, Value)>) {
+    for (partition, (leader, group)) in views {
+        let end = ends(&nodes[*leader].server)[*partition as usize];
+        let log = read_partition(&nodes[*leader].server, *partition, end);
+        for voter in group["voters"].as_array().cloned().unwrap_or_default() {
+            let index = nodes.iter().position(|node| node_id(&node.server) == voter).expect("a voter is a node");
+            let mut wanted = vec![0; *partition as usize + 1];
+            wanted[*partition as usize] = end;
+            wait_until_holds(&nodes[index].server, &wanted, index);
+            assert_eq!(
+                read_partition(&nodes[index].server, *partition, end),
+                log,
+                "partition {partition} on node {index}"
+            );
+        }
+    }
+}
+
+/// How long SIGTERM may take on a node whose proposals cannot commit: the
+/// handover gives up once the others are seen gone (kill -9 is detected
+/// within 9 s for 3 nodes; 30 s at most), then the 2 s drain, then the
+/// watchdog's 2 s, with margin for a loaded box.
+const STUCK_EXIT_WITHIN: Duration = Duration::from_secs(40);
+
+/// SIGTERM always ends a node, even one whose proposals cannot commit
+/// (both other replicas killed, a producer's `#SYNC` waiting): it exits
+/// within its bound, and its log shows the leave's handover step ended.
+#[test]
+fn sigterm_ends_a_node_whose_proposals_cannot_commit() {
+    let (mut nodes, _) = start_replicated_cluster(PARTITIONS);
+    produce(&nodes[0].server, 0, 100);
+    nodes[1].server.crash();
+    nodes[2].server.crash();
+    let mut producer = common::Producer::connect(nodes[0].server.ingest);
+    producer.send(format!("#STREAM {STREAM}\nkey1 stuck\nkey2 stuck\n#SYNC\n").as_bytes());
+    producer.flush();
+    std::thread::sleep(Duration::from_millis(500));
+    let survivor = nodes.swap_remove(0);
+    let log_path = survivor.server.log_path.clone();
+    let stopped = survivor.server.terminate_within(STUCK_EXIT_WITHIN);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let Some((_, took)) = stopped else { panic!("still running {STUCK_EXIT_WITHIN:?} after SIGTERM; log: {log}") };
+    eprintln!("the node with a stuck pipeline exited {took:?} after SIGTERM");
+    let ended = ["handed over in", "no other live member", "gave up waiting"];
+    assert!(ended.iter().any(|line| log.contains(line)), "the log does not show the handover step ended; log: {log}");
 }

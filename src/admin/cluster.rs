@@ -54,7 +54,7 @@ fn member_json(member: &MemberView, view: &ClusterView) -> serde_json::Value {
 }
 
 /// How many members are in each state.
-fn counts(view: &ClusterView) -> [(MemberState, usize); 4] {
+fn counts(view: &ClusterView) -> [(MemberState, usize); 5] {
     MemberState::ALL.map(|state| (state, view.members.iter().filter(|member| member.state == state).count()))
 }
 

@@ -51,6 +51,15 @@ const IDLE_WAIT_MS: u64 = 1000;
 /// Requests queued for the cluster thread (the admin thread waits for each
 /// answer, the signal thread sends one leave).
 pub const REQUESTS_MAX: usize = 16;
+/// How long a node leaving on SIGTERM waits for its replicas and
+/// leaderships to move to other nodes before it leaves anyway, in ms
+/// (README, "Leaving").
+pub const LEAVE_HANDOVER_TIMEOUT_MS: u64 = 30_000;
+/// How often the leave checks whether the handover is done, in ms.
+const HANDOVER_POLL_MS: u64 = 100;
+/// How long the leave waits before it concludes that no member is left
+/// to hand over to, in ms: a few Raft ticks and gossip rounds.
+const HANDOVER_SETTLE_MS: u64 = 1000;
 /// How often the transport's links are matched to the membership, in ms.
 const LINK_SYNC_MS: u64 = 250;
 /// Registered io_uring buffer memory of the cluster executor: it only
@@ -61,8 +70,9 @@ const CLUSTER_IO_MEMORY_BYTES: usize = 64 * 1024;
 pub enum ClusterRequest {
     /// Every member as this node sees it.
     View(flume::Sender<ClusterView>),
-    /// Leave the cluster (SIGTERM); the answer comes once the goodbye is
-    /// on the wire.
+    /// Leave the cluster (SIGTERM): hand the replicas over (bounded by
+    /// [`LEAVE_HANDOVER_TIMEOUT_MS`]), then foca's leave; the answer comes
+    /// once the goodbye is on the wire.
     Leave(flume::Sender<()>),
     /// The stream catalog changed: these are its streams now (the
     /// replicated ones have Raft groups here).
@@ -268,11 +278,9 @@ async fn serve_requests(
                 }
                 let _ = reply.send(node.view());
             }
+            // Its own task: `GET /cluster` keeps answering during the handover.
             ClusterRequest::Leave(reply) => {
-                node.membership.borrow_mut().leave(node.now());
-                node.after_interaction();
-                flush(node).await;
-                let _ = reply.send(());
+                glommio::spawn_local(leave(node.clone(), reply)).detach();
             }
             ClusterRequest::Streams(streams) => {
                 if let Some(replication) = &node.replication {
@@ -283,6 +291,52 @@ async fn serve_requests(
             ClusterRequest::Exit => return,
         }
     }
+}
+
+/// Leaves on SIGTERM: says it is leaving, so every node's placement stops
+/// counting it and the groups' leaders move its replicas and leaderships
+/// away; waits (at most [`LEAVE_HANDOVER_TIMEOUT_MS`]) until it holds no
+/// replica any more; then foca's leave, whose goodbye is on the wire
+/// before the answer.
+async fn leave(node: Rc<Node>, reply: flume::Sender<()>) {
+    node.membership.borrow_mut().announce_leaving(node.now());
+    node.after_interaction();
+    if let Some(replication) = node.replication.as_ref().filter(|replication| replication.borrow().is_active()) {
+        let started = Instant::now();
+        loop {
+            let (held, others) = {
+                let replication = replication.borrow();
+                (replication.replicas_held(), replication.live_members())
+            };
+            if held == 0 {
+                log::info!("cluster: every replica of this node handed over in {} ms", started.elapsed().as_millis());
+                break;
+            }
+            // Every other member leaving too (a whole cluster stopped) or
+            // gone: nobody to hand over to. After a moment, so the gossip
+            // of this node's own leaving and the others' has been applied.
+            if others == 0 && started.elapsed() >= Duration::from_millis(HANDOVER_SETTLE_MS) {
+                log::warn!(
+                    "cluster: no other live member to hand {held} groups over to (the others are leaving or \
+                     gone): leaving without a handover"
+                );
+                break;
+            }
+            if started.elapsed() >= Duration::from_millis(LEAVE_HANDOVER_TIMEOUT_MS) {
+                log::warn!(
+                    "cluster: gave up waiting for the handover after {LEAVE_HANDOVER_TIMEOUT_MS} ms: {held} groups \
+                     still have a replica here; leaving anyway (their other replicas elect a leader where this \
+                     node led, and placement replaces this replica once the node is seen gone)"
+                );
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(HANDOVER_POLL_MS)).await;
+        }
+    }
+    node.membership.borrow_mut().leave(node.now());
+    node.after_interaction();
+    flush(&node).await;
+    let _ = reply.send(());
 }
 
 async fn receive_datagrams(node: Rc<Node>) {
@@ -383,7 +437,8 @@ async fn replication_inbox(node: Rc<Node>) {
             let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
             match Channel::from_u8(inbound.channel) {
                 Some(Channel::Raft) => state.receive(&inbound.payload),
-                Some(Channel::Propose) => state.propose_forwarded(&inbound.payload),
+                Some(Channel::Propose) => state.propose_forwarded(inbound.from, &inbound.payload),
+                Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
                 _ => {}
             }
         }

@@ -100,10 +100,14 @@ pub enum MemberState {
     Down,
     /// Left on purpose (SIGTERM).
     Left,
+    /// Alive, but said it is leaving (SIGTERM): placement no longer counts
+    /// it, so its replicas and leaderships move away before it leaves.
+    Leaving,
 }
 
 impl MemberState {
-    pub const ALL: [MemberState; 4] = [MemberState::Alive, MemberState::Suspect, MemberState::Down, MemberState::Left];
+    pub const ALL: [MemberState; 5] =
+        [MemberState::Alive, MemberState::Suspect, MemberState::Down, MemberState::Left, MemberState::Leaving];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -111,6 +115,7 @@ impl MemberState {
             MemberState::Suspect => "suspect",
             MemberState::Down => "down",
             MemberState::Left => "left",
+            MemberState::Leaving => "leaving",
         }
     }
 }
@@ -180,6 +185,9 @@ pub struct Membership {
     load_sequence: u64,
     last_published: Option<(LoadSummary, Duration)>,
     left: bool,
+    /// Said it is leaving ([`Membership::announce_leaving`]): every load
+    /// broadcast says so from then on.
+    leaving: bool,
     /// The `--join` addresses, and when to announce to them again while no
     /// member is alive.
     seeds: Vec<SocketAddr>,
@@ -204,6 +212,7 @@ impl Membership {
             load_sequence: 0,
             last_published: None,
             left: false,
+            leaving: false,
             seeds: Vec::new(),
             next_join_at: None,
             counters: MembershipCounters::default(),
@@ -298,7 +307,7 @@ impl Membership {
         if unchanged {
             return;
         }
-        self.add_load_broadcast(now, load, false);
+        self.add_load_broadcast(now, load, self.leaving);
         self.forget_unknown_loads();
     }
 
@@ -319,6 +328,20 @@ impl Membership {
         let known: std::collections::HashSet<NodeId> =
             self.foca.iter_membership_state().map(|member| member.id().node_id).collect();
         self.loads.borrow_mut().retain(|node_id| node_id == me || known.contains(&node_id));
+    }
+
+    /// Says this node is leaving (a load broadcast with `leaving` set) while
+    /// it stays a member: every node's placement stops counting it, so the
+    /// groups' leaders move its replicas and leaderships away before it
+    /// calls [`Self::leave`].
+    pub fn announce_leaving(&mut self, now: Duration) {
+        if self.left || self.leaving {
+            return;
+        }
+        self.leaving = true;
+        let load = self.last_published.map(|(load, _)| load).unwrap_or_default();
+        self.add_load_broadcast(now, load, true);
+        self.drain(now);
     }
 
     /// Leaves the cluster: a last load broadcast saying so, then foca's
@@ -382,7 +405,11 @@ impl Membership {
     pub fn members(&self) -> Vec<MemberView> {
         let loads = self.loads.borrow();
         let me = self.identity();
-        let own_state = if self.left { MemberState::Left } else { MemberState::Alive };
+        let own_state = match (self.left, self.leaving) {
+            (true, _) => MemberState::Left,
+            (false, true) => MemberState::Leaving,
+            (false, false) => MemberState::Alive,
+        };
         let mut members =
             vec![MemberView { id: me.clone(), state: own_state, is_self: true, load: loads.get(me.node_id).copied() }];
         let mut others: Vec<MemberView> = self
@@ -392,6 +419,7 @@ impl Membership {
                 let load = loads.get(member.id().node_id).copied();
                 let leaving = load.is_some_and(|entry| entry.broadcast.leaving);
                 let state = match member.state() {
+                    State::Alive | State::Suspect if leaving => MemberState::Leaving,
                     State::Alive => MemberState::Alive,
                     State::Suspect => MemberState::Suspect,
                     State::Down if leaving => MemberState::Left,

@@ -167,6 +167,9 @@ pub struct HostCounters {
     /// Changes of the live member set (each wakes every group).
     pub member_changes: u64,
     pub groups_dropped: u64,
+    /// Groups bootstrapped here alone, emptied for the leader's log
+    /// (`reset_if_bootstrapped_alone`).
+    pub bootstrap_resets: u64,
     /// Configuration changes raft-rs refused to apply: must stay 0.
     pub conf_change_errors: u64,
     pub frame_errors: u64,
@@ -213,6 +216,8 @@ pub struct ReplicaHost<S: LogStore> {
     rng: SeededRng,
     outbox: BTreeMap<ReplicaId, PeerBatch>,
     acks: Vec<Ack>,
+    /// Other nodes' proposals applied here as the leader ([`Self::take_forwarded_acks`]).
+    forwarded_acks: Vec<Ack>,
     /// Leaders that applied their own removal this round.
     step_downs: Vec<GroupId>,
     reconfig_budget: u32,
@@ -239,6 +244,7 @@ impl<S: LogStore> ReplicaHost<S> {
             rng: SeededRng::new(seed),
             outbox: BTreeMap::new(),
             acks: Vec::new(),
+            forwarded_acks: Vec::new(),
             step_downs: Vec::new(),
             reconfig_budget: config.reconfig_steps_per_window_max,
             stream_replication: BTreeMap::new(),
@@ -452,6 +458,7 @@ impl<S: LogStore> ReplicaHost<S> {
             self.counters.messages_refused += 1;
             return;
         }
+        self.reset_if_bootstrapped_alone(id, &message);
         let Some(group) = self.groups.get_mut(&id) else { return };
         if group.quiet && wakes_quiet_group(&group.raw.raft, &message) {
             wake(group);
@@ -477,6 +484,39 @@ impl<S: LogStore> ReplicaHost<S> {
         self.tombstones.remove(&id);
         self.store.borrow_mut().create(id, GroupLog::default());
         self.open_group(id)
+    }
+
+    /// Empties the log of a group this node bootstrapped by itself when a
+    /// leader of it speaks: a node that joins a cluster and learns of a
+    /// stream bootstraps the stream's groups on its own view of the
+    /// members, but the others may have created them long ago with other
+    /// voters, and two bootstraps disagree at the same term-1 indexes (Raft
+    /// would take them as matching). The reset is safe only while the
+    /// group has promised nothing: its log is the bootstrap alone (last
+    /// term 1), it never voted and never had a leader; it keeps its term,
+    /// and the leader sends it the group's log from index 1.
+    fn reset_if_bootstrapped_alone(&mut self, id: GroupId, message: &Message) {
+        let from_leader = matches!(
+            message.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        );
+        let Some(group) = self.groups.get(&id) else { return };
+        let raft = &group.raw.raft;
+        let log = &raft.raft_log;
+        let bootstrap_only = log.last_index() > 0 && log.last_term() == 1 && log.applied == log.last_index();
+        if !from_leader || message.term <= 1 || !bootstrap_only || raft.vote != 0 || raft.leader_id != 0 {
+            return;
+        }
+        let term = raft.term;
+        self.groups.remove(&id);
+        let mut fresh = GroupLog::default();
+        fresh.hard_state.term = term;
+        let mut store = self.store.borrow_mut();
+        store.remove(id);
+        store.create(id, fresh);
+        drop(store);
+        self.counters.bootstrap_resets += 1;
+        self.open_group(id);
     }
 
     /// Proposes `records` (a spate frame) to `group`, as `header` says; the
@@ -584,6 +624,9 @@ impl<S: LogStore> ReplicaHost<S> {
                     Ok((header, _)) if header.source_node == self.id => {
                         self.acks.push(Ack { group: id, header, index: entry.index });
                     }
+                    Ok((header, _)) if self.is_leader(id) => {
+                        self.forwarded_acks.push(Ack { group: id, header, index: entry.index });
+                    }
                     Ok(_) => {}
                     Err(_) => self.counters.frame_errors += 1,
                 },
@@ -656,6 +699,17 @@ impl<S: LogStore> ReplicaHost<S> {
         std::mem::take(&mut self.acks)
     }
 
+    /// Other nodes' proposals this node applied as the leader since the
+    /// last call: the leader tells each proposer, which may hold no replica
+    /// of the group (any more) and so never applies its own proposal.
+    pub fn take_forwarded_acks(&mut self) -> Vec<Ack> {
+        std::mem::take(&mut self.forwarded_acks)
+    }
+
+    fn is_leader(&self, id: GroupId) -> bool {
+        self.groups.get(&id).is_some_and(|group| group.raw.raft.state == StateRole::Leader)
+    }
+
     pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
         self.groups.keys().copied()
     }
@@ -691,6 +745,11 @@ impl<S: LogStore> ReplicaHost<S> {
             .filter(|(peer, progress)| **peer != self.id && (progress.recent_active || self.is_live(**peer)))
             .map(|(_, progress)| progress.matched)
             .min()
+    }
+
+    /// Ticks since a message for `id` arrived.
+    pub fn silent_ticks(&self, id: GroupId) -> Option<u32> {
+        self.groups.get(&id).map(|group| group.silent_ticks)
     }
 
     /// Groups not ticked now.
@@ -833,7 +892,13 @@ fn wakes_quiet_group<S: LogStore>(raft: &raft::Raft<GroupStorage<S>>, message: &
     !(heartbeat && message.term == raft.term)
 }
 
+/// Wakes a quiet group; its silence starts again (ticks spent quiet are
+/// not a leader's silence: a woken follower hears from it within a
+/// heartbeat interval).
 fn wake<S: LogStore>(group: &mut Group<S>) {
+    if group.quiet {
+        group.silent_ticks = 0;
+    }
     group.quiet = false;
     group.quiet_ticks = 0;
 }

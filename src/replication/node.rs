@@ -123,6 +123,14 @@ pub const DELIVERY_BYTES_MAX: usize = 1 << 20;
 /// a Raft batch is dropped (Raft sends its entries again) and a forwarded
 /// proposal refused (the shard proposes it again).
 pub const UNSENT_BYTES_MAX: usize = 16 << 20;
+/// How long a proposal the leader said is committed may wait for its
+/// delivery to this node's shard before it is answered OK anyway: this
+/// node may have been removed from the group without seeing it yet, in ms.
+pub const REMOTE_ACK_GRACE_MS: u64 = 2_000;
+/// Ticks without a message from an awake group's leader after which a
+/// leaving node takes itself as removed from it ([`ReplicationNode::replicas_held`]):
+/// five heartbeat intervals.
+const REMOVED_SILENT_TICKS: u32 = 10;
 /// How long a shard may take to answer a delivery before the next round
 /// asks again, in ms.
 const DELIVERY_TIMEOUT_MS: u64 = 5_000;
@@ -242,6 +250,16 @@ struct Pending {
     group: GroupId,
     reply: flume::Sender<Result<(), ProposalRefused>>,
     since: Instant,
+    /// When the leader said it is committed ([`Channel::ProposeAck`]).
+    committed_at: Option<Instant>,
+}
+
+/// The (group, source sequence) of a [`Channel::ProposeAck`].
+fn decode_propose_ack(payload: &[u8]) -> Option<(GroupId, u64)> {
+    let stream_id = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?);
+    let partition = u32::from_le_bytes(payload.get(4..8)?.try_into().ok()?);
+    let sequence = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
+    Some((GroupId { stream_id, partition }, sequence))
 }
 
 /// What waits for room in the transport's queue to one peer, in order.
@@ -480,14 +498,19 @@ impl ReplicationNode {
         }
         self.next_sequence += 1;
         self.expected.insert(order_key, request.sequence + 1);
-        self.pending.insert(sequence, Pending { group: request.group, reply: request.reply, since: Instant::now() });
+        let pending = Pending { group: request.group, reply: request.reply, since: Instant::now(), committed_at: None };
+        self.pending.insert(sequence, pending);
         let in_flight = self.in_flight.entry(request.group).or_default();
         in_flight.0 += 1;
         in_flight.1 = in_flight.1.max(in_flight.0);
     }
 
-    /// A proposal another node forwarded to this one (as the leader).
-    pub fn propose_forwarded(&mut self, payload: &[u8]) {
+    /// A proposal another node (`from`) forwarded to this one (as the
+    /// leader). One that finds this node no longer leading goes on to the
+    /// leader it knows, once (only when it came from its proposer): a node
+    /// removed from the group keeps forwarding to the leader it last knew,
+    /// which learns of a transfer and so knows better.
+    pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes) {
         let Some((group_bytes, proposal)) = payload.split_at_checked(8) else { return };
         let group = GroupId {
             stream_id: u32::from_le_bytes(group_bytes[..4].try_into().unwrap_or_default()),
@@ -498,11 +521,57 @@ impl ReplicationNode {
             self.note_full();
             return;
         }
-        // Not leading (any more): the proposer times out and tries again.
-        if let Err(ProposeError::Raft(_) | ProposeError::NotLeader { .. } | ProposeError::UnknownGroup { .. }) =
-            self.host.propose(group, header, records)
-        {
-            self.forwarded_refused += 1;
+        match self.host.propose(group, header, records) {
+            Ok(()) => {}
+            Err(ProposeError::NotLeader { leader: Some(leader), .. })
+                if self.node_ids.get(&header.source_node) == Some(&from) && leader != self.self_id =>
+            {
+                let next = self.node_ids.get(&leader).copied();
+                if !next.is_some_and(|next| self.send_to_peer(next, Channel::Propose, payload.clone())) {
+                    self.forwarded_refused += 1;
+                }
+            }
+            // Not leading (any more): the proposer times out and tries again.
+            Err(_) => self.forwarded_refused += 1,
+        }
+    }
+
+    /// The leader's word that a proposal this node forwarded is committed
+    /// ([`Channel::ProposeAck`]): answered now when this node holds no
+    /// replica of the group (it will never apply it), else marked, so the
+    /// local delivery answers it, or the expiry answers it OK after
+    /// [`REMOTE_ACK_GRACE_MS`] instead of a retry (a duplicate).
+    pub fn receive_propose_ack(&mut self, payload: &[u8]) {
+        let Some((group, sequence)) = decode_propose_ack(payload) else { return };
+        let replica = self
+            .host
+            .status(group)
+            .is_some_and(|status| status.voters.contains(&self.self_id) || status.learners.contains(&self.self_id));
+        let Some(pending) = self.pending.get_mut(&sequence) else { return };
+        if pending.group != group {
+            return;
+        }
+        if replica {
+            pending.committed_at.get_or_insert_with(Instant::now);
+            return;
+        }
+        if let Some(pending) = self.pending.remove(&sequence) {
+            let _ = pending.reply.send(Ok(()));
+            self.leave_flight(group);
+        }
+    }
+
+    /// Tells each proposer of a forwarded proposal this node applied as the
+    /// leader that it is committed.
+    fn send_forwarded_acks(&mut self) {
+        for ack in self.host.take_forwarded_acks() {
+            let Some(peer) = self.node_ids.get(&ack.header.source_node).copied() else { continue };
+            let mut payload = Vec::with_capacity(16);
+            payload.extend_from_slice(&ack.group.stream_id.to_le_bytes());
+            payload.extend_from_slice(&ack.group.partition.to_le_bytes());
+            payload.extend_from_slice(&ack.header.source_sequence.to_le_bytes());
+            // Lost: the proposer times out and proposes again.
+            self.send_to_peer(peer, Channel::ProposeAck, Bytes::from(payload));
         }
     }
 
@@ -527,6 +596,7 @@ impl ReplicationNode {
                 self.batches_dropped += 1;
             }
         }
+        self.send_forwarded_acks();
         for ack in self.host.take_acks() {
             if let Some(pending) = self.pending.remove(&ack.header.source_sequence)
                 && self.leave_flight(pending.group)
@@ -600,11 +670,14 @@ impl ReplicationNode {
     /// Answers proposals that waited past [`PROPOSAL_TIMEOUT_MS`].
     pub fn expire_proposals(&mut self) {
         let timeout = Duration::from_millis(PROPOSAL_TIMEOUT_MS);
+        let grace = Duration::from_millis(REMOTE_ACK_GRACE_MS);
         let mut expired_groups = Vec::new();
         self.pending.retain(|_, pending| {
-            let expired = pending.since.elapsed() > timeout;
+            let committed = pending.committed_at.is_some_and(|at| at.elapsed() > grace);
+            let expired = committed || pending.since.elapsed() > timeout;
             if expired {
-                let _ = pending.reply.send(Err(ProposalRefused::TimedOut));
+                let answer = if committed { Ok(()) } else { Err(ProposalRefused::TimedOut) };
+                let _ = pending.reply.send(answer);
                 expired_groups.push(pending.group);
             }
             !expired
@@ -764,6 +837,31 @@ impl ReplicationNode {
             }
             !delivered
         });
+    }
+
+    /// Live members placement may choose, this node included unless it is
+    /// leaving: 0 when a leaving node has nobody to hand over to.
+    pub fn live_members(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Groups that still have a replica on this node as it leaves: it
+    /// leads them, or is a voter or learner of them as far as it knows and
+    /// still hears from their leader (a replica removed while the leader's
+    /// last word to it was lost never learns it; a second of silence from
+    /// the other leader of an awake group says so; a group with no leader
+    /// at all is held).
+    pub fn replicas_held(&self) -> usize {
+        self.host
+            .groups()
+            .filter(|group| {
+                let Some(status) = self.host.status(*group) else { return false };
+                let member = status.voters.contains(&self.self_id) || status.learners.contains(&self.self_id);
+                let silent = self.host.silent_ticks(*group).is_some_and(|ticks| ticks >= REMOVED_SILENT_TICKS);
+                let removed = silent && !status.quiet && status.leader != 0;
+                status.leader == self.self_id || (member && !removed)
+            })
+            .count()
     }
 
     /// Every group as `GET /cluster` shows it.

@@ -37,6 +37,10 @@ const CLUSTER_LEAVE_WAIT_MS: u64 = 500;
 /// After the shutdown deadline plus this, the process exits whatever is
 /// still running (status 1), in ms; a second SIGINT/SIGTERM exits at once.
 const SHUTDOWN_FORCE_MARGIN_MS: u64 = 2000;
+/// How long the first SIGINT/SIGTERM of a cluster node waits for it to
+/// hand its replicas over before the drain starts, in ms: the cluster
+/// thread's own bound plus a second.
+const LEAVE_HANDOVER_WAIT_MS: u64 = crate::cluster::driver::LEAVE_HANDOVER_TIMEOUT_MS + 1000;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug)]
@@ -212,7 +216,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     print_banner(&config, shard_count, &placement.description);
     log::info!("{cluster_banner}");
     print_read_only(&read_only, catalog_unsaved.reason().as_deref());
-    spawn_signal_thread(&controls, &cluster, Duration::from_millis(config.shutdown_timeout_ms))?;
+    let clustered = config.cluster_address().is_some();
+    spawn_signal_thread(&controls, &cluster, clustered, Duration::from_millis(config.shutdown_timeout_ms))?;
     let complete = wait_for_drain(&events, shard_count);
     stop_shards(&controls, pool);
     admin.stop();
@@ -370,14 +375,16 @@ fn wait_for_drain(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> b
     complete
 }
 
-/// The first SIGINT/SIGTERM makes this node leave the cluster (its goodbye
-/// on the wire, waited for at most [`CLUSTER_LEAVE_WAIT_MS`]), then asks
-/// every shard to drain within `timeout` and
-/// arms a watchdog that ends the process if it still runs
-/// [`SHUTDOWN_FORCE_MARGIN_MS`] after that; a second signal ends it at once.
+/// The first SIGINT/SIGTERM arms a watchdog that ends the process if it
+/// still runs [`SHUTDOWN_FORCE_MARGIN_MS`] after the whole bound below;
+/// makes this node leave the cluster (a cluster node hands its replicas
+/// over first, at most [`LEAVE_HANDOVER_WAIT_MS`]; its goodbye on the wire,
+/// waited for at most [`CLUSTER_LEAVE_WAIT_MS`]); then asks every shard to
+/// drain within `timeout`. A second signal ends it at once.
 fn spawn_signal_thread(
     controls: &[flume::Sender<ControlRequest>],
     cluster: &ClusterHandle,
+    clustered: bool,
     timeout: Duration,
 ) -> Result<(), ServeError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -390,22 +397,21 @@ fn spawn_signal_thread(
         .spawn(move || {
             let mut signals = signals.forever();
             let Some(signal) = signals.next() else { return };
-            let deadline = Instant::now() + timeout;
+            let leave_wait = Duration::from_millis(if clustered { LEAVE_HANDOVER_WAIT_MS } else { 0 });
+            // Armed first, so nothing below (a handover, a shard that does
+            // not read its control queue) can keep the process alive.
+            arm_watchdog(Instant::now() + leave_wait + timeout + Duration::from_millis(SHUTDOWN_FORCE_MARGIN_MS));
             log::info!(
-                "signal {signal}: stopping (no new connections; draining what was read; connections still \
-                 open in {} ms are cut; a second signal exits at once)",
+                "signal {signal}: stopping (a cluster node first hands its replicas over, at most {} ms; then no \
+                 new connections; draining what was read; connections still open {} ms later are cut; a second \
+                 signal exits at once)",
+                leave_wait.as_millis(),
                 timeout.as_millis()
             );
-            leave_cluster(&cluster);
-            broadcast(&controls, || ControlRequest::Shutdown { deadline });
-            let force_at = deadline + Duration::from_millis(SHUTDOWN_FORCE_MARGIN_MS);
-            let watchdog = std::thread::Builder::new().name("spate-watchdog".into()).spawn(move || {
-                std::thread::sleep(force_at.saturating_duration_since(Instant::now()));
-                log::error!("still running {SHUTDOWN_FORCE_MARGIN_MS} ms after the shutdown deadline: exiting");
-                std::process::exit(1);
-            });
-            if let Err(error) = watchdog {
-                log::warn!("could not start the shutdown watchdog: {error}");
+            leave_cluster(&cluster, leave_wait);
+            let deadline = Instant::now() + timeout;
+            for control in &controls {
+                let _ = control.send_deadline(ControlRequest::Shutdown { deadline }, deadline);
             }
             if let Some(signal) = signals.next() {
                 log::warn!("second signal {signal}: exiting now without draining");
@@ -416,11 +422,27 @@ fn spawn_signal_thread(
     Ok(())
 }
 
-/// Asks the cluster thread to leave and waits (bounded) for its goodbye.
-fn leave_cluster(cluster: &flume::Sender<ClusterRequest>) {
+/// Ends the process at `force_at` if it still runs then, saying so.
+fn arm_watchdog(force_at: Instant) {
+    let watchdog = std::thread::Builder::new().name("spate-watchdog".into()).spawn(move || {
+        std::thread::sleep(force_at.saturating_duration_since(Instant::now()));
+        log::error!(
+            "gave up waiting: still running {SHUTDOWN_FORCE_MARGIN_MS} ms after the shutdown deadline (a shard or \
+             the cluster thread did not finish); exiting now with status 1"
+        );
+        std::process::exit(1);
+    });
+    if let Err(error) = watchdog {
+        log::warn!("could not start the shutdown watchdog: {error}");
+    }
+}
+
+/// Asks the cluster thread to leave (hand the replicas over, then say
+/// goodbye) and waits at most `handover` plus [`CLUSTER_LEAVE_WAIT_MS`].
+fn leave_cluster(cluster: &flume::Sender<ClusterRequest>, handover: Duration) {
     let (reply, left) = flume::bounded(1);
     if cluster.try_send(ClusterRequest::Leave(reply)).is_ok() {
-        let _ = left.recv_timeout(Duration::from_millis(CLUSTER_LEAVE_WAIT_MS));
+        let _ = left.recv_timeout(handover + Duration::from_millis(CLUSTER_LEAVE_WAIT_MS));
     }
 }
 

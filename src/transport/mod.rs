@@ -74,6 +74,10 @@ pub enum Channel {
     /// A proposal forwarded to its group's leader
     /// ([`crate::replication::node`]).
     Propose = 5,
+    /// A forwarded proposal committed: the leader tells the proposing node
+    /// (group, source sequence), so a proposer that holds no replica of the
+    /// group (any more) is answered too ([`crate::replication::node`]).
+    ProposeAck = 6,
 }
 
 impl Channel {
@@ -84,6 +88,7 @@ impl Channel {
             3 => Some(Channel::Bulk),
             4 => Some(Channel::Raft),
             5 => Some(Channel::Propose),
+            6 => Some(Channel::ProposeAck),
             _ => None,
         }
     }

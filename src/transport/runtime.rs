@@ -719,7 +719,7 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
                 transport.bulk_ready.notify();
             }
         }
-        Some(Channel::Raft | Channel::Propose) => {
+        Some(Channel::Raft | Channel::Propose | Channel::ProposeAck) => {
             transport.replication.borrow_mut().push_back(inbound);
             transport.replication_ready.notify();
         }
