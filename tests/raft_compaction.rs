@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Delivered, Server, Subscriber};
+use common::{Delivered, Server, read_stream, stream_ends, wait_until_stream_holds};
 use serde_json::{Value, json};
 
 const STREAM: &str = "compacted";
@@ -94,35 +94,6 @@ fn produce(ingest: SocketAddr, first: u64, count: u64) {
     assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
 }
 
-fn ends(server: &Server) -> Vec<u64> {
-    let streams = server.streams();
-    let offsets = streams[STREAM]["next_offsets"].as_array().expect("next_offsets").clone();
-    offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
-}
-
-fn read_all(server: &Server, ends: &[u64]) -> BTreeMap<u32, Vec<Delivered>> {
-    let mut read = BTreeMap::new();
-    for (partition, &end) in ends.iter().enumerate() {
-        let partition = partition as u32;
-        let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {STREAM} {partition} 0"));
-        subscriber.set_timeout(Duration::from_secs(10));
-        read.insert(partition, subscriber.take(end as usize));
-    }
-    read
-}
-
-fn wait_until_holds(server: &Server, wanted: &[u64], index: usize) {
-    let started = Instant::now();
-    loop {
-        let now = ends(server);
-        if now.iter().zip(wanted).all(|(have, want)| have >= want) {
-            return;
-        }
-        assert!(started.elapsed() < CATCH_UP_WITHIN, "node {index} holds {now:?}, not {wanted:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Every event `0..total` is in `read` exactly once.
 fn check_each_once(read: &BTreeMap<u32, Vec<Delivered>>, total: u64) {
     let mut seen: Vec<u64> = read
@@ -141,13 +112,13 @@ fn check_each_once(read: &BTreeMap<u32, Vec<Delivered>>, total: u64) {
 /// Every node holds the committed log of node `reference`, record for
 /// record at the same offsets, and it holds each of `total` events once.
 fn check_replicas_agree(nodes: &[Server], reference: usize, total: u64) {
-    let committed = ends(&nodes[reference]);
+    let committed = stream_ends(&nodes[reference], STREAM);
     assert_eq!(committed.iter().sum::<u64>(), total, "offsets on node {reference}: {committed:?}");
-    let expected = read_all(&nodes[reference], &committed);
+    let expected = read_stream(&nodes[reference], STREAM, &committed);
     check_each_once(&expected, total);
     for (index, node) in nodes.iter().enumerate() {
-        wait_until_holds(node, &committed, index);
-        assert_eq!(read_all(node, &committed), expected, "node {index}'s replica differs");
+        wait_until_stream_holds(node, STREAM, &committed, index, CATCH_UP_WITHIN);
+        assert_eq!(read_stream(node, STREAM, &committed), expected, "node {index}'s replica differs");
     }
 }
 
@@ -195,7 +166,7 @@ fn a_node_killed_after_compaction_restarts_with_nothing_acknowledged_lost() {
     let mut nodes = start_cluster();
     produce(nodes[0].ingest, 0, EVENTS / 2);
     for (index, node) in nodes.iter().enumerate() {
-        wait_until_holds(node, &ends(&nodes[0]), index);
+        wait_until_stream_holds(node, STREAM, &stream_ends(&nodes[0], STREAM), index, CATCH_UP_WITHIN);
     }
     let victim = 1;
     assert!(nodes[victim].metric("spate_raft_log_compactions_total") > 0.0, "compacted before the kill");

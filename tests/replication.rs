@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Delivered, Server, Subscriber};
+use common::{Delivered, Server, Subscriber, read_stream, stream_ends, wait_until_stream_holds};
 use serde_json::{Value, json};
 
 const STREAM: &str = "orders";
@@ -103,26 +103,6 @@ fn produce_at(ingest: SocketAddr, first: u64, count: u64) -> u64 {
     count
 }
 
-/// Every event of every partition of the stream a node's subscriber reads
-/// from offset 0, up to the offsets in `ends`.
-fn read_all(server: &Server, ends: &[u64]) -> BTreeMap<u32, Vec<Delivered>> {
-    let mut read = BTreeMap::new();
-    for (partition, &end) in ends.iter().enumerate() {
-        let partition = partition as u32;
-        let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {STREAM} {partition} 0"));
-        subscriber.set_timeout(Duration::from_secs(10));
-        read.insert(partition, subscriber.take(end as usize));
-    }
-    read
-}
-
-/// The next offset of every partition of the stream on `server`.
-fn ends(server: &Server) -> Vec<u64> {
-    let streams = server.streams();
-    let offsets = streams[STREAM]["next_offsets"].as_array().expect("next_offsets").clone();
-    offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
-}
-
 /// Starts three nodes (the second and third join through the first),
 /// waits until all three see each other alive, creates the stream with
 /// replication factor 3 on each, and waits until every partition's group
@@ -156,12 +136,12 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
     let all: Vec<&Node> = nodes.iter().collect();
     let producer_node = leader_of(&all, 0);
     produce(&nodes[producer_node].server, 0, 1000);
-    let committed = ends(&nodes[producer_node].server);
+    let committed = stream_ends(&nodes[producer_node].server, STREAM);
     assert_eq!(committed.iter().sum::<u64>(), 1000, "offsets on the producing node: {committed:?}");
-    let expected = read_all(&nodes[producer_node].server, &committed);
+    let expected = read_stream(&nodes[producer_node].server, STREAM, &committed);
     for (index, node) in nodes.iter().enumerate() {
-        wait_until_holds(&node.server, &committed, index);
-        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs");
+        wait_until_stream_holds(&node.server, STREAM, &committed, index, CATCH_UP_WITHIN);
+        assert_eq!(read_stream(&node.server, STREAM, &committed), expected, "node {index}'s replica differs");
     }
     // kill -9 a follower (not the producer's node) while events keep coming.
     let victim = (producer_node + 1) % 3;
@@ -173,12 +153,16 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
     let acknowledged = producing.join().expect("the producer thread");
     assert_eq!(acknowledged, UNDER_LOAD_EVENTS, "every SYNC with one follower down is answered");
     nodes[victim].server.spawn();
-    let committed = ends(&nodes[producer_node].server);
+    let committed = stream_ends(&nodes[producer_node].server, STREAM);
     assert_eq!(committed.iter().sum::<u64>(), 1000 + UNDER_LOAD_EVENTS, "offsets on the producing node: {committed:?}");
-    let expected = read_all(&nodes[producer_node].server, &committed);
+    let expected = read_stream(&nodes[producer_node].server, STREAM, &committed);
     for (index, node) in nodes.iter().enumerate() {
-        wait_until_holds(&node.server, &committed, index);
-        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs after the restart");
+        wait_until_stream_holds(&node.server, STREAM, &committed, index, CATCH_UP_WITHIN);
+        assert_eq!(
+            read_stream(&node.server, STREAM, &committed),
+            expected,
+            "node {index}'s replica differs after the restart"
+        );
     }
 }
 
@@ -211,13 +195,13 @@ fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica()
         producer.join().expect("a producer thread");
     }
     let total = PIPELINED_CONNECTIONS * PIPELINED_EVENTS;
-    let committed = ends(&nodes[0].server);
+    let committed = stream_ends(&nodes[0].server, STREAM);
     assert_eq!(committed.iter().sum::<u64>(), total, "offsets on node 0: {committed:?}");
-    let expected = read_all(&nodes[0].server, &committed);
+    let expected = read_stream(&nodes[0].server, STREAM, &committed);
     check_once_in_order(&expected);
     for (index, node) in nodes.iter().enumerate() {
-        wait_until_holds(&node.server, &committed, index);
-        assert_eq!(read_all(&node.server, &committed), expected, "node {index}'s replica differs");
+        wait_until_stream_holds(&node.server, STREAM, &committed, index, CATCH_UP_WITHIN);
+        assert_eq!(read_stream(&node.server, STREAM, &committed), expected, "node {index}'s replica differs");
     }
     let in_flight_max = nodes
         .iter()
@@ -268,22 +252,6 @@ fn check_once_in_order(read: &BTreeMap<u32, Vec<Delivered>>) {
     assert_eq!(count_by_connection.len() as u64, PIPELINED_CONNECTIONS, "{count_by_connection:?}");
     for (connection, count) in count_by_connection {
         assert_eq!(count, PIPELINED_EVENTS, "connection {connection}: events stored");
-    }
-}
-
-/// Waits until `server`'s partitions hold at least `ends` events.
-fn wait_until_holds(server: &Server, ends_wanted: &[u64], index: usize) {
-    let started = Instant::now();
-    loop {
-        let now = ends(server);
-        if now.iter().zip(ends_wanted).all(|(have, want)| have >= want) {
-            return;
-        }
-        assert!(
-            started.elapsed() < CATCH_UP_WITHIN,
-            "node {index} holds {now:?}, not {ends_wanted:?}, after {CATCH_UP_WITHIN:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -434,7 +402,7 @@ fn check_after_change(
     check_replicas_agree(nodes, views);
     let mut logs = BTreeMap::new();
     for (partition, (leader, _)) in views {
-        let end = ends(&nodes[*leader].server)[*partition as usize];
+        let end = stream_ends(&nodes[*leader].server, STREAM)[*partition as usize];
         logs.insert(*partition, read_partition(&nodes[*leader].server, *partition, end));
     }
     let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
@@ -551,7 +519,9 @@ fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
             group["voters"].as_array().is_some_and(|voters| voters.iter().any(|voter| *voter == id))
         });
         let wanted: BTreeMap<u32, u64> = voter_of
-            .map(|(partition, (leader, _))| (*partition, ends(&firsts[*leader].server)[*partition as usize]))
+            .map(|(partition, (leader, _))| {
+                (*partition, stream_ends(&firsts[*leader].server, STREAM)[*partition as usize])
+            })
             .collect();
         let _ = target.send(wanted);
     }
@@ -564,13 +534,13 @@ fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
 /// (up to what the leader has now).
 fn check_replicas_agree(nodes: &[&Node], views: &BTreeMap<u32, (usize, Value)>) {
     for (partition, (leader, group)) in views {
-        let end = ends(&nodes[*leader].server)[*partition as usize];
+        let end = stream_ends(&nodes[*leader].server, STREAM)[*partition as usize];
         let log = read_partition(&nodes[*leader].server, *partition, end);
         for voter in group["voters"].as_array().cloned().unwrap_or_default() {
             let index = nodes.iter().position(|node| node_id(&node.server) == voter).expect("a voter is a node");
             let mut wanted = vec![0; *partition as usize + 1];
             wanted[*partition as usize] = end;
-            wait_until_holds(&nodes[index].server, &wanted, index);
+            wait_until_stream_holds(&nodes[index].server, STREAM, &wanted, index, CATCH_UP_WITHIN);
             assert_eq!(
                 read_partition(&nodes[index].server, *partition, end),
                 log,

@@ -586,3 +586,37 @@ pub fn start_cluster_node(seed: Option<SocketAddr>, partitions: &str, extra: &[&
     args.extend(extra);
     (Server::start(&args), cluster)
 }
+
+/// The next offset of every partition of `stream` on `server`.
+pub fn stream_ends(server: &Server, stream: &str) -> Vec<u64> {
+    let streams = server.streams();
+    let offsets = streams[stream]["next_offsets"].as_array().expect("next_offsets").clone();
+    offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
+}
+
+/// Every event of every partition of `stream` a subscriber of `server`
+/// reads from offset 0, up to the offsets in `ends`.
+pub fn read_stream(server: &Server, stream: &str, ends: &[u64]) -> std::collections::BTreeMap<u32, Vec<Delivered>> {
+    let mut read = std::collections::BTreeMap::new();
+    for (partition, &end) in ends.iter().enumerate() {
+        let partition = partition as u32;
+        let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {stream} {partition} 0"));
+        subscriber.set_timeout(Duration::from_secs(10));
+        read.insert(partition, subscriber.take(end as usize));
+    }
+    read
+}
+
+/// Waits up to `limit` until node `index` (`server`) holds at least
+/// `wanted` events in each partition of `stream`.
+pub fn wait_until_stream_holds(server: &Server, stream: &str, wanted: &[u64], index: usize, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let now = stream_ends(server, stream);
+        if now.iter().zip(wanted).all(|(have, want)| have >= want) {
+            return;
+        }
+        assert!(started.elapsed() < limit, "node {index} holds {now:?}, not {wanted:?}, after {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
