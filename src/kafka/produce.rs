@@ -337,12 +337,7 @@ async fn route_staged(shard: &Shard, target: &mut Target<'_>, run: StagedRun<'_>
             route.drained = true;
             let mut blocked = None;
             while index < count {
-                let asks_last = last && index + 1 == count && !(first && index == 0);
-                let ask = match &slots {
-                    Some(slots) if first && index == 0 => Some((slots, 2 * target.entry)),
-                    Some(slots) if asks_last => Some((slots, 2 * target.entry + 1)),
-                    _ => None,
-                };
+                let ask = offset_ask(slots.as_ref(), target.entry, (first, last), index as u64, count as u64);
                 // The last record asks on its own: the run stops before it.
                 let run_end = if slots.is_some() && last && index + 1 < count { count - 1 } else { count };
                 match route.route_encoded(target.partition, (run.encoded, start, &run.ends[index..run_end]), ask) {
@@ -362,18 +357,8 @@ async fn route_staged(shard: &Shard, target: &mut Target<'_>, run: StagedRun<'_>
             }
             blocked
         };
-        let metrics = shard.metrics();
-        ShardMetrics::add(&metrics.events_ingested, routed);
-        ShardMetrics::add(&metrics.bytes_ingested, bytes);
-        ShardMetrics::add(&metrics.kafka_records_produced, routed);
-        match blocked {
-            None => break,
-            Some(Blocked { held: Some(held), .. }) => {
-                shard.ingress().wait_for_release(held).await;
-            }
-            Some(blocked) => {
-                shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
-            }
+        if !settle(shard, (routed, bytes), blocked).await {
+            break;
         }
     }
     index as u64
@@ -404,14 +389,7 @@ async fn route_batch<'a>(
             route.drained = true;
             let mut blocked = None;
             while let Some(record) = records.peek() {
-                let ask = match &slots {
-                    Some(slots) if first && index == 0 => Some((slots, 2 * target.entry)),
-                    // The last record, unless the first's ask was its own.
-                    Some(slots) if last && index + 1 == record_count && !(first && index == 0) => {
-                        Some((slots, 2 * target.entry + 1))
-                    }
-                    _ => None,
-                };
+                let ask = offset_ask(slots.as_ref(), target.entry, (first, last), index, record_count);
                 match route.route_extended(target.partition, record, ask) {
                     Ok(owner) => {
                         target.touched[usize::from(owner)] = true;
@@ -428,20 +406,51 @@ async fn route_batch<'a>(
             }
             blocked
         };
-        let metrics = shard.metrics();
-        ShardMetrics::add(&metrics.events_ingested, count);
-        ShardMetrics::add(&metrics.bytes_ingested, bytes);
-        ShardMetrics::add(&metrics.kafka_records_produced, count);
-        match blocked {
-            None => return index,
-            Some(Blocked { held: Some(held), .. }) => {
-                shard.ingress().wait_for_release(held).await;
-            }
-            Some(blocked) => {
-                shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
-            }
+        if !settle(shard, (count, bytes), blocked).await {
+            return index;
         }
     }
+}
+
+/// The offset slot record `index` of a batch of `count` asks its owner to
+/// fill, if any: the entry's first record (in its first batch) and its last
+/// (in its last batch, unless that is the first record itself), whose
+/// offsets the Produce answer names; `None` when acks=0 (no `slots`).
+fn offset_ask(
+    slots: Option<&OffsetSlots>,
+    entry: usize,
+    (first, last): (bool, bool),
+    index: u64,
+    count: u64,
+) -> Option<(&OffsetSlots, usize)> {
+    let slots = slots?;
+    if first && index == 0 {
+        Some((slots, 2 * entry))
+    } else if last && index + 1 == count {
+        Some((slots, 2 * entry + 1))
+    } else {
+        None
+    }
+}
+
+/// Counts one routing pass's records and bytes, then waits for what
+/// blocked it (credits, or a held partition's release). Returns whether
+/// routing goes on (it was blocked).
+async fn settle(shard: &Shard, (records, bytes): (u64, u64), blocked: Option<Blocked>) -> bool {
+    let metrics = shard.metrics();
+    ShardMetrics::add(&metrics.events_ingested, records);
+    ShardMetrics::add(&metrics.bytes_ingested, bytes);
+    ShardMetrics::add(&metrics.kafka_records_produced, records);
+    match blocked {
+        None => return false,
+        Some(Blocked { held: Some(held), .. }) => {
+            shard.ingress().wait_for_release(held).await;
+        }
+        Some(blocked) => {
+            shard.ingress().wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
+        }
+    }
+    true
 }
 
 /// Per owner, the batch sequence whose grant means that what this request

@@ -107,11 +107,7 @@ impl Route<'_> {
         let Route { ingress, placement, router, .. } = self;
         let deliver = |owner, batch| ingress.deliver(owner, batch);
         let (owner, asked) = route_extended(placement, router, partition, record, ask.is_some(), deliver)?;
-        if let (Some((slots, index)), Some(asked)) = (ask, asked) {
-            let waiter =
-                OffsetWaiter { sequence: asked.sequence, position: asked.position, slots: slots.clone(), index };
-            ingress.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
-        }
+        ingress.wait_for_offset(owner, ask, asked);
         Ok(owner)
     }
 
@@ -129,11 +125,7 @@ impl Route<'_> {
         let Route { ingress, placement, router, .. } = self;
         let deliver = |owner, batch| ingress.deliver(owner, batch);
         let (owner, count, asked) = route_encoded(placement, router, partition, run, ask.is_some(), deliver)?;
-        if let (Some((slots, index)), Some(asked)) = (ask, asked) {
-            let waiter =
-                OffsetWaiter { sequence: asked.sequence, position: asked.position, slots: slots.clone(), index };
-            ingress.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
-        }
+        ingress.wait_for_offset(owner, ask, asked);
         Ok((owner, count))
     }
 
@@ -189,6 +181,17 @@ impl Drop for Route<'_> {
 }
 
 impl Ingress {
+    /// Registers the offset slot a routed record asked its owner to fill
+    /// (`ask` as the caller passed it, `asked` as the router answered it),
+    /// so the owner's grant writes the record's offset there.
+    fn wait_for_offset(&self, owner: u16, ask: Option<(&OffsetSlots, usize)>, asked: Option<OffsetAsk>) {
+        if let (Some((slots, index)), Some(asked)) = (ask, asked) {
+            let waiter =
+                OffsetWaiter { sequence: asked.sequence, position: asked.position, slots: slots.clone(), index };
+            self.offset_waiters.borrow_mut()[usize::from(owner)].push_back(waiter);
+        }
+    }
+
     pub fn new(config: &crate::config::Config, outbox: Rc<Outbox>, metrics: Rc<ShardMetrics>) -> Ingress {
         let shard_count = outbox.peer_count();
         let router =
