@@ -471,7 +471,7 @@ impl ReplicationNode {
             })
             .collect();
         for (stream_id, stream) in &self.streams {
-            self.host.set_replication_factor(*stream_id, stream.replication_factor);
+            self.host.set_stream(*stream_id, stream.replication_factor, stream.partitions);
         }
     }
 
