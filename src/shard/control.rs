@@ -209,6 +209,7 @@ pub fn stats(shard: &Shard) -> ShardStats {
         metrics.credits_outstanding_bytes.set(router.credits_outstanding_bytes() as u64);
         metrics.batch_buffered_bytes.set(router.batch_buffered_bytes() as u64);
     }
+    metrics.replication_inflight_batches.set(shard.replication.inflight_batches() as u64);
     metrics.connections_open.set(shard.lifecycle.connections_open());
     metrics.subscriber_connections_open.set(shard.lifecycle.sessions_open());
     metrics.apply_queue_bytes.set(shard.apply_queue.bytes() as u64);

@@ -141,6 +141,8 @@ shard_metrics! {
     Counter aggregate_checkpoints_written: u64 => "spate_aggregate_checkpoints_written_total", "Aggregate checkpoints written next to partition logs.";
     Counter aggregate_checkpoint_errors: u64 => "spate_aggregate_checkpoint_errors_total", "Aggregate checkpoints that failed to write (the previous one stays).";
     Counter batches_applied: u64 => "spate_batches_applied_total", "Batches this shard applied as owner.";
+    Counter replication_refusals: u64 => "spate_replication_refusals_total", "Proposals of replicated records refused and made again (no leader yet, a leadership transfer, out of order, timed out).";
+    Gauge replication_inflight_batches: u64 => "spate_replication_inflight_batches", "Batches with replicated records proposed and not yet applied (they wait for their commits).";
     Counter credit_stalls: u64 => "spate_credit_stalls_total", "Times a connection stopped reading for lack of credits.";
     Counter credit_stall_seconds: f64 => "spate_credit_stall_seconds_total", "Time connections spent stalled on credits.";
     Gauge credits_outstanding_bytes: u64 => "spate_credits_outstanding_bytes", "Credit bytes spent by this shard and not yet returned.";

@@ -237,7 +237,9 @@ async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
             // again at once whatever it expects (resync), it cannot spin.
             // The others wait a moment.
             let out_of_order = refused == ProposalRefused::OutOfOrder;
-            if !out_of_order {
+            if out_of_order {
+                crate::shard::metrics::ShardMetrics::add(&shard.metrics.replication_refusals, 1);
+            } else {
                 note_refusal(shard, item.proposal.group, refused);
                 glommio::timer::sleep(Duration::from_millis(PROPOSE_RETRY_MS)).await;
             }
@@ -332,6 +334,7 @@ fn take_replicated(replication: &ShardReplication, batch: &mut DataBatch) -> Vec
 }
 
 fn note_refusal(shard: &Shard, group: GroupId, refused: ProposalRefused) {
+    crate::shard::metrics::ShardMetrics::add(&shard.metrics.replication_refusals, 1);
     shard.replication.refusals.occur(
         Instant::now(),
         log::Level::Warn,
