@@ -186,7 +186,18 @@ struct Destination {
     /// them returned by a grant, for reuse.
     offset_asks: OffsetAsks,
     spare_offset_asks: OffsetAsks,
+    /// Records the open batch took in runs ([`Router::try_push_encoded`]),
+    /// and how many runs: whether it is applied in arrival order
+    /// ([`DataBatch::in_runs`]).
+    run_event_count: u32,
+    run_count: u32,
 }
+
+/// Records a run brings on average, at least, for a batch made of runs
+/// only to be applied in arrival order ([`DataBatch::in_runs`]): then a
+/// partition's struct and log tail are fetched once per run, which costs
+/// per record less than ordering the batch does.
+pub const RUN_RECORDS_MIN: u32 = 32;
 
 impl Destination {
     /// Adds an ask for the record about to be encoded into the open batch.
@@ -248,6 +259,8 @@ impl Router {
                 grant_requested: false,
                 offset_asks: None,
                 spare_offset_asks: None,
+                run_event_count: 0,
+                run_count: 0,
             })
             .collect();
         Router { destinations, batch_bytes, credit_window_bytes, credit_window_batches, held: Vec::new() }
@@ -341,6 +354,8 @@ impl Router {
         destination.batch.extend_from_slice(&encoded[start..end]);
         // Exact: a run is at most KAFKA_STAGED_RECORDS_MAX records.
         destination.batch_event_count += count as u32;
+        destination.run_event_count += count as u32;
+        destination.run_count += 1;
         Ok((count, destination.batch.len() >= self.batch_bytes, asked))
     }
 
@@ -391,9 +406,24 @@ impl Router {
         let sync = std::mem::take(&mut destination.sync);
         let requested = std::mem::take(&mut destination.grant_requested);
         let offset_asks = destination.offset_asks.take();
+        let run_event_count = std::mem::take(&mut destination.run_event_count);
+        let run_count = std::mem::take(&mut destination.run_count);
+        let in_runs = event_count > 0
+            && run_event_count == event_count
+            && u64::from(run_event_count) >= u64::from(RUN_RECORDS_MIN) * u64::from(run_count);
         let sequence = destination.sequence_sent;
         let grant_now = requested || sync || self.below_half(owner);
-        Some(DataBatch { sequence, bytes, event_count, markers, sync, grant_now, offset_asks, replicated_bytes: 0 })
+        Some(DataBatch {
+            sequence,
+            bytes,
+            event_count,
+            markers,
+            sync,
+            grant_now,
+            in_runs,
+            offset_asks,
+            replicated_bytes: 0,
+        })
     }
 
     /// Queues a marker for `owner` behind every event batched for it so far;
@@ -505,6 +535,14 @@ pub struct DataBatch {
     /// (`shard::grants`). Otherwise grants may wait at the owner
     /// to leave several in one frame.
     pub grant_now: bool,
+    /// Every record came in runs of one partition each, [`RUN_RECORDS_MIN`]
+    /// records long on average (a Kafka producer's batches: the Kafka face
+    /// routes each as runs, [`route_encoded`]): the owner applies it in
+    /// arrival order, which touches each partition once per run, rather
+    /// than ordering it by partition first as it does a large batch of
+    /// lines ([`crate::partition::apply::RecordOrder`]). Either order
+    /// appends a partition's records in arrival order.
+    pub in_runs: bool,
     /// Records whose offsets the source asks for ([`OffsetAsk`]), in
     /// position order; `None` for nearly every batch.
     pub offset_asks: OffsetAsks,
@@ -573,6 +611,10 @@ impl crate::partition::apply::Batch for DataBatch {
         self.offset_asks.take()
     }
 
+    fn in_runs(&self) -> bool {
+        self.in_runs
+    }
+
     fn put_offset_asks(&mut self, asks: OffsetAsks) {
         self.offset_asks = asks;
     }
@@ -599,6 +641,40 @@ mod tests {
 
     fn grant_for(batch: DataBatch) -> CreditGrant {
         crate::partition::apply::Batch::into_grant(batch)
+    }
+
+    /// A batch is marked `in_runs` (applied in arrival order) only when
+    /// every record came in runs ([`Router::try_push_encoded`]) of
+    /// [`RUN_RECORDS_MIN`] records or more on average: not with a line or a
+    /// single Kafka record among them, nor with short runs.
+    #[test]
+    fn only_batches_of_long_runs_are_in_runs() {
+        let record = ExtendedRecord { key: Some(b"k"), value: Some(b"v"), headers: &[0], timestamp_ms: 5 };
+        let mut encoded = Vec::new();
+        let mut ends = Vec::new();
+        for _ in 0..RUN_RECORDS_MIN {
+            encode_extended_batch_record(&mut encoded, 3, &record);
+            ends.push(encoded.len() as u32);
+        }
+        let mut router = Router::new(1, 1 << 16, 1 << 20, 64);
+        let run = |router: &mut Router, count: usize| {
+            let taken = router.try_push_encoded(0, (&encoded, 0, &ends[..count]), false).unwrap();
+            assert_eq!(taken.0, count);
+        };
+        run(&mut router, RUN_RECORDS_MIN as usize);
+        run(&mut router, RUN_RECORDS_MIN as usize);
+        assert!(router.take_batch(0).unwrap().in_runs, "two long runs");
+        run(&mut router, RUN_RECORDS_MIN as usize);
+        router.try_push(0, 3, b"line", b"payload").unwrap();
+        assert!(!router.take_batch(0).unwrap().in_runs, "a line among them");
+        run(&mut router, RUN_RECORDS_MIN as usize);
+        router.try_push_extended(0, 3, &record, false).unwrap();
+        assert!(!router.take_batch(0).unwrap().in_runs, "a record routed alone among them");
+        run(&mut router, RUN_RECORDS_MIN as usize);
+        run(&mut router, 1);
+        assert!(!router.take_batch(0).unwrap().in_runs, "runs shorter than RUN_RECORDS_MIN on average");
+        router.try_push(0, 3, b"line", b"payload").unwrap();
+        assert!(!router.take_batch(0).unwrap().in_runs, "lines only");
     }
 
     /// A source can never have more than the window in flight: once spent,
