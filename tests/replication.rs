@@ -255,6 +255,92 @@ fn check_once_in_order(read: &BTreeMap<u32, Vec<Delivered>>) {
     }
 }
 
+/// Partitions of the stream replicated on two of three nodes.
+const PARTIAL_PARTITIONS: u32 = 8;
+/// Events each of the three producers sends to it.
+const PARTIAL_EVENTS: u64 = 3_000;
+
+/// With replication factor 2 on three nodes every node lacks about a third
+/// of the partitions, yet a producer on any node gets `OK` for every
+/// `#SYNC` within seconds (its proposals go to the group's leader on
+/// another node), and every partition's log, read from a node holding it,
+/// has each connection's events once and in per-key order.
+#[test]
+fn a_producer_on_a_node_without_a_replica_reaches_the_partition() {
+    let (first, seed) = start_node(None);
+    let (second, _) = start_node(Some(seed));
+    let (third, _) = start_node(Some(seed));
+    let nodes = [first, second, third];
+    let all: Vec<&Node> = nodes.iter().collect();
+    wait_for(&all, READY_WITHIN, "three members alive", |view| {
+        view["members"].as_array().is_some_and(|m| m.len() == 3)
+    });
+    for node in &nodes {
+        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 }));
+    }
+    let holders = |partition: u32| -> Vec<usize> {
+        (0..nodes.len())
+            .filter(|index| {
+                let view = cluster_of(&nodes[*index].server);
+                view["partitions"].as_array().is_some_and(|groups| {
+                    groups.iter().any(|group| {
+                        group["stream"] == STREAM
+                            && group["partition"] == partition
+                            && group["voters"].as_array().is_some_and(|voters| voters.len() == 2)
+                            && !group["leader"].is_null()
+                    })
+                })
+            })
+            .collect()
+    };
+    let started = Instant::now();
+    while !(0..PARTIAL_PARTITIONS).all(|partition| holders(partition).len() == 2) {
+        assert!(started.elapsed() < READY_WITHIN, "groups with 2 voters and a leader: not within {READY_WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let producers: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(connection, node)| {
+            let ingest = node.server.ingest;
+            std::thread::spawn(move || {
+                let mut producer = common::Producer::connect(ingest);
+                producer.set_timeout(Duration::from_secs(20));
+                producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+                for sequence in 0..PARTIAL_EVENTS {
+                    producer.send(format!("c{connection}k{} {sequence}\n", sequence % 16).as_bytes());
+                    if sequence % 500 == 499 {
+                        let replies = producer.sync();
+                        assert!(
+                            replies.iter().all(|line| line.starts_with("OK")),
+                            "connection {connection}: {replies:?}"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        producer.join().expect("every #SYNC answered OK");
+    }
+    let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut stored = 0;
+    for partition in 0..PARTIAL_PARTITIONS {
+        let holder = &nodes[holders(partition)[0]].server;
+        let end = stream_ends(holder, STREAM)[partition as usize];
+        let mut subscriber = Subscriber::connect(holder.subscribe, &format!("SUB {STREAM} {partition} 0"));
+        subscriber.set_timeout(Duration::from_secs(10));
+        for event in subscriber.take(end as usize) {
+            let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
+            if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
+                assert!(sequence > last, "key {:?}: {sequence} after {last}", String::from_utf8_lossy(&event.key));
+            }
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, 3 * PARTIAL_EVENTS, "events stored once each over every partition");
+}
+
 /// Partitions of the join test's stream (the goal is for 256;
 /// 32 keep the test well under a minute on a loaded 2-core box while
 /// still moving about 24 replicas and 8 leaderships to the newcomer).

@@ -437,8 +437,10 @@ async fn replication_inbox(node: Rc<Node>) {
             let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
             match Channel::from_u8(inbound.channel) {
                 Some(Channel::Raft) => state.receive(&inbound.payload),
-                Some(Channel::Propose) => state.propose_forwarded(inbound.from, &inbound.payload),
+                Some(Channel::Propose) => state.propose_forwarded(inbound.from, &inbound.payload, false),
+                Some(Channel::ProposeAfterRefusal) => state.propose_forwarded(inbound.from, &inbound.payload, true),
                 Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
+                Some(Channel::ProposeRefused) => state.receive_propose_refused(&inbound.payload),
                 _ => {}
             }
         }

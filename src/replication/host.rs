@@ -60,7 +60,7 @@
 //! from its seed.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use protobuf::Message as _;
@@ -72,7 +72,7 @@ use raft::{RawNode, StateRole};
 
 use crate::cluster::rng::SeededRng;
 use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
-use crate::replication::placement::{Candidate, desired_replicas};
+use crate::replication::placement::{Candidate, DesiredReplicas, balanced_leaders, desired_replicas};
 use crate::replication::reconfig::{self, LeaderView, Step};
 use crate::replication::store::{Compacted, GroupLog, GroupStorage, LogStore};
 use crate::replication::wire::{BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, PeerBatch, message_bytes_estimate};
@@ -96,10 +96,15 @@ pub struct HostConfig {
     /// A group this node is not a member of, silent this long, is dropped.
     pub garbage_ticks: u32,
     pub replication_factor: usize,
-    /// Reconfiguration steps the node's leaders may propose per window,
-    /// so a join does not flood the disks.
+    /// Reconfiguration steps the node's leaders may propose per window
+    /// (each is one small configuration entry, or a leadership transfer).
     pub reconfig_steps_per_window_max: u32,
     pub reconfig_window_ticks: u32,
+    /// Learners the node's leaders catch up at once: a new learner copies
+    /// its group's log, so this is what bounds the disk and network a join
+    /// costs (more wait for a promotion), while the steps of groups with
+    /// little data go at the window's rate.
+    pub learners_max: usize,
     /// Bytes of entries in one append message (raft-rs's
     /// `max_size_per_msg`): a quarter of [`BATCH_BYTES_MAX`], so a peer
     /// batch holds several and the transport's largest frame any.
@@ -119,8 +124,9 @@ impl Default for HostConfig {
             quiet_recheck_ticks: 300,
             garbage_ticks: 600,
             replication_factor: 3,
-            reconfig_steps_per_window_max: 4,
+            reconfig_steps_per_window_max: 16,
             reconfig_window_ticks: 10,
+            learners_max: 8,
             message_bytes_max: 256 << 10,
             inflight_messages_max: 256,
         }
@@ -225,6 +231,11 @@ pub struct ReplicaHost<S: LogStore> {
     /// differs from [`HostConfig::replication_factor`] (the real node: each
     /// stream has its own).
     stream_replication: BTreeMap<u32, usize>,
+    /// Partitions of each stream part, for [`balanced_leaders`].
+    stream_partitions: BTreeMap<u32, u32>,
+    /// Per stream part, each partition's desired replicas with balanced
+    /// leaders; recomputed when the members or the streams change.
+    placements: HashMap<u32, Vec<DesiredReplicas>>,
     ticks: u64,
     logger: slog::Logger,
     pub counters: HostCounters,
@@ -248,6 +259,8 @@ impl<S: LogStore> ReplicaHost<S> {
             step_downs: Vec::new(),
             reconfig_budget: config.reconfig_steps_per_window_max,
             stream_replication: BTreeMap::new(),
+            stream_partitions: BTreeMap::new(),
+            placements: HashMap::new(),
             ticks: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             counters: HostCounters::default(),
@@ -334,6 +347,7 @@ impl<S: LogStore> ReplicaHost<S> {
         if changed {
             self.counters.member_changes += 1;
             self.members = members;
+            self.place_streams();
             for group in self.groups.values_mut() {
                 wake(group);
             }
@@ -344,6 +358,31 @@ impl<S: LogStore> ReplicaHost<S> {
     /// (placement's desired set for them has this many replicas).
     pub fn set_replication_factor(&mut self, stream_id: u32, replication_factor: usize) {
         self.stream_replication.insert(stream_id, replication_factor);
+    }
+
+    /// A replicated stream part's replication factor and partition count:
+    /// its groups' leaders are then balanced by count
+    /// ([`balanced_leaders`]) instead of being each group's first place.
+    pub fn set_stream(&mut self, stream_id: u32, replication_factor: usize, partitions: u32) {
+        let changed = self.stream_replication.insert(stream_id, replication_factor) != Some(replication_factor)
+            || self.stream_partitions.insert(stream_id, partitions) != Some(partitions);
+        if changed {
+            self.place_streams();
+        }
+    }
+
+    /// Recomputes every stream's balanced placement for the current members.
+    fn place_streams(&mut self) {
+        self.placements.clear();
+        if self.members.is_empty() {
+            return;
+        }
+        for (stream_id, partitions) in &self.stream_partitions {
+            let replication_factor =
+                self.stream_replication.get(stream_id).copied().unwrap_or(self.config.replication_factor);
+            let placed = balanced_leaders(*stream_id, *partitions, &self.members, replication_factor);
+            self.placements.insert(*stream_id, placed);
+        }
     }
 
     fn replication_factor_of(&self, id: GroupId) -> usize {
@@ -762,7 +801,10 @@ impl<S: LogStore> ReplicaHost<S> {
     /// Where placement wants `id`'s replicas; empty before membership is known.
     fn desired(&self, id: GroupId) -> crate::replication::placement::DesiredReplicas {
         if self.members.is_empty() {
-            return crate::replication::placement::DesiredReplicas::default();
+            return DesiredReplicas::default();
+        }
+        if let Some(placed) = self.placements.get(&id.stream_id).and_then(|sets| sets.get(id.partition as usize)) {
+            return placed.clone();
         }
         desired_replicas(id, &self.members, self.replication_factor_of(id))
     }
@@ -798,15 +840,39 @@ impl<S: LogStore> ReplicaHost<S> {
         self.next_reconfig_step(id).is_none()
     }
 
+    /// Learners of the groups this node leads (each catching up, until its
+    /// promotion).
+    fn learners_led(&self) -> usize {
+        self.groups
+            .values()
+            .filter(|group| group.raw.raft.state == StateRole::Leader)
+            .map(|group| group.raw.raft.prs().conf().learners().len())
+            .sum()
+    }
+
     /// Lets each group this node leads take its next reconfiguration step,
-    /// within the node's budget per window.
+    /// within the node's budget per window and [`HostConfig::learners_max`].
+    /// Groups whose leadership is to move go first: a joining node gets its
+    /// share of leaders (and so of the work) before the replicas that only
+    /// add copies.
     fn reconfigure(&mut self) {
-        let ids: Vec<GroupId> = self.groups.iter().filter(|(_, group)| !group.quiet).map(|(id, _)| *id).collect();
+        let mut ids: Vec<GroupId> = self.groups.iter().filter(|(_, group)| !group.quiet).map(|(id, _)| *id).collect();
+        if self.reconfig_budget == 0 || ids.is_empty() {
+            return;
+        }
+        ids.sort_by_cached_key(|id| (self.desired(*id).preferred_leader() == Some(self.id), *id));
+        let mut learners = self.learners_led();
         for id in ids {
             if self.reconfig_budget == 0 {
                 return;
             }
             let Some(step) = self.next_reconfig_step(id) else { continue };
+            if matches!(step, Step::AddLearner(_)) {
+                if learners >= self.config.learners_max {
+                    continue;
+                }
+                learners += 1;
+            }
             let Some(group) = self.groups.get_mut(&id) else { continue };
             let proposed = match step {
                 Step::TransferLeader(replica) => {

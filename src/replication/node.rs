@@ -54,6 +54,23 @@
 //! order ([`ProposalRequest`]), so a refusal never lets a later batch
 //! overtake an earlier one.
 //!
+//! # Refused forwards
+//!
+//! A leader may not take a forwarded proposal: raft-rs drops proposals
+//! while leadership is in transfer (every join and leave moves leaders),
+//! and a full Raft log refuses them. The leader then says so at once
+//! ([`Channel::ProposeRefused`]) instead of letting the proposer wait for
+//! [`PROPOSAL_TIMEOUT_MS`]. For order it also refuses every later
+//! proposal of that node for the group, until one comes as
+//! [`Channel::ProposeAfterRefusal`]: the later ones follow the refused one
+//! on the same connection, so the proposer, on the refusal, answers them
+//! all refused at once, sets each shard's next expected sequence back to
+//! its first refused one, and the shards propose them again in order
+//! (the first of them marked as coming after the refusal). A proposal
+//! taken by a leader that then loses its leadership before the commit is
+//! still only found by the timeout (the next issue's deduplication makes
+//! its retry safe).
+//!
 //! # Compaction and snapshots
 //!
 //! A group's log is compacted on each node by itself, up to a point whose
@@ -89,7 +106,7 @@
 //! leader's first append.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -131,6 +148,11 @@ pub const REMOTE_ACK_GRACE_MS: u64 = 2_000;
 /// leaving node takes itself as removed from it ([`ReplicationNode::replicas_held`]):
 /// five heartbeat intervals.
 const REMOVED_SILENT_TICKS: u32 = 10;
+/// (Proposing node, group) pairs a node refuses forwards of at once
+/// (module doc, "Refused forwards"): nodes x groups in practice; past it
+/// the oldest state is forgotten, which costs order only if that very pair
+/// is still in a refusal.
+const REFUSING_MAX: usize = 65_536;
 /// How long a shard may take to answer a delivery before the next round
 /// asks again, in ms.
 const DELIVERY_TIMEOUT_MS: u64 = 5_000;
@@ -170,6 +192,9 @@ pub enum ProposalRefused {
     /// An earlier proposal of the same shard and group was refused: this
     /// one waits for it, so their records stay in order.
     OutOfOrder,
+    /// The node it was forwarded to did not take it (a leadership transfer,
+    /// a full Raft log): module doc, "Refused forwards".
+    LeaderRefused,
 }
 
 impl std::fmt::Display for ProposalRefused {
@@ -181,6 +206,7 @@ impl std::fmt::Display for ProposalRefused {
             ProposalRefused::StoreFull => write!(f, "the node's Raft log is full"),
             ProposalRefused::TooManyPending => write!(f, "{PROPOSALS_PENDING_MAX} proposals are pending"),
             ProposalRefused::OutOfOrder => write!(f, "an earlier proposal of this shard and partition was refused"),
+            ProposalRefused::LeaderRefused => write!(f, "the leader it was forwarded to did not take it"),
         }
     }
 }
@@ -233,6 +259,11 @@ pub struct GroupView {
     /// The most proposals of this node for the group pending at once since
     /// it started: above 1 when shards pipeline their batches.
     pub proposals_in_flight_max: u64,
+    /// This node's proposals for the group waiting for their commit now.
+    pub proposals_pending: u64,
+    /// This node's proposals for the group that are committed and wait for
+    /// their delivery to this node's partition.
+    pub proposals_awaiting_delivery: usize,
 }
 
 /// Where a group's delivery stands: the next entry to deliver and the
@@ -246,15 +277,24 @@ struct Cursor {
     bytes: u64,
 }
 
+/// Where a proposal's answer goes (the shard's [`ProposalRequest::reply`]).
+type Reply = flume::Sender<Result<(), ProposalRefused>>;
+
 struct Pending {
     group: GroupId,
+    /// The proposing shard and its sequence ([`ProposalRequest`]).
+    shard: u16,
+    shard_sequence: u64,
+    /// The node it was forwarded to; `None` when proposed here.
+    sent_to: Option<NodeId>,
     reply: flume::Sender<Result<(), ProposalRefused>>,
     since: Instant,
     /// When the leader said it is committed ([`Channel::ProposeAck`]).
     committed_at: Option<Instant>,
 }
 
-/// The (group, source sequence) of a [`Channel::ProposeAck`].
+/// The (group, source sequence) of a [`Channel::ProposeAck`] (and the
+/// first 16 bytes of a [`Channel::ProposeRefused`]).
 fn decode_propose_ack(payload: &[u8]) -> Option<(GroupId, u64)> {
     let stream_id = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?);
     let partition = u32::from_le_bytes(payload.get(4..8)?.try_into().ok()?);
@@ -295,8 +335,21 @@ pub struct ReplicationNode {
     /// Per group, this node's proposals pending now and at most at once
     /// (`GET /cluster`'s `proposals_in_flight_max`: pipelining at work).
     in_flight: HashMap<GroupId, (u64, u64)>,
-    /// Acknowledged proposals waiting for their delivery to this node's shard.
-    acked: Vec<(Ack, flume::Sender<Result<(), ProposalRefused>>)>,
+    /// Acknowledged proposals waiting for their delivery to this node's
+    /// shard, and since when (answered OK anyway after
+    /// [`REMOTE_ACK_GRACE_MS`]: they are committed).
+    acked: Vec<(Ack, Reply, Instant)>,
+    /// (Proposing node, group) pairs whose forwarded proposals this node
+    /// refuses until one comes as [`Channel::ProposeAfterRefusal`] (module
+    /// doc, "Refused forwards"); at most [`REFUSING_MAX`].
+    refusing: HashSet<(ReplicaId, GroupId)>,
+    /// Groups whose next forwarded proposal goes as
+    /// [`Channel::ProposeAfterRefusal`]: a forward of this node was refused.
+    restart: HashSet<GroupId>,
+    /// For groups this node holds no replica of: the leader the last
+    /// refusal named ([`ReplicationNode::leader_elsewhere`]); at most
+    /// [`REFUSING_MAX`].
+    leader_hints: HashMap<GroupId, ReplicaId>,
     cursors: HashMap<GroupId, Cursor>,
     /// The shard last found owning each group's partition.
     owners: HashMap<GroupId, u16>,
@@ -351,6 +404,9 @@ impl ReplicationNode {
             pending: HashMap::new(),
             in_flight: HashMap::new(),
             acked: Vec::new(),
+            refusing: HashSet::new(),
+            restart: HashSet::new(),
+            leader_hints: HashMap::new(),
             cursors: HashMap::new(),
             owners: HashMap::new(),
             transport,
@@ -415,7 +471,7 @@ impl ReplicationNode {
             })
             .collect();
         for (stream_id, stream) in &self.streams {
-            self.host.set_replication_factor(*stream_id, stream.replication_factor);
+            self.host.set_stream(*stream_id, stream.replication_factor, stream.partitions);
         }
     }
 
@@ -470,7 +526,10 @@ impl ReplicationNode {
         if !request.resync && expected != request.sequence {
             return refuse(ProposalRefused::OutOfOrder);
         }
-        let Some(status) = self.host.status(request.group) else { return refuse(ProposalRefused::NotAReplica) };
+        let leader = match self.host.status(request.group) {
+            Some(status) => status.leader,
+            None => self.leader_elsewhere(request.group),
+        };
         if self.store.borrow().is_full() {
             self.note_full();
             return refuse(ProposalRefused::StoreFull);
@@ -481,45 +540,96 @@ impl ReplicationNode {
         let sequence = self.next_sequence;
         let header =
             ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: request.record_count };
-        let proposed = if status.leader == self.self_id {
-            self.host.propose(request.group, header, &request.records).is_ok()
-        } else if let Some(leader) = self.node_ids.get(&status.leader).filter(|_| status.leader != 0) {
-            let mut payload = Vec::with_capacity(8 + request.records.len() + 32);
-            payload.extend_from_slice(&request.group.stream_id.to_le_bytes());
-            payload.extend_from_slice(&request.group.partition.to_le_bytes());
-            payload.extend_from_slice(&encode_proposal(header, &request.records));
+        let sent_to = if leader == self.self_id {
+            if self.host.propose(request.group, header, &request.records).is_err() {
+                return refuse(ProposalRefused::NoLeader);
+            }
+            None
+        } else if let Some(leader) = self.node_ids.get(&leader).filter(|_| leader != 0) {
             let leader = *leader;
-            self.send_to_peer(leader, Channel::Propose, Bytes::from(payload))
+            if !self.forward(leader, request.group, header, &request.records) {
+                return refuse(ProposalRefused::NoLeader);
+            }
+            Some(leader)
+        } else if self.host.status(request.group).is_none() {
+            return refuse(ProposalRefused::NotAReplica);
         } else {
-            false
-        };
-        if !proposed {
             return refuse(ProposalRefused::NoLeader);
-        }
+        };
         self.next_sequence += 1;
         self.expected.insert(order_key, request.sequence + 1);
-        let pending = Pending { group: request.group, reply: request.reply, since: Instant::now(), committed_at: None };
+        let pending = Pending {
+            group: request.group,
+            shard: request.shard,
+            shard_sequence: request.sequence,
+            sent_to,
+            reply: request.reply,
+            since: Instant::now(),
+            committed_at: None,
+        };
         self.pending.insert(sequence, pending);
         let in_flight = self.in_flight.entry(request.group).or_default();
         in_flight.0 += 1;
         in_flight.1 = in_flight.1.max(in_flight.0);
     }
 
+    /// Where a proposal for a group this node holds no replica of goes: the
+    /// leader a refusal last named, if it is live, else the group's
+    /// preferred leader by placement (a replica once the group settles,
+    /// which passes it on to the leader it knows); 0 for nobody. So a
+    /// producer on any node reaches every partition, also one whose
+    /// replicas moved away from its node (module doc, "Groups").
+    fn leader_elsewhere(&self, group: GroupId) -> ReplicaId {
+        let live = |replica: &ReplicaId| *replica != self.self_id && self.live.iter().any(|c| c.replica == *replica);
+        if let Some(hint) = self.leader_hints.get(&group).filter(|hint| live(hint)) {
+            return *hint;
+        }
+        let Some(stream) = self.streams.get(&group.stream_id) else { return 0 };
+        let desired = desired_replicas(group, &self.live, stream.replication_factor);
+        desired.replicas.into_iter().find(live).unwrap_or(0)
+    }
+
+    /// Sends a proposal to `leader`: the first of `group` since one was
+    /// refused as [`Channel::ProposeAfterRefusal`]; whether it was sent.
+    fn forward(&mut self, leader: NodeId, group: GroupId, header: ProposalHeader, records: &[u8]) -> bool {
+        let mut payload = Vec::with_capacity(8 + records.len() + 32);
+        payload.extend_from_slice(&group.stream_id.to_le_bytes());
+        payload.extend_from_slice(&group.partition.to_le_bytes());
+        payload.extend_from_slice(&encode_proposal(header, records));
+        let after_refusal = self.restart.contains(&group);
+        let channel = if after_refusal { Channel::ProposeAfterRefusal } else { Channel::Propose };
+        let sent = self.send_to_peer(leader, channel, Bytes::from(payload));
+        if sent && after_refusal {
+            self.restart.remove(&group);
+        }
+        sent
+    }
+
     /// A proposal another node (`from`) forwarded to this one (as the
-    /// leader). One that finds this node no longer leading goes on to the
-    /// leader it knows, once (only when it came from its proposer): a node
-    /// removed from the group keeps forwarding to the leader it last knew,
-    /// which learns of a transfer and so knows better.
-    pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes) {
+    /// leader); `after_refusal` when it came as
+    /// [`Channel::ProposeAfterRefusal`]. One that finds this node no longer
+    /// leading goes on to the leader it knows, once (only when it came from
+    /// its proposer): a node removed from the group keeps forwarding to the
+    /// leader it last knew, which learns of a transfer and so knows better.
+    /// One not taken is refused at once (module doc, "Refused forwards").
+    pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes, after_refusal: bool) {
         let Some((group_bytes, proposal)) = payload.split_at_checked(8) else { return };
         let group = GroupId {
             stream_id: u32::from_le_bytes(group_bytes[..4].try_into().unwrap_or_default()),
             partition: u32::from_le_bytes(group_bytes[4..].try_into().unwrap_or_default()),
         };
         let Ok((header, records)) = decode_proposal(proposal) else { return };
+        let source = (header.source_node, group);
+        if after_refusal {
+            self.refusing.remove(&source);
+        }
+        let leader_known = self.host.status(group).map_or(0, |status| status.leader);
+        if self.refusing.contains(&source) {
+            return self.refuse_forwarded(group, header, leader_known);
+        }
         if self.store.borrow().is_full() {
             self.note_full();
-            return;
+            return self.refuse_forwarded(group, header, leader_known);
         }
         match self.host.propose(group, header, records) {
             Ok(()) => {}
@@ -527,13 +637,74 @@ impl ReplicationNode {
                 if self.node_ids.get(&header.source_node) == Some(&from) && leader != self.self_id =>
             {
                 let next = self.node_ids.get(&leader).copied();
-                if !next.is_some_and(|next| self.send_to_peer(next, Channel::Propose, payload.clone())) {
-                    self.forwarded_refused += 1;
+                let channel = if after_refusal { Channel::ProposeAfterRefusal } else { Channel::Propose };
+                if !next.is_some_and(|next| self.send_to_peer(next, channel, payload.clone())) {
+                    self.refuse_forwarded(group, header, leader);
                 }
             }
-            // Not leading (any more): the proposer times out and tries again.
-            Err(_) => self.forwarded_refused += 1,
+            Err(_) => self.refuse_forwarded(group, header, leader_known),
         }
+    }
+
+    /// Tells a forwarded proposal's proposer that it was not taken, and
+    /// refuses the proposer's later ones of the group until it says it
+    /// knows ([`Channel::ProposeAfterRefusal`]); `leader` (0 for none) is
+    /// the group's leader as this node knows it, for a proposer holding no
+    /// replica of the group.
+    fn refuse_forwarded(&mut self, group: GroupId, header: ProposalHeader, leader: ReplicaId) {
+        self.forwarded_refused += 1;
+        if self.refusing.len() >= REFUSING_MAX {
+            self.refusing.clear();
+        }
+        self.refusing.insert((header.source_node, group));
+        let Some(proposer) = self.node_ids.get(&header.source_node).copied() else { return };
+        let mut payload = Vec::with_capacity(16);
+        payload.extend_from_slice(&group.stream_id.to_le_bytes());
+        payload.extend_from_slice(&group.partition.to_le_bytes());
+        payload.extend_from_slice(&header.source_sequence.to_le_bytes());
+        payload.extend_from_slice(&leader.to_le_bytes());
+        // Lost: the proposer times out and proposes again.
+        self.send_to_peer(proposer, Channel::ProposeRefused, Bytes::from(payload));
+    }
+
+    /// A node this one forwarded a proposal to did not take it
+    /// ([`Channel::ProposeRefused`]): that one and every later one of the
+    /// group sent the same way (which that node refuses too, as they follow
+    /// on the same connection) are answered now, each shard's next expected
+    /// sequence goes back to its first refused one, and the group's next
+    /// forward says it comes after a refusal.
+    pub fn receive_propose_refused(&mut self, payload: &[u8]) {
+        let Some((group, sequence)) = decode_propose_ack(payload) else { return };
+        let hint = payload.get(16..24).and_then(|bytes| bytes.try_into().ok()).map_or(0, u64::from_le_bytes);
+        if hint != 0 && hint != self.self_id {
+            if self.leader_hints.len() >= REFUSING_MAX {
+                self.leader_hints.clear();
+            }
+            self.leader_hints.insert(group, hint);
+        }
+        let Some(sent_to) = self.pending.get(&sequence).filter(|pending| pending.group == group).map(|p| p.sent_to)
+        else {
+            return;
+        };
+        let mut refused: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(later, pending)| **later >= sequence && pending.group == group && pending.sent_to == sent_to)
+            .map(|(later, _)| *later)
+            .collect();
+        refused.sort_unstable();
+        let mut restarted = HashSet::new();
+        for later in refused {
+            let Some(pending) = self.pending.remove(&later) else { continue };
+            self.leave_flight(group);
+            let first_of_shard = restarted.insert(pending.shard);
+            if first_of_shard {
+                self.expected.insert((pending.shard, group), pending.shard_sequence);
+            }
+            let reason = if first_of_shard { ProposalRefused::LeaderRefused } else { ProposalRefused::OutOfOrder };
+            let _ = pending.reply.send(Err(reason));
+        }
+        self.restart.insert(group);
     }
 
     /// The leader's word that a proposal this node forwarded is committed
@@ -602,7 +773,7 @@ impl ReplicationNode {
                 && self.leave_flight(pending.group)
                 && pending.group == ack.group
             {
-                self.acked.push((ack, pending.reply));
+                self.acked.push((ack, pending.reply, Instant::now()));
                 if let Some(cursor) = self.cursors.get(&ack.group).copied() {
                     self.answer_delivered(ack.group, cursor);
                 }
@@ -685,6 +856,16 @@ impl ReplicationNode {
         for group in expired_groups {
             self.leave_flight(group);
         }
+        // Committed, but this node's partition has not got them (its group
+        // was dropped or waits for records before a compaction point): the
+        // promise is the commit, so they are answered.
+        self.acked.retain(|(_, reply, since)| {
+            let due = since.elapsed() > grace;
+            if due {
+                let _ = reply.send(Ok(()));
+            }
+            !due
+        });
     }
 
     /// The next delivery to make: a group with committed entries this
@@ -830,7 +1011,7 @@ impl ReplicationNode {
 
     /// Answers the proposals of `group` delivered before `cursor`.
     fn answer_delivered(&mut self, group: GroupId, cursor: Cursor) {
-        self.acked.retain(|(ack, reply)| {
+        self.acked.retain(|(ack, reply, _)| {
             let delivered = ack.group == group && ack.index < cursor.index;
             if delivered {
                 let _ = reply.send(Ok(()));
@@ -891,6 +1072,8 @@ impl ReplicationNode {
                     quiet: status.quiet,
                     delivered_offset: self.cursors.get(&group).map(|cursor| cursor.offset),
                     proposals_in_flight_max: self.in_flight.get(&group).map_or(0, |in_flight| in_flight.1),
+                    proposals_pending: self.in_flight.get(&group).map_or(0, |in_flight| in_flight.0),
+                    proposals_awaiting_delivery: self.acked.iter().filter(|(ack, _, _)| ack.group == group).count(),
                 })
             })
             .collect()

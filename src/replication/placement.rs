@@ -18,8 +18,15 @@
 //!   member keeps its place in every group's ranking (the ones below move up
 //!   by one).
 //!
-//! The desired replica set is the top `RF` of the ranking and the preferred
-//! leader is its first. The weight is a member's *capacity* (its shard
+//! The desired replica set is the top `RF` of the ranking. The preferred
+//! leader is its first, except where [`balanced_leaders`] evens out a
+//! stream's leaderships: first places are binomial (a node of four may be
+//! first in 50 or 78 of 256 groups), and the leader does the work of the
+//! group (it takes the proposals and sends every append), so the leaders
+//! of a stream's partitions are moved, each within its own desired set,
+//! from members with more to members with fewer until no such move is
+//! left. Every node computes the same answer from the same members and
+//! partition count, and only leadership (no data) moves for it. The weight is a member's *capacity* (its shard
 //! count, from its gossiped [`LoadSummary`](crate::cluster::load::LoadSummary)),
 //! not its instantaneous load: a weight that followed load would move
 //! replicas every time traffic shifted, and moving a replica copies its log.
@@ -97,6 +104,57 @@ pub fn desired_replicas(group: GroupId, candidates: &[Candidate], replication_fa
     let mut replicas = rank(group, candidates);
     replicas.truncate(replication_factor.clamp(1, REPLICATION_FACTOR_MAX));
     DesiredReplicas { replicas }
+}
+
+/// Passes of [`balanced_leaders`] over a stream's groups; each move lowers
+/// the sum of squared counts, so it stops well before in practice.
+const BALANCE_PASSES_MAX: usize = 16;
+
+/// The desired replicas of each of a stream's `partitions` groups (index =
+/// partition), with preferred leaders balanced by count (module doc): a
+/// group's leadership moves to another of its desired replicas that leads
+/// at least two fewer groups of the stream, until no group has such a
+/// replica. Deterministic: equal counts go to the earlier in the ranking.
+pub fn balanced_leaders(
+    stream_id: u32,
+    partitions: u32,
+    candidates: &[Candidate],
+    replication_factor: usize,
+) -> Vec<DesiredReplicas> {
+    let mut sets: Vec<DesiredReplicas> = (0..partitions)
+        .map(|partition| desired_replicas(GroupId { stream_id, partition }, candidates, replication_factor))
+        .collect();
+    let mut counts: std::collections::HashMap<ReplicaId, usize> = std::collections::HashMap::new();
+    for set in &sets {
+        if let Some(first) = set.preferred_leader() {
+            *counts.entry(first).or_default() += 1;
+        }
+    }
+    for _ in 0..BALANCE_PASSES_MAX {
+        let mut moved = false;
+        for set in &mut sets {
+            let Some(leader) = set.preferred_leader() else { continue };
+            let leader_count = counts.get(&leader).copied().unwrap_or(0);
+            let fewest = set
+                .replicas
+                .iter()
+                .enumerate()
+                .skip(1)
+                .min_by_key(|(rank, replica)| (counts.get(replica).copied().unwrap_or(0), *rank));
+            let Some((rank, &other)) = fewest else { continue };
+            if counts.get(&other).copied().unwrap_or(0) + 1 < leader_count {
+                let chosen = set.replicas.remove(rank);
+                set.replicas.insert(0, chosen);
+                *counts.entry(leader).or_default() -= 1;
+                *counts.entry(other).or_default() += 1;
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    sets
 }
 
 #[cfg(test)]
@@ -178,6 +236,31 @@ mod tests {
                 assert_eq!(old_set, new_set, "{group:?} moved without the leaver");
             }
         }
+    }
+
+    /// Balanced leaders keep every group's desired set, give each of four
+    /// members 64 +- 1 of 256 leaderships (plain first places spread much
+    /// wider), and are the same whatever the candidates' order.
+    #[test]
+    fn balanced_leaders_even_out_first_places_within_the_desired_sets() {
+        let candidates = members(4);
+        let balanced = balanced_leaders(7, 256, &candidates, 3);
+        let mut counts = std::collections::BTreeMap::new();
+        let mut plain_counts = std::collections::BTreeMap::new();
+        for (partition, set) in balanced.iter().enumerate() {
+            let group = GroupId { stream_id: 7, partition: partition as u32 };
+            let plain = desired_replicas(group, &candidates, 3);
+            let (mut sorted, mut plain_sorted) = (set.replicas.clone(), plain.replicas.clone());
+            sorted.sort_unstable();
+            plain_sorted.sort_unstable();
+            assert_eq!(sorted, plain_sorted, "partition {partition}: the desired set changed");
+            *counts.entry(set.preferred_leader()).or_insert(0) += 1;
+            *plain_counts.entry(plain.preferred_leader()).or_insert(0) += 1;
+        }
+        assert!(counts.values().all(|count| (63..=65).contains(count)), "balanced {counts:?}, plain {plain_counts:?}");
+        let mut reversed = candidates.clone();
+        reversed.reverse();
+        assert_eq!(balanced, balanced_leaders(7, 256, &reversed, 3));
     }
 
     /// A member with twice the weight wins about twice as many first places;

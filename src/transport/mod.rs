@@ -78,6 +78,16 @@ pub enum Channel {
     /// (group, source sequence), so a proposer that holds no replica of the
     /// group (any more) is answered too ([`crate::replication::node`]).
     ProposeAck = 6,
+    /// A forwarded proposal the receiving node did not take (not the
+    /// leader, leadership in transfer, its Raft log full): it tells the
+    /// proposing node (group, source sequence) at once, and refuses every
+    /// later proposal of that node for the group until one comes as
+    /// [`Channel::ProposeAfterRefusal`], so no later batch overtakes the
+    /// refused one ([`crate::replication::node`], "Refused forwards").
+    ProposeRefused = 7,
+    /// A [`Channel::Propose`], the first of its group from this node since
+    /// a refusal: the leader takes proposals of the group from it again.
+    ProposeAfterRefusal = 8,
 }
 
 impl Channel {
@@ -89,6 +99,8 @@ impl Channel {
             4 => Some(Channel::Raft),
             5 => Some(Channel::Propose),
             6 => Some(Channel::ProposeAck),
+            7 => Some(Channel::ProposeRefused),
+            8 => Some(Channel::ProposeAfterRefusal),
             _ => None,
         }
     }

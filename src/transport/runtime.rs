@@ -719,7 +719,13 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
                 transport.bulk_ready.notify();
             }
         }
-        Some(Channel::Raft | Channel::Propose | Channel::ProposeAck) => {
+        Some(
+            Channel::Raft
+            | Channel::Propose
+            | Channel::ProposeAck
+            | Channel::ProposeRefused
+            | Channel::ProposeAfterRefusal,
+        ) => {
             transport.replication.borrow_mut().push_back(inbound);
             transport.replication_ready.notify();
         }

@@ -386,6 +386,12 @@ impl Producer {
         self.writer.flush().expect("flush ingest");
     }
 
+    /// Makes a reply that does not come within `timeout` fail the read
+    /// (a test then fails instead of hanging).
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.reader.get_ref().set_read_timeout(Some(timeout)).unwrap();
+    }
+
     /// Sends `#SYNC` and returns every reply line up to its `OK`.
     pub fn sync(&mut self) -> Vec<String> {
         self.sync_count += 1;
