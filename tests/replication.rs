@@ -448,21 +448,19 @@ fn share_of(views: &BTreeMap<u32, (usize, Value)>, nodes: &[&Node], id: &str) ->
 }
 
 /// What placement gives node `id` among `members` (ids as `/cluster` names
-/// them): the partitions whose rendezvous ranking puts it first (it should
-/// lead them) and those whose top 3 include it (it should hold a vote).
+/// them): the partitions it should lead (leaders balanced by count within
+/// each group's desired replicas) and those whose rendezvous top 3 include
+/// it (it should hold a vote).
 fn placement_share(members: &[String], id: &str, partitions: u32) -> (usize, usize) {
-    use spate::replication::placement::{Candidate, desired_replicas};
+    use spate::replication::placement::{Candidate, balanced_leaders};
     let replica =
         |text: &str| spate::replication::replica_id_of(spate::cluster::NodeId::parse(text).expect("a node id"));
     let candidates: Vec<Candidate> =
         members.iter().map(|member| Candidate { replica: replica(member), weight: 1.0 }).collect();
     let stream_id = spate::stream::group_stream_id(STREAM);
-    let (mut first, mut top) = (0, 0);
-    for partition in 0..partitions {
-        let desired = desired_replicas(spate::replication::GroupId { stream_id, partition }, &candidates, 3);
-        first += usize::from(desired.preferred_leader() == Some(replica(id)));
-        top += usize::from(desired.contains(replica(id)));
-    }
+    let placed = balanced_leaders(stream_id, partitions, &candidates, 3);
+    let first = placed.iter().filter(|desired| desired.preferred_leader() == Some(replica(id))).count();
+    let top = placed.iter().filter(|desired| desired.contains(replica(id))).count();
     (first, top)
 }
 

@@ -364,9 +364,10 @@ impl<S: LogStore> ReplicaHost<S> {
     /// its groups' leaders are then balanced by count
     /// ([`balanced_leaders`]) instead of being each group's first place.
     pub fn set_stream(&mut self, stream_id: u32, replication_factor: usize, partitions: u32) {
-        let changed = self.stream_replication.insert(stream_id, replication_factor) != Some(replication_factor)
-            || self.stream_partitions.insert(stream_id, partitions) != Some(partitions);
-        if changed {
+        let replication_changed =
+            self.stream_replication.insert(stream_id, replication_factor) != Some(replication_factor);
+        let partitions_changed = self.stream_partitions.insert(stream_id, partitions) != Some(partitions);
+        if replication_changed || partitions_changed {
             self.place_streams();
         }
     }
@@ -769,6 +770,13 @@ impl<S: LogStore> ReplicaHost<S> {
             learners: conf.learners,
             quiet: group.quiet,
         })
+    }
+
+    /// Where placement wants `id`'s leadership, and the reconfiguration
+    /// step this node would take next as its leader (`GET /cluster`).
+    pub fn placement_status(&self, id: GroupId) -> (Option<ReplicaId>, Option<String>) {
+        let step = self.next_reconfig_step(id).map(|step| format!("{step:?}"));
+        (self.desired(id).preferred_leader(), step)
     }
 
     /// When this node leads `id`: the lowest index a live peer (one raft-rs

@@ -264,6 +264,11 @@ pub struct GroupView {
     /// This node's proposals for the group that are committed and wait for
     /// their delivery to this node's partition.
     pub proposals_awaiting_delivery: usize,
+    /// The leader placement wants for the group (balanced by count).
+    pub preferred_leader: Option<String>,
+    /// The reconfiguration step this node, as the leader, would take next
+    /// (`None`: settled, waiting for a learner, or not leading).
+    pub next_step: Option<String>,
 }
 
 /// Where a group's delivery stands: the next entry to deliver and the
@@ -1058,7 +1063,10 @@ impl ReplicationNode {
                     || format!("(group stream {:08x}, not in this node's catalog)", group.stream_id),
                     |stream| stream.name.clone(),
                 );
+                let (preferred_leader, next_step) = self.host.placement_status(group);
                 Some(GroupView {
+                    preferred_leader: preferred_leader.as_ref().map(name_of),
+                    next_step,
                     stream,
                     partition: group.partition,
                     role: format!("{:?}", status.role).to_lowercase(),

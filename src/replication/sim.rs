@@ -46,7 +46,7 @@ use crate::cluster::rng::SeededRng;
 use crate::cluster::scheduled::Scheduled;
 use crate::replication::frame::{ProposalHeader, decode_proposal};
 use crate::replication::host::{Ack, HostConfig, RAFT_TICK_MS, ReplicaHost};
-use crate::replication::placement::{Candidate, REPLICATION_FACTOR_MAX, desired_replicas};
+use crate::replication::placement::{Candidate, REPLICATION_FACTOR_MAX, balanced_leaders, desired_replicas};
 use crate::replication::store::{LogStore, MemoryLogStore};
 use crate::replication::wire::PeerBatch;
 use crate::replication::{GroupId, ReplicaId, replica_id_of};
@@ -429,7 +429,8 @@ impl ClusterSim {
         let address = SocketAddr::from(([127, 0, 0, 1], 20_000 + index as u16));
         let store = Rc::new(RefCell::new(MemoryLogStore::with_durability()));
         let replica = replica_id_of(node_id);
-        let host = ReplicaHost::new(replica, self.host_config, store.clone(), self.rng.next());
+        let mut host = ReplicaHost::new(replica, self.host_config, store.clone(), self.rng.next());
+        host.set_stream(1, self.config.replication_factor, self.config.partitions);
         let membership = Membership::new(MemberId::new(identity, member_addresses(address)), self.rng.next());
         let next_tick_at = self.now + Duration::from_millis(self.rng.next() % RAFT_TICK_MS);
         let state = NodeState::Running;
@@ -717,6 +718,7 @@ impl ClusterSim {
             let node = &mut self.nodes[index];
             node.identity.incarnation += 1;
             node.host = ReplicaHost::new(node.replica, self.host_config, node.store.clone(), self.rng.next());
+            node.host.set_stream(1, self.config.replication_factor, self.config.partitions);
             let identity = MemberId::new(node.identity, member_addresses(node.address));
             node.membership = Membership::new(identity, self.rng.next());
             node.next_tick_at = self.now;
@@ -787,10 +789,11 @@ impl ClusterSim {
     fn groups_placed(&self, running: &[usize]) -> usize {
         let candidates: Vec<Candidate> =
             running.iter().map(|index| Candidate { replica: self.nodes[*index].replica, weight: 1.0 }).collect();
+        let placed = balanced_leaders(1, self.config.partitions, &candidates, self.config.replication_factor);
         (0..self.config.partitions)
             .filter(|partition| {
                 let group = GroupId { stream_id: 1, partition: *partition };
-                let mut desired = desired_replicas(group, &candidates, self.config.replication_factor).replicas;
+                let mut desired = placed[*partition as usize].replicas.clone();
                 let preferred = desired.first().copied();
                 desired.sort_unstable();
                 running.iter().any(|index| {
