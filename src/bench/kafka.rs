@@ -318,8 +318,17 @@ impl KafkaProducer {
         self.line_count_by_partition.clear();
         self.line_count_by_partition.resize(self.partition_count as usize, 0);
         self.partition_of_line.clear();
+        // spate's `partition_of` (xxh3 modulo the count) without a 64-bit
+        // division per line when the count is a power of two (256 by
+        // default), as a client's partitioner masks: the same partition,
+        // for a tenth of the generator's time per event.
+        let mask = self.partition_count.is_power_of_two().then(|| u64::from(self.partition_count) - 1);
         for line in lines.chunks_exact(self.line_bytes) {
-            let partition = crate::protocol::hash::partition_of(&line[..self.key_width], self.partition_count);
+            let key = &line[..self.key_width];
+            let partition = match mask {
+                Some(mask) => (crate::protocol::hash::key_hash(key) & mask) as u32,
+                None => crate::protocol::hash::partition_of(key, self.partition_count),
+            };
             self.partition_of_line.push(partition);
             self.line_count_by_partition[partition as usize] += 1;
         }
@@ -341,16 +350,12 @@ impl KafkaProducer {
     fn read_produce_response(&mut self, stream: &mut TcpStream) -> Result<(), BenchError> {
         let Some(correlation_id) = self.in_flight.pop_front() else { return Ok(()) };
         self.read_frame(stream, correlation_id, ProduceResponse::header_version(PRODUCE_VERSION))?;
-        let mut body = Bytes::copy_from_slice(&self.response);
-        let response = ProduceResponse::decode(&mut body, PRODUCE_VERSION)
-            .map_err(|error| kafka_error(format!("Produce response: {error}")))?;
-        for topic in &response.responses {
-            for partition in topic.partition_responses.iter().filter(|partition| partition.error_code != 0) {
-                self.error_count += 1;
-                self.first_error.get_or_insert_with(|| {
-                    format!("Produce: partition {} answered error code {}", partition.index, partition.error_code)
-                });
-            }
+        let errors = produce_errors(&self.response)
+            .ok_or_else(|| kafka_error(format!("Produce response of {} bytes does not parse", self.response.len())))?;
+        self.error_count += errors.count;
+        if let Some((partition, code)) = errors.first {
+            self.first_error
+                .get_or_insert_with(|| format!("Produce: partition {partition} answered error code {code}"));
         }
         Ok(())
     }
@@ -362,6 +367,46 @@ impl KafkaProducer {
         }
         Ok(())
     }
+}
+
+/// The partitions a Produce response answered with an error.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ProduceErrors {
+    count: u64,
+    /// The first one's partition and error code.
+    first: Option<(i32, i16)>,
+}
+
+/// Reads the error codes of a Produce response body (v7, after its
+/// header) in place: the crate's decoder builds a `Vec` per topic and a
+/// struct with a `BTreeMap` per partition, for 256 partitions per response
+/// here, where the bench needs only the codes (a test checks this against
+/// the crate's encoder). `None` if the body does not parse.
+fn produce_errors(mut body: &[u8]) -> Option<ProduceErrors> {
+    fn take<const N: usize>(body: &mut &[u8]) -> Option<[u8; N]> {
+        let (taken, rest) = body.split_first_chunk::<N>()?;
+        *body = rest;
+        Some(*taken)
+    }
+    let mut errors = ProduceErrors::default();
+    let topic_count = i32::from_be_bytes(take(&mut body)?);
+    for _ in 0..topic_count {
+        let name_size = usize::try_from(i16::from_be_bytes(take(&mut body)?)).ok()?;
+        body = body.get(name_size..)?;
+        let partition_count = i32::from_be_bytes(take(&mut body)?);
+        for _ in 0..partition_count {
+            let index = i32::from_be_bytes(take(&mut body)?);
+            let code = i16::from_be_bytes(take(&mut body)?);
+            // Base offset, log append time, log start offset (v5+).
+            take::<24>(&mut body)?;
+            if code != 0 {
+                errors.count += 1;
+                errors.first.get_or_insert((index, code));
+            }
+        }
+    }
+    take::<4>(&mut body)?; // throttle time (v1+)
+    body.is_empty().then_some(errors)
 }
 
 /// Offsets in a v2 batch header (`kafka-protocol`'s encoder writes the same).
@@ -528,12 +573,66 @@ mod tests {
         }
     }
 
-    /// Lines are grouped by the partition spate routes their key to, in
-    /// line order within a partition.
+    /// The error codes read in place from a Produce v7 response are those
+    /// the crate's decoder reads from what its encoder wrote; a truncated
+    /// or overlong body does not parse.
+    #[test]
+    fn produce_errors_read_what_the_crate_encodes() {
+        use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+        let topic = |name: &'static str, codes: &[i16]| {
+            let partitions = codes
+                .iter()
+                .enumerate()
+                .map(|(index, &code)| {
+                    PartitionProduceResponse::default()
+                        .with_index(index as i32)
+                        .with_error_code(code)
+                        .with_base_offset(1_000 + index as i64)
+                        .with_log_start_offset(-1)
+                })
+                .collect();
+            TopicProduceResponse::default()
+                .with_name(TopicName(StrBytes::from_static_str(name)))
+                .with_partition_responses(partitions)
+        };
+        let cases = [
+            (vec![topic("default", &[0; 256])], ProduceErrors { count: 0, first: None }),
+            (
+                vec![topic("default", &[0, 0, 3, 0, 10]), topic("other", &[87])],
+                ProduceErrors { count: 3, first: Some((2, 3)) },
+            ),
+            (Vec::new(), ProduceErrors::default()),
+        ];
+        for (topics, expected) in cases {
+            let response = ProduceResponse::default().with_responses(topics).with_throttle_time_ms(5);
+            let mut encoded = BytesMut::new();
+            response.encode(&mut encoded, PRODUCE_VERSION).unwrap();
+            let decoded = ProduceResponse::decode(&mut encoded.clone().freeze(), PRODUCE_VERSION).unwrap();
+            let crate_count: usize = decoded
+                .responses
+                .iter()
+                .map(|topic| topic.partition_responses.iter().filter(|p| p.error_code != 0).count())
+                .sum();
+            assert_eq!(produce_errors(&encoded), Some(expected));
+            assert_eq!(produce_errors(&encoded).unwrap().count, crate_count as u64);
+            assert_eq!(produce_errors(&encoded[..encoded.len() - 1]), None, "truncated");
+            assert_eq!(produce_errors(&[&encoded[..], &[0]].concat()), None, "a byte too many");
+        }
+    }
+
+    /// Lines are grouped by the partition spate routes their key to
+    /// (`partition_of`, whether the count is a power of two, which the
+    /// generator masks, or not), in line order within a partition.
     #[test]
     fn lines_are_grouped_by_partition_in_order() {
+        for partition_count in [4, 6] {
+            lines_are_grouped_by_partition_in_order_of(partition_count);
+        }
+    }
+
+    fn lines_are_grouped_by_partition_in_order_of(partition_count: u32) {
         let options = KafkaOptions { topic: "default".into(), acks: 1, in_flight_max: 4 };
-        let (key_width, payload_bytes, partition_count) = (4, 8, 4u32);
+        let (key_width, payload_bytes) = (4, 8);
         let mut producer = KafkaProducer {
             options,
             topic: TopicName(StrBytes::from_static_str("default")),
@@ -568,7 +667,7 @@ mod tests {
         assert_eq!((request.acks, request.timeout_ms, request.transactional_id), (1, PRODUCE_TIMEOUT_MS, None));
         assert_eq!((request.topic_data.len(), request.topic_data[0].name.0.as_str()), (1, "default"));
         let partitions = &request.topic_data[0].partition_data;
-        assert!(partitions.len() > 1, "40 keys over 4 partitions");
+        assert!(partitions.len() > 1, "40 keys over {partition_count} partitions");
         let mut seen = 0;
         for data in partitions {
             let mut records = data.records.clone().unwrap();

@@ -120,6 +120,14 @@ pub struct EntryCheck {
     all_staged: bool,
 }
 
+/// How many bytes more a record takes staged than in its Kafka batch, at
+/// most: staged, it has a 27-byte head (partition, log header, the
+/// extended fixed fields) besides its key, headers and value; in the batch,
+/// at least 6 (its size, attributes, both deltas and the key and value
+/// sizes, a byte each).
+const STAGED_GROWTH_BYTES_MAX: usize =
+    4 + crate::protocol::record::LOG_HEADER_SIZE + crate::protocol::record::EXTENDED_FIXED_SIZE - 6;
+
 /// Batches of one entry whose headers an [`EntryCheck`] keeps between
 /// requests; a request with more frees what is above it once routed.
 const CHECKED_BATCHES_KEPT_MAX: usize = 64;
@@ -143,19 +151,8 @@ impl EntryCheck {
         while rest.has_remaining() {
             let mut batch = check_batch(&mut rest, data.len())?;
             batch.first_staged = self.ends.len();
-            let records = &data[batch.records_start..batch.records_end];
-            let mut walk = Records { bytes: records, left: batch.record_count, base_timestamp: batch.base_timestamp };
             self.all_staged &= self.ends.len() + batch.record_count as usize <= KAFKA_STAGED_RECORDS_MAX;
-            for record in &mut walk {
-                let record = record?;
-                let record_size = record.log_size();
-                if record_size > record_size_max {
-                    return Err(BatchError::TooLarge { record_size, record_size_max });
-                }
-                if self.all_staged {
-                    self.stage(partition, &record);
-                }
-            }
+            self.check_records(&data[batch.records_start..batch.records_end], &batch, partition, record_size_max)?;
             self.batches.push(batch);
         }
         if !self.all_staged {
@@ -163,6 +160,54 @@ impl EntryCheck {
             self.ends.clear();
         }
         Ok(())
+    }
+
+    /// Checks the records of `batch` (`records`, its records section, which
+    /// must hold exactly `record_count` records) and stages them while the
+    /// entry is staged. One loop, the record parsed in place (no iterator
+    /// of `Result`s), and the staging grown once per batch, not per record.
+    #[inline]
+    fn check_records(
+        &mut self,
+        mut records: &[u8],
+        batch: &CheckedBatch,
+        partition: u32,
+        record_size_max: usize,
+    ) -> Result<(), BatchError> {
+        let record_count = batch.record_count as usize;
+        if self.all_staged {
+            // What the batch's records take staged, at most; when that
+            // passes the bound, `stage` finds out record by record.
+            let needed = self.encoded.len() + records.len() + record_count * STAGED_GROWTH_BYTES_MAX;
+            if needed <= KAFKA_STAGED_BYTES_MAX {
+                self.reserve_staged(needed);
+            }
+            self.ends.reserve(record_count);
+        }
+        for _ in 0..record_count {
+            let record = parse_record(&mut records, batch.base_timestamp).map_err(corrupt)?;
+            let record_size = record.log_size();
+            if record_size > record_size_max {
+                return Err(BatchError::TooLarge { record_size, record_size_max });
+            }
+            if self.all_staged {
+                self.stage(partition, &record);
+            }
+        }
+        if !records.is_empty() {
+            return Err(BatchError::Corrupt(format!("{} bytes after the last record", records.len())));
+        }
+        Ok(())
+    }
+
+    /// Grows the staging to hold `needed` bytes, doubling, but never past
+    /// [`KAFKA_STAGED_BYTES_MAX`] (the memory formula's bound).
+    #[inline]
+    fn reserve_staged(&mut self, needed: usize) {
+        if needed > self.encoded.capacity() {
+            let capacity = needed.max(2 * self.encoded.capacity()).min(KAFKA_STAGED_BYTES_MAX);
+            self.encoded.reserve_exact(capacity.saturating_sub(self.encoded.len()));
+        }
     }
 
     /// Encodes `record` behind the staged ones, unless that would pass
@@ -174,11 +219,7 @@ impl EntryCheck {
             self.all_staged = false;
             return;
         }
-        if needed > self.encoded.capacity() {
-            // Doubling, but never past the bound (the memory formula's).
-            let capacity = needed.max(2 * self.encoded.capacity()).min(KAFKA_STAGED_BYTES_MAX);
-            self.encoded.reserve_exact(capacity - self.encoded.len());
-        }
+        self.reserve_staged(needed);
         encode_extended_batch_record(&mut self.encoded, partition, record);
         // Exact: the staged bytes are within KAFKA_STAGED_BYTES_MAX.
         self.ends.push(self.encoded.len() as u32);
@@ -293,7 +334,7 @@ impl<'a> Iterator for Records<'a> {
                 .then(|| Err(BatchError::Corrupt(format!("{} bytes after the last record", self.bytes.len()))));
         }
         self.left -= 1;
-        let parsed = parse_record(&mut self.bytes, self.base_timestamp);
+        let parsed = parse_record(&mut self.bytes, self.base_timestamp).map_err(corrupt);
         if parsed.is_err() {
             self.left = 0;
             self.bytes = &[];
@@ -332,68 +373,70 @@ pub fn get_varlong(bytes: &mut &[u8]) -> Option<i64> {
     None
 }
 
-/// A varint that must fit an `i32`.
-#[inline]
-fn get_varint(bytes: &mut &[u8]) -> Option<i32> {
-    get_varlong(bytes).and_then(|value| i32::try_from(value).ok())
-}
-
 fn corrupt(what: &str) -> BatchError {
     BatchError::Corrupt(format!("record {what}"))
 }
 
+/// The part of a record that does not parse, named in its
+/// [`BatchError::Corrupt`]: the decode passes this word around, and the
+/// error (a `String`) is built only once a record is refused, so the hot
+/// loop moves small values.
+type BadPart = &'static str;
+
+/// A varint that must fit an `i32`, `what` naming it if it does not parse.
+#[inline(always)]
+fn varint_of(bytes: &mut &[u8], what: BadPart) -> Result<i32, BadPart> {
+    get_varlong(bytes).and_then(|value| i32::try_from(value).ok()).ok_or(what)
+}
+
 /// A varint-prefixed byte string: `None` for size -1 (null).
-#[inline]
-fn nullable<'a>(bytes: &mut &'a [u8], what: &str) -> Result<Option<&'a [u8]>, BatchError> {
-    let size: i32 = get_varint(bytes).ok_or_else(|| corrupt(what))?;
+#[inline(always)]
+fn nullable<'a>(bytes: &mut &'a [u8], what: BadPart) -> Result<Option<&'a [u8]>, BadPart> {
+    let size = varint_of(bytes, what)?;
     if size == -1 {
         return Ok(None);
     }
-    let size = usize::try_from(size).map_err(|_| corrupt(what))?;
-    if size > bytes.len() {
-        return Err(corrupt(what));
-    }
-    let (taken, rest) = bytes.split_at(size);
+    let size = usize::try_from(size).map_err(|_| what)?;
+    let (taken, rest) = bytes.split_at_checked(size).ok_or(what)?;
     *bytes = rest;
     Ok(Some(taken))
 }
 
 /// Parses one record off the front of `bytes`.
-#[inline]
-fn parse_record<'a>(bytes: &mut &'a [u8], base_timestamp: i64) -> Result<ExtendedRecord<'a>, BatchError> {
-    let size: i32 = get_varint(bytes).ok_or_else(|| corrupt("size"))?;
-    let size = usize::try_from(size).ok().filter(|&size| size <= bytes.len()).ok_or_else(|| corrupt("size"))?;
-    let (mut record, rest) = bytes.split_at(size);
+#[inline(always)]
+fn parse_record<'a>(bytes: &mut &'a [u8], base_timestamp: i64) -> Result<ExtendedRecord<'a>, BadPart> {
+    let size = usize::try_from(varint_of(bytes, "size")?).map_err(|_| "size")?;
+    let (record, rest) = bytes.split_at_checked(size).ok_or("size")?;
     *bytes = rest;
-    let _attributes = record.try_get_i8().map_err(|_| corrupt("attributes"))?;
-    let timestamp_delta: i64 = get_varlong(&mut record).ok_or_else(|| corrupt("timestamp"))?;
-    let _offset_delta: i32 = get_varint(&mut record).ok_or_else(|| corrupt("offset delta"))?;
+    // The attributes (one byte, unused: a record has none of its own).
+    let mut record = record.get(1..).ok_or("attributes")?;
+    let timestamp_delta = get_varlong(&mut record).ok_or("timestamp")?;
+    let _offset_delta = varint_of(&mut record, "offset delta")?;
     let key = nullable(&mut record, "key")?;
     let value = nullable(&mut record, "value")?;
     let headers = record;
-    check_headers(headers)?;
+    if headers != [0] {
+        // No headers (a count of 0) is most records; others are walked.
+        check_headers(headers)?;
+    }
     Ok(ExtendedRecord { key, value, headers, timestamp_ms: base_timestamp.wrapping_add(timestamp_delta) })
 }
 
 /// Checks that `headers` is exactly a header count and that many headers.
-#[inline]
-fn check_headers(mut headers: &[u8]) -> Result<(), BatchError> {
-    if headers == [0] {
-        // No headers: most records.
-        return Ok(());
-    }
-    let count: i32 = get_varint(&mut headers).ok_or_else(|| corrupt("header count"))?;
+#[inline(never)]
+fn check_headers(mut headers: &[u8]) -> Result<(), BadPart> {
+    let count = varint_of(&mut headers, "header count")?;
     if count < 0 || count as usize > headers.len() {
-        return Err(corrupt("header count"));
+        return Err("header count");
     }
     for _ in 0..count {
         if nullable(&mut headers, "header key")?.is_none() {
-            return Err(corrupt("header key"));
+            return Err("header key");
         }
         nullable(&mut headers, "header value")?;
     }
     if !headers.is_empty() {
-        return Err(corrupt("headers"));
+        return Err("headers");
     }
     Ok(())
 }

@@ -92,6 +92,11 @@ struct RoutedPartition {
     routed_count: u64,
     /// Every batch of it was routed (none was a retry already stored).
     whole: bool,
+    /// Its records went to the owner in one run (one copy into one owner
+    /// batch, [`route_staged`]): they are applied one after the other, so
+    /// only the first asked for its offset, and the last's is the first's
+    /// plus the count less one.
+    one_run: bool,
 }
 
 // The memory formula's cost per entry in flight covers the entry, its two
@@ -138,15 +143,17 @@ pub async fn route(shard: &Shard, face: &KafkaFace, request: ProduceRequest, che
         let start = routed.partitions.len();
         for data in topic.partition_data {
             let entry = routed.partitions.len();
-            let mut partition = RoutedPartition { index: data.index, code: codes::NONE, routed_count: 0, whole: true };
+            let mut partition =
+                RoutedPartition { index: data.index, code: codes::NONE, routed_count: 0, whole: true, one_run: false };
             partition.code = match route {
                 _ if !matches!(acks, -1..=1) => codes::INVALID_REQUIRED_ACKS,
                 Some(route) if (0..route.partitions as i64).contains(&i64::from(data.index)) => {
                     let records = data.records.unwrap_or_default();
                     let global = route.base + data.index as u32;
-                    let mut target = Target { partition: global, entry, touched: &mut touched, routed: &mut routed };
+                    let mut target =
+                        Target { partition: global, entry, touched: &mut touched, routed: &mut routed, one_run: false };
                     let (code, count, whole) = produce_partition(shard, face, &mut target, &records, check).await;
-                    (partition.routed_count, partition.whole) = (count, whole);
+                    (partition.routed_count, partition.whole, partition.one_run) = (count, whole, target.one_run);
                     code
                 }
                 _ => codes::UNKNOWN_TOPIC_OR_PARTITION,
@@ -174,6 +181,8 @@ struct Target<'a> {
     entry: usize,
     touched: &'a mut [bool],
     routed: &'a mut RoutedProduce,
+    /// The entry's records went in one run ([`RoutedPartition::one_run`]).
+    one_run: bool,
 }
 
 impl RoutedProduce {
@@ -217,7 +226,11 @@ impl RoutedProduce {
         let partition = self.partitions[entry];
         let slot = |index: usize| self.slots.get(index).map_or((-1, -1), Cell::get);
         let (first, log_start) = slot(2 * entry);
-        let last = if partition.routed_count == 1 { first } else { slot(2 * entry + 1).0 };
+        let last = if partition.routed_count == 1 || partition.one_run {
+            first + partition.routed_count as i64 - 1
+        } else {
+            slot(2 * entry + 1).0
+        };
         let consecutive = first >= 0 && last - first + 1 == partition.routed_count as i64;
         let known = partition.code == codes::NONE && partition.whole && consecutive;
         PartitionProduceResponse::default()
@@ -338,11 +351,16 @@ async fn route_staged(shard: &Shard, target: &mut Target<'_>, run: StagedRun<'_>
             let mut blocked = None;
             while index < count {
                 let ask = offset_ask(slots.as_ref(), target.entry, (first, last), index as u64, count as u64);
-                // The last record asks on its own: the run stops before it.
-                let run_end = if slots.is_some() && last && index + 1 < count { count - 1 } else { count };
+                // The last record asks on its own: the run stops before it,
+                // unless the entry's records may all go in one run (then
+                // the first's offset gives the last's).
+                let whole_entry = first && last && index == 0;
+                let run_end =
+                    if slots.is_some() && last && index + 1 < count && !whole_entry { count - 1 } else { count };
                 match route.route_encoded(target.partition, (run.encoded, start, &run.ends[index..run_end]), ask) {
                     Ok((owner, taken)) => {
                         target.touched[usize::from(owner)] = true;
+                        target.one_run = whole_entry && taken == count;
                         let end = run.ends[index + taken - 1] as usize;
                         // A record's log size is its batch size less the
                         // partition id.

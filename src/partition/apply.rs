@@ -19,7 +19,10 @@
 //! are fetched once per batch and its records are copied to one tail.
 //! `benches/hot_path.rs` (`owner/apply_128_partitions` and
 //! `..._grouped`): 43.9 ns/event in arrival order, 25.9 grouped, the
-//! grouping included.
+//! grouping included. A batch whose records already come in long runs of
+//! one partition each (a Kafka producer's: [`Batch::in_runs`]) touches
+//! each partition once per run in arrival order, so it is applied so,
+//! without ordering it.
 
 use crate::partition::migration::{Effect, Marker, Migrations};
 use crate::partition::{Partition, PartitionManager};
@@ -62,13 +65,20 @@ impl RecordOrder {
         let mut position = 0;
         let mut partition_end = 0;
         while position < batch.len() {
-            let rest = &batch[position..];
-            let partition = u32::from_le_bytes(rest[..4].try_into().expect("a batch record header"));
-            let record = decode_log_record(&rest[4..]).expect("batches hold whole records");
+            // Only the record's partition and size are read here (its
+            // header): an extended record is decoded once, as it is applied.
+            let header: &[u8; BATCH_HEADER_SIZE] = batch
+                .get(position..position + BATCH_HEADER_SIZE)
+                .and_then(|header| header.try_into().ok())
+                .expect("a batch record header");
+            let partition = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+            let key_size = usize::from(u16::from_le_bytes([header[4], header[5]]));
+            let payload_size = u32::from_le_bytes([header[6], header[7], header[8], header[9]]) as usize;
             let position_u32 = u32::try_from(position).expect("a batch is smaller than 4 GiB");
             self.records.push((partition, position_u32));
             partition_end = partition_end.max(partition as usize + 1);
-            position += BATCH_HEADER_SIZE - LOG_HEADER_SIZE + record.log_record.len();
+            position += BATCH_HEADER_SIZE + key_size + payload_size;
+            assert!(position <= batch.len(), "batches hold whole records");
         }
         if self.counts.len() < partition_end + 1 {
             self.counts.resize(partition_end + 1, 0);
@@ -208,6 +218,12 @@ pub trait Batch {
     }
     /// Puts the answered asks back, to leave with the grant.
     fn put_offset_asks(&mut self, _asks: OffsetAsks) {}
+    /// Its records came in long runs of one partition each
+    /// ([`crate::routing::DataBatch::in_runs`]): applied in arrival order
+    /// even when large, as ordering them by partition would gain nothing.
+    fn in_runs(&self) -> bool {
+        false
+    }
 }
 
 /// Applies one batch from `source`: its records, then its markers, then its
@@ -225,9 +241,10 @@ pub fn apply_batch<B: Batch, O: OwnedPartitions>(
     // none; a Vec that stays empty does not allocate).
     let mut held_for: Vec<u32> = Vec::new();
     let mut asks = batch.take_offset_asks();
+    let in_runs = batch.in_runs();
     let records = batch.records();
     let asked = asks.as_deref_mut().filter(|asks| !asks.is_empty());
-    if records.len() >= GROUPED_APPLY_BYTES_MIN {
+    if records.len() >= GROUPED_APPLY_BYTES_MIN && !in_runs {
         let mut order = partitions.take_record_order();
         let mut answers = Answers::new(asked, records, true);
         for &position in order.group(records) {
@@ -493,6 +510,61 @@ mod tests {
         let positions = order.group(&second).to_vec();
         assert_eq!(payloads_in_order(&second, &positions), ["y", "x"]);
         assert!(order.group(&[]).is_empty());
+    }
+
+    /// A large batch can be applied either way: grouped by partition or,
+    /// when its source says its records came in runs, in arrival order;
+    /// each partition gets the same records in the same order either way
+    /// (extended records among plain ones, which the grouping reads only
+    /// the sizes of).
+    #[test]
+    fn batches_in_runs_apply_as_grouped_ones_do() {
+        struct RunsBatch(Vec<u8>, bool);
+        impl Batch for RunsBatch {
+            type Grant = ();
+            fn records(&self) -> &[u8] {
+                &self.0
+            }
+            fn markers(&self) -> &[Marker] {
+                &[]
+            }
+            fn into_grant(self) {}
+            fn in_runs(&self) -> bool {
+                self.1
+            }
+        }
+        let mut records = Vec::new();
+        let mut expected: Vec<Vec<String>> = vec![Vec::new(); 8];
+        for run in 0..24u32 {
+            let partition = [0, 3, 5][run as usize % 3];
+            for index in 0..40 {
+                let payload = format!("run-{run}-{index}");
+                if index % 2 == 0 {
+                    let headers: &[u8] = if index % 4 == 0 { &[0] } else { b"\x02\x02h\x02x" };
+                    let record = crate::protocol::record::ExtendedRecord {
+                        key: (index % 3 != 0).then_some(&b"key"[..]),
+                        value: Some(payload.as_bytes()),
+                        headers,
+                        timestamp_ms: 7,
+                    };
+                    crate::protocol::record::encode_extended_batch_record(&mut records, partition, &record);
+                } else {
+                    encode_batch_record(&mut records, partition, b"k", payload.as_bytes());
+                }
+                expected[partition as usize].push(payload);
+            }
+        }
+        assert!(records.len() >= GROUPED_APPLY_BYTES_MIN);
+        for in_runs in [false, true] {
+            let mut partitions = manager(&[0, 3, 5]);
+            let mut migrations: ShardMigrations<()> = Migrations::new(1, 2);
+            let batch = RunsBatch(records.clone(), in_runs);
+            let applied = apply_batch(&mut partitions, &mut migrations, 0, batch, 0, &mut Vec::new());
+            assert_eq!(applied.stored, 24 * 40);
+            for partition in [0, 3, 5] {
+                assert_eq!(payloads(&partitions, partition), expected[partition as usize], "in_runs {in_runs}");
+            }
+        }
     }
 
     /// Records for a partition migrating here wait, with their grant, until

@@ -60,6 +60,7 @@ mod tests {
             sync: false,
             grant_now: false,
             offset_asks: None,
+            in_runs: false,
             replicated_bytes: 0,
         }
     }
