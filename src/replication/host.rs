@@ -559,6 +559,16 @@ impl<S: LogStore> ReplicaHost<S> {
         self.open_group(id);
     }
 
+    /// Wakes `group` if it is quiet: a proposal came for it and this node
+    /// knows no leader (a quiet follower never ticks, so it would never
+    /// campaign nor hear of one; awake, it does either within an election
+    /// timeout).
+    pub fn wake_group(&mut self, group: GroupId) {
+        if let Some(state) = self.groups.get_mut(&group) {
+            wake(state);
+        }
+    }
+
     /// Proposes `records` (a spate frame) to `group`, as `header` says; the
     /// [`Ack`] comes once it is committed and applied here.
     pub fn propose(&mut self, group: GroupId, header: ProposalHeader, records: &[u8]) -> Result<(), ProposeError> {

@@ -559,6 +559,7 @@ impl ReplicationNode {
         } else if self.host.status(request.group).is_none() {
             return refuse(ProposalRefused::NotAReplica);
         } else {
+            self.host.wake_group(request.group);
             return refuse(ProposalRefused::NoLeader);
         };
         self.next_sequence += 1;
