@@ -14,27 +14,18 @@
 //!
 //! Each line is the fastest of 15 runs. Run: `nice cargo bench --bench kafka_produce`.
 
+mod common;
+
 use std::hint::black_box;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use common::fastest_ns_per_event;
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use spate::kafka::batch::EntryCheck;
 use spate::partition::apply::RecordOrder;
 
 const RECORDS_PER_ENTRY: usize = 450;
 const ENTRIES_PER_RUN: usize = 2_000;
-const RUN_COUNT: usize = 15;
-
-fn fastest_ns_per_event(mut run: impl FnMut() -> usize) -> f64 {
-    let mut best = f64::MAX;
-    for _ in 0..RUN_COUNT {
-        let started = Instant::now();
-        let events = run();
-        best = best.min(started.elapsed().as_nanos() as f64 / events as f64);
-    }
-    best
-}
 
 /// One batch as the bench's Kafka target sends it for a partition.
 fn entry() -> Bytes {

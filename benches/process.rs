@@ -15,14 +15,15 @@
 //! Each line is the fastest of 15 runs. Run: `nice cargo bench --bench process`.
 
 use std::collections::HashMap as StdHashMap;
-use std::hint::black_box;
-use std::time::Instant;
+mod common;
 
+use std::hint::black_box;
+
+use common::fastest_ns_per_event;
 use spate::aggregate::{AggregateDeclaration, PartitionProcessor, ProcessorLimits};
 
 const KEY_COUNT: usize = 10_000;
 const EVENT_COUNT: usize = 1_000_000;
-const RUN_COUNT: usize = 15;
 
 fn keys() -> Vec<Vec<u8>> {
     (0..KEY_COUNT).map(|index| format!("user{index:06}").into_bytes()).collect()
@@ -31,16 +32,6 @@ fn keys() -> Vec<Vec<u8>> {
 /// A scrambled but repeatable key order.
 fn key_index(event: usize) -> usize {
     (event.wrapping_mul(2_654_435_761) >> 7) % KEY_COUNT
-}
-
-fn fastest_ns_per_event(mut run: impl FnMut() -> usize) -> f64 {
-    let mut best = f64::MAX;
-    for _ in 0..RUN_COUNT {
-        let started = Instant::now();
-        let events = run();
-        best = best.min(started.elapsed().as_nanos() as f64 / events as f64);
-    }
-    best
 }
 
 fn bench_on_event(keys: &[Vec<u8>], declaration_count: usize) -> f64 {
