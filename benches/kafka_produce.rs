@@ -20,7 +20,8 @@ use std::hint::black_box;
 
 use bytes::{Bytes, BytesMut};
 use common::fastest_ns_per_event;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions};
+use spate::bench::kafka::record;
 use spate::kafka::batch::EntryCheck;
 use spate::partition::apply::RecordOrder;
 
@@ -30,20 +31,9 @@ const ENTRIES_PER_RUN: usize = 2_000;
 /// One batch as the bench's Kafka target sends it for a partition.
 fn entry() -> Bytes {
     let records: Vec<Record> = (0..RECORDS_PER_ENTRY)
-        .map(|index| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: index as i64,
-            sequence: index as i32 - 1,
-            timestamp: 1_700_000_000_000,
-            key: Some(Bytes::from(format!("user{:04}", index * 7 % 10_000))),
-            value: Some(Bytes::from(vec![b'a' + (index % 26) as u8; 64])),
-            headers: Default::default(),
+        .map(|index| {
+            let key = Bytes::from(format!("user{:04}", index * 7 % 10_000));
+            record(index as i64, 1_700_000_000_000, key, Bytes::from(vec![b'a' + (index % 26) as u8; 64]))
         })
         .collect();
     let mut encoded = BytesMut::new();

@@ -519,7 +519,7 @@ impl BatchTemplate {
 /// that the batch's base sequence is -1 (the codec derives the base sequence
 /// from the first record's sequence and offset, and starts a new batch where
 /// `offset - sequence` changes).
-fn record(offset_delta: i64, timestamp_ms: i64, key: Bytes, value: Bytes) -> Record {
+pub fn record(offset_delta: i64, timestamp_ms: i64, key: Bytes, value: Bytes) -> Record {
     Record {
         transactional: false,
         control: false,

@@ -49,7 +49,7 @@
 //! ```
 
 mod args;
-mod kafka;
+pub mod kafka;
 mod keys;
 mod nats;
 mod plot;

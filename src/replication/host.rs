@@ -354,12 +354,6 @@ impl<S: LogStore> ReplicaHost<S> {
         }
     }
 
-    /// The replication factor of the groups of stream part `stream_id`
-    /// (placement's desired set for them has this many replicas).
-    pub fn set_replication_factor(&mut self, stream_id: u32, replication_factor: usize) {
-        self.stream_replication.insert(stream_id, replication_factor);
-    }
-
     /// A replicated stream part's replication factor and partition count:
     /// its groups' leaders are then balanced by count
     /// ([`balanced_leaders`]) instead of being each group's first place.
@@ -557,6 +551,13 @@ impl<S: LogStore> ReplicaHost<S> {
         drop(store);
         self.counters.bootstrap_resets += 1;
         self.open_group(id);
+    }
+
+    /// The leader `group`'s replica here knows (0 for none yet); `None` when
+    /// this node holds no replica of it. Cheaper than [`Self::status`],
+    /// which copies the configuration, for the proposal path.
+    pub fn leader_of(&self, group: GroupId) -> Option<ReplicaId> {
+        self.groups.get(&group).map(|state| state.raw.raft.leader_id)
     }
 
     /// Wakes `group` if it is quiet: a proposal came for it and this node
@@ -789,6 +790,12 @@ impl<S: LogStore> ReplicaHost<S> {
         (self.desired(id).preferred_leader(), step)
     }
 
+    /// Where placement wants `id`'s replicas, preferred (balanced) leader
+    /// first, whether or not this node holds one.
+    pub fn desired_replicas(&self, id: GroupId) -> DesiredReplicas {
+        self.desired(id)
+    }
+
     /// When this node leads `id`: the lowest index a live peer (one raft-rs
     /// saw recently, or a member this node sees alive) has matched, so
     /// compaction can spare it a snapshot; `None` when not leading.
@@ -817,7 +824,7 @@ impl<S: LogStore> ReplicaHost<S> {
 
 impl<S: LogStore> ReplicaHost<S> {
     /// Where placement wants `id`'s replicas; empty before membership is known.
-    fn desired(&self, id: GroupId) -> crate::replication::placement::DesiredReplicas {
+    fn desired(&self, id: GroupId) -> DesiredReplicas {
         if self.members.is_empty() {
             return DesiredReplicas::default();
         }

@@ -292,14 +292,24 @@ struct Pending {
     shard_sequence: u64,
     /// The node it was forwarded to; `None` when proposed here.
     sent_to: Option<NodeId>,
-    reply: flume::Sender<Result<(), ProposalRefused>>,
+    reply: Reply,
     since: Instant,
     /// When the leader said it is committed ([`Channel::ProposeAck`]).
     committed_at: Option<Instant>,
 }
 
+/// A [`Channel::ProposeAck`]'s payload, (group, source sequence); a
+/// [`Channel::ProposeRefused`]'s is the same followed by the leader hint.
+fn propose_answer(group: GroupId, source_sequence: u64) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(24);
+    payload.extend_from_slice(&group.stream_id.to_le_bytes());
+    payload.extend_from_slice(&group.partition.to_le_bytes());
+    payload.extend_from_slice(&source_sequence.to_le_bytes());
+    payload
+}
+
 /// The (group, source sequence) of a [`Channel::ProposeAck`] (and the
-/// first 16 bytes of a [`Channel::ProposeRefused`]).
+/// first 16 bytes of a [`Channel::ProposeRefused`]): [`propose_answer`] read back.
 fn decode_propose_ack(payload: &[u8]) -> Option<(GroupId, u64)> {
     let stream_id = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?);
     let partition = u32::from_le_bytes(payload.get(4..8)?.try_into().ok()?);
@@ -531,10 +541,8 @@ impl ReplicationNode {
         if !request.resync && expected != request.sequence {
             return refuse(ProposalRefused::OutOfOrder);
         }
-        let leader = match self.host.status(request.group) {
-            Some(status) => status.leader,
-            None => self.leader_elsewhere(request.group),
-        };
+        let replica_leader = self.host.leader_of(request.group);
+        let leader = replica_leader.unwrap_or_else(|| self.leader_elsewhere(request.group));
         if self.store.borrow().is_full() {
             self.note_full();
             return refuse(ProposalRefused::StoreFull);
@@ -556,7 +564,7 @@ impl ReplicationNode {
                 return refuse(ProposalRefused::NoLeader);
             }
             Some(leader)
-        } else if self.host.status(request.group).is_none() {
+        } else if replica_leader.is_none() {
             return refuse(ProposalRefused::NotAReplica);
         } else {
             self.host.wake_group(request.group);
@@ -590,9 +598,10 @@ impl ReplicationNode {
         if let Some(hint) = self.leader_hints.get(&group).filter(|hint| live(hint)) {
             return *hint;
         }
-        let Some(stream) = self.streams.get(&group.stream_id) else { return 0 };
-        let desired = desired_replicas(group, &self.live, stream.replication_factor);
-        desired.replicas.into_iter().find(live).unwrap_or(0)
+        if !self.streams.contains_key(&group.stream_id) {
+            return 0;
+        }
+        self.host.desired_replicas(group).replicas.into_iter().find(live).unwrap_or(0)
     }
 
     /// Sends a proposal to `leader`: the first of `group` since one was
@@ -629,13 +638,13 @@ impl ReplicationNode {
         if after_refusal {
             self.refusing.remove(&source);
         }
-        let leader_known = self.host.status(group).map_or(0, |status| status.leader);
+        let leader_known = |node: &Self| node.host.leader_of(group).unwrap_or(0);
         if self.refusing.contains(&source) {
-            return self.refuse_forwarded(group, header, leader_known);
+            return self.refuse_forwarded(group, header, leader_known(self));
         }
         if self.store.borrow().is_full() {
             self.note_full();
-            return self.refuse_forwarded(group, header, leader_known);
+            return self.refuse_forwarded(group, header, leader_known(self));
         }
         match self.host.propose(group, header, records) {
             Ok(()) => {}
@@ -648,7 +657,7 @@ impl ReplicationNode {
                     self.refuse_forwarded(group, header, leader);
                 }
             }
-            Err(_) => self.refuse_forwarded(group, header, leader_known),
+            Err(_) => self.refuse_forwarded(group, header, leader_known(self)),
         }
     }
 
@@ -664,10 +673,7 @@ impl ReplicationNode {
         }
         self.refusing.insert((header.source_node, group));
         let Some(proposer) = self.node_ids.get(&header.source_node).copied() else { return };
-        let mut payload = Vec::with_capacity(16);
-        payload.extend_from_slice(&group.stream_id.to_le_bytes());
-        payload.extend_from_slice(&group.partition.to_le_bytes());
-        payload.extend_from_slice(&header.source_sequence.to_le_bytes());
+        let mut payload = propose_answer(group, header.source_sequence);
         payload.extend_from_slice(&leader.to_le_bytes());
         // Lost: the proposer times out and proposes again.
         self.send_to_peer(proposer, Channel::ProposeRefused, Bytes::from(payload));
@@ -743,10 +749,7 @@ impl ReplicationNode {
     fn send_forwarded_acks(&mut self) {
         for ack in self.host.take_forwarded_acks() {
             let Some(peer) = self.node_ids.get(&ack.header.source_node).copied() else { continue };
-            let mut payload = Vec::with_capacity(16);
-            payload.extend_from_slice(&ack.group.stream_id.to_le_bytes());
-            payload.extend_from_slice(&ack.group.partition.to_le_bytes());
-            payload.extend_from_slice(&ack.header.source_sequence.to_le_bytes());
+            let payload = propose_answer(ack.group, ack.header.source_sequence);
             // Lost: the proposer times out and proposes again.
             self.send_to_peer(peer, Channel::ProposeAck, Bytes::from(payload));
         }
