@@ -4,6 +4,9 @@
 //! uncompacted log would refuse proposals once full and never answer), the
 //! replicas hold the same records at the same offsets, and a node killed
 //! with kill -9 after compaction comes back with nothing acknowledged lost.
+//! A node that was down while the others compacted past everything it had
+//! gets a snapshot, fetches the records it lacks from a peer's partition log
+//! and ends up with every record at the same offsets.
 
 mod common;
 
@@ -26,6 +29,9 @@ const SYNC_EVERY: u64 = 500;
 const PAYLOAD_BYTES: usize = 200;
 const READY_WITHIN: Duration = Duration::from_secs(30);
 const CATCH_UP_WITHIN: Duration = Duration::from_secs(60);
+/// A node killed with kill -9 is down on the others within 9 s (README,
+/// "Membership"); its groups' leaders replace it soon after.
+const REMOVED_WITHIN: Duration = Duration::from_secs(60);
 
 fn start_node(seed: Option<SocketAddr>) -> (Server, SocketAddr) {
     let bound = RAFT_LOG_BYTES_MAX.to_string();
@@ -176,4 +182,54 @@ fn a_node_killed_after_compaction_restarts_with_nothing_acknowledged_lost() {
     produce(nodes[victim].ingest, EVENTS / 2, EVENTS / 2);
     check_replicas_agree(&nodes, 0, EVENTS);
     check_store_bounded(&nodes[victim], victim);
+}
+
+/// A node killed with kill -9 while the others compact their Raft logs past
+/// everything it has gets a snapshot on its restart, fetches the records
+/// its partitions lack from a peer (module doc of
+/// `src/replication/catchup.rs`), and ends up holding every event at the
+/// same offsets as the others; without the fetch its delivery waits
+/// forever and its partitions never get past where they were.
+#[test]
+fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
+    let mut nodes = start_cluster();
+    let first_batch = EVENTS / 8;
+    produce(nodes[0].ingest, 0, first_batch);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_stream_holds(node, STREAM, &stream_ends(&nodes[0], STREAM), index, CATCH_UP_WITHIN);
+    }
+    let victim = 2;
+    let before = stream_ends(&nodes[victim], STREAM);
+    nodes[victim].crash();
+    // Seen down and replaced in every group before the others write and
+    // compact: it comes back as a new learner, so the snapshot it gets
+    // must name it in its configuration (the compaction point's does not).
+    wait_for(&nodes[..victim], REMOVED_WITHIN, "the victim removed from every group", |view| {
+        let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
+        let two_voters = groups.iter().filter(|group| {
+            group["stream"] == STREAM && group["voters"].as_array().is_some_and(|voters| voters.len() == 2)
+        });
+        two_voters.count() == PARTITIONS as usize
+    });
+    // Six times the Raft log's bound while the victim is down: the others
+    // compact past everything it has.
+    produce(nodes[0].ingest, first_batch, EVENTS);
+    let total = first_batch + EVENTS;
+    let compacted_from = nodes[0].metric("spate_raft_log_compactions_total");
+    assert!(compacted_from > 0.0, "node 0 compacted while the victim was down");
+    nodes[victim].spawn();
+    wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader after the restart", groups_ready);
+    check_replicas_agree(&nodes, 0, total);
+    let gaps = nodes[victim].metric("spate_raft_partition_gaps_total");
+    let fetched = nodes[victim].metric("spate_raft_gap_records_fetched_total");
+    let fetched_bytes = nodes[victim].metric("spate_raft_gap_bytes_fetched_total");
+    let snapshots = nodes[victim].metric("spate_raft_snapshots_installed_total");
+    eprintln!(
+        "victim: ends before the kill {before:?}, {snapshots} snapshots installed, {gaps} gap deliveries held, \
+         {fetched} records ({fetched_bytes} bytes) fetched for gaps; ends now {:?}",
+        stream_ends(&nodes[victim], STREAM)
+    );
+    assert!(gaps > 0.0, "the victim's partitions were behind a snapshot (ends before the kill: {before:?})");
+    assert!(fetched > 0.0 && fetched_bytes > fetched, "the victim fetched {fetched} records ({fetched_bytes} bytes)");
+    assert_eq!(nodes[victim].metric("spate_raft_gaps_open"), 0.0, "no gap left open");
 }

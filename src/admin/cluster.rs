@@ -73,6 +73,7 @@ pub fn json(view: &ClusterView) -> String {
         "counts": counts,
         "transport": view.peers,
         "partitions": view.groups,
+        "replication": view.replication,
         "gossip_counters": {
             "datagrams_received": counters.datagrams_received,
             "bytes_received": counters.bytes_received,
@@ -144,6 +145,48 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
             "counter",
             "Deliveries held: a partition lacked records before its group's compaction point.",
             stats.gaps,
+        ),
+        (
+            "spate_raft_gaps_open",
+            "gauge",
+            "Partitions lacking records before their group's compaction point now (fetching them from peers).",
+            stats.gaps_open,
+        ),
+        (
+            "spate_raft_gap_records_fetched_total",
+            "counter",
+            "Records fetched from peers' partition logs for gaps.",
+            stats.gap_fetches.records_fetched,
+        ),
+        (
+            "spate_raft_gap_bytes_fetched_total",
+            "counter",
+            "Bytes of those records (log format).",
+            stats.gap_fetches.bytes_fetched,
+        ),
+        (
+            "spate_raft_gaps_closed_total",
+            "counter",
+            "Gaps closed by fetching their records from peers.",
+            stats.gap_fetches.gaps_closed,
+        ),
+        (
+            "spate_raft_gap_peer_lacked_total",
+            "counter",
+            "Gap reads a peer answered without the records (its retention deleted them).",
+            stats.gap_fetches.peer_lacked,
+        ),
+        (
+            "spate_raft_gap_request_failures_total",
+            "counter",
+            "Gap reads that timed out or a peer could not serve (retried on the next replica).",
+            stats.gap_fetches.request_failures,
+        ),
+        (
+            "spate_raft_gap_reads_served_total",
+            "counter",
+            "Gap reads this node served for peers.",
+            stats.gap_fetches.reads_served,
         ),
     ];
     for (name, kind, help, value) in families {

@@ -178,6 +178,8 @@ struct Node {
     flush_due: Notify,
     /// Wakes the tick task of a node that had no group: one may exist now.
     replication_wake: Notify,
+    /// Wakes the gap fetches: a gap message came from a peer.
+    catchup_due: Notify,
 }
 
 impl Node {
@@ -244,6 +246,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         round_due: Notify::default(),
         flush_due: Notify::default(),
         replication_wake: Notify::default(),
+        catchup_due: Notify::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -258,6 +261,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_rounds(node.clone())).detach();
             glommio::spawn_local(replication_flush(node.clone())).detach();
             glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
+            glommio::spawn_local(replication_catchup(node.clone(), setup.controls.clone())).detach();
         }
         node.membership.borrow_mut().join(node.now(), &setup.join);
         node.after_interaction();
@@ -441,6 +445,10 @@ async fn replication_inbox(node: Rc<Node>) {
                 Some(Channel::ProposeAfterRefusal) => state.propose_forwarded(inbound.from, &inbound.payload, true),
                 Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
                 Some(Channel::ProposeRefused) => state.receive_propose_refused(&inbound.payload),
+                Some(Channel::GapRead | Channel::GapRecords) => {
+                    state.catchup.receive(inbound);
+                    node.catchup_due.notify();
+                }
                 _ => {}
             }
         }
@@ -506,6 +514,14 @@ async fn replication_delivery(node: Rc<Node>, controls: Vec<flume::Sender<Contro
         node.delivery_due.notified().await;
         crate::replication::node::deliver(replication, &controls).await;
     }
+}
+
+/// Fetches the records of partitions behind their group's compaction
+/// point from peers, and serves the peers' reads
+/// ([`crate::replication::catchup`]).
+async fn replication_catchup(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
+    let Some(replication) = &node.replication else { return };
+    crate::replication::catchup::run(replication, &controls, &node.catchup_due, &node.delivery_due).await;
 }
 
 async fn refresh_load(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {

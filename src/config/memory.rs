@@ -358,6 +358,28 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::Fixed,
         storage: None,
+        expression: || {
+            use crate::replication::catchup::GAP_SERVES_MAX;
+            format!(
+                "cluster * ({GAP_SERVES_MAX} * ({} + 3 * {}) + 2 * {})",
+                size(crate::shard::gap_read::DISK_READ_BYTES_MAX),
+                size(TRANSPORT_FRAME_BYTES_MAX),
+                size(TRANSPORT_FRAME_BYTES_MAX)
+            )
+        },
+        what: "replication: gap fetches (records a replica lacks before a snapshot's point, read from a \
+               peer's partition log): per read served for a peer, a disk read and three chunks; one chunk \
+               being appended here, twice",
+        bytes: |config| {
+            if config.cluster_address().is_none() {
+                return 0;
+            }
+            crate::replication::catchup::GAP_MEMORY_BYTES
+        },
+    },
+    FormulaLine {
+        term: Term::Fixed,
+        storage: None,
         expression: || "cluster * raft_log_bytes_max".to_string(),
         what: "replication: the Raft log entries of every group, held in memory as well as in the file; \
                compacted once applied and durable in their partition, so full only when compaction is behind \

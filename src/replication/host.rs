@@ -181,6 +181,9 @@ pub struct HostCounters {
     pub frame_errors: u64,
     /// Snapshots installed: the leader had compacted what this replica needed.
     pub snapshots_installed: u64,
+    /// Snapshots sent as a leader (each reported delivered at once:
+    /// [`ReplicaHost::report_snapshots_sent`]).
+    pub snapshots_sent: u64,
 }
 
 /// One group's state on this node: its Raft state machine, whose log and
@@ -226,6 +229,8 @@ pub struct ReplicaHost<S: LogStore> {
     forwarded_acks: Vec<Ack>,
     /// Leaders that applied their own removal this round.
     step_downs: Vec<GroupId>,
+    /// Snapshots queued this round: (group, to whom).
+    snapshots_sent: Vec<(GroupId, ReplicaId)>,
     reconfig_budget: u32,
     /// Replication factors by a group's stream part, where a stream's
     /// differs from [`HostConfig::replication_factor`] (the real node: each
@@ -257,6 +262,7 @@ impl<S: LogStore> ReplicaHost<S> {
             acks: Vec::new(),
             forwarded_acks: Vec::new(),
             step_downs: Vec::new(),
+            snapshots_sent: Vec::new(),
             reconfig_budget: config.reconfig_steps_per_window_max,
             stream_replication: BTreeMap::new(),
             stream_partitions: BTreeMap::new(),
@@ -626,6 +632,7 @@ impl<S: LogStore> ReplicaHost<S> {
             self.counters.syncs += 1;
         }
         self.advance_all(readies);
+        self.report_snapshots_sent();
         for id in std::mem::take(&mut self.step_downs) {
             // A leader that applied its own removal: one elected while its
             // predecessor's change was in flight. raft-rs leaves it leading
@@ -718,8 +725,30 @@ impl<S: LogStore> ReplicaHost<S> {
 
     fn queue_messages(&mut self, id: GroupId, messages: Vec<Message>) {
         for message in messages {
+            if message.get_msg_type() == MessageType::MsgSnapshot {
+                self.snapshots_sent.push((id, message.to));
+            }
             self.batch_for(message.to).messages.push((id, message));
             self.counters.messages_sent += 1;
+        }
+    }
+
+    /// Tells raft-rs that every snapshot queued this round was delivered.
+    /// raft-rs pauses a follower's progress after a snapshot until told
+    /// how it went; the transport delivers at most once and says nothing,
+    /// so a snapshot lost on the way (the follower unreachable for a
+    /// moment, as right after its restart) would pause that follower
+    /// forever. Taken as delivered, the leader probes past the snapshot at
+    /// the next heartbeat response; a follower that did not get it rejects
+    /// the probe and is sent the snapshot again (a few bytes: its data,
+    /// the records, are fetched by the follower,
+    /// [`crate::replication::catchup`]).
+    fn report_snapshots_sent(&mut self) {
+        for (id, to) in std::mem::take(&mut self.snapshots_sent) {
+            self.counters.snapshots_sent += 1;
+            if let Some(group) = self.groups.get_mut(&id) {
+                group.raw.report_snapshot(to, raft::SnapshotStatus::Finish);
+            }
         }
     }
 
@@ -1058,6 +1087,23 @@ mod tests {
         sent
     }
 
+    /// One tick of every host, with the batches `deliver` lets through
+    /// delivered at once and the others lost.
+    fn lossy_round(hosts: &mut [ReplicaHost<MemoryLogStore>], mut deliver: impl FnMut(&PeerBatch) -> bool) {
+        let mut batches = Vec::new();
+        for host in hosts.iter_mut() {
+            host.tick();
+            host.process();
+            batches.extend(host.take_batches());
+        }
+        for batch in batches.into_iter().filter(|batch| deliver(batch)) {
+            if let Some(host) = hosts.iter_mut().find(|host| host.id() == batch.to) {
+                host.receive(batch);
+                host.process();
+            }
+        }
+    }
+
     fn leader(hosts: &[ReplicaHost<MemoryLogStore>]) -> Option<usize> {
         hosts.iter().position(|host| host.status(GROUP).is_some_and(|status| status.role == StateRole::Leader))
     }
@@ -1090,5 +1136,54 @@ mod tests {
         let follower = (leader + 1) % 3;
         let refused = hosts[follower].propose(GROUP, header, b"x");
         assert!(matches!(refused, Err(ProposeError::NotLeader { leader: Some(_), .. })), "{refused:?}");
+    }
+
+    /// A snapshot lost on the way (the transport delivers at most once) is
+    /// sent again: the leader takes each snapshot as delivered and probes
+    /// past it, so a follower that did not get it rejects the probe and is
+    /// sent it again, instead of being paused forever.
+    #[test]
+    fn a_lost_snapshot_is_sent_again() {
+        let mut hosts = hosts(3);
+        for _ in 0..40 {
+            round(&mut hosts);
+        }
+        let Some(leader) = leader(&hosts) else { panic!("no leader after 4 s") };
+        let cut = hosts[(leader + 1) % 3].id();
+        for sequence in 0..20 {
+            let header = ProposalHeader { source_node: hosts[leader].id(), source_sequence: sequence, record_count: 1 };
+            hosts[leader].propose(GROUP, header, b"record").expect("the leader takes it");
+            lossy_round(&mut hosts, |batch| batch.to != cut && batch.from != cut);
+        }
+        for _ in 0..5 {
+            lossy_round(&mut hosts, |batch| batch.to != cut && batch.from != cut);
+        }
+        let compacted = {
+            let store = hosts[leader].store.borrow();
+            let log = store.log(GROUP).expect("the leader's log");
+            let term = log.entry(log.applied).expect("the applied entry").term;
+            Compacted { index: log.applied, term, conf_state: log.conf_state.clone(), offset: 20 }
+        };
+        let commit = compacted.index;
+        hosts[leader].store.borrow_mut().compact(GROUP, compacted);
+        // The follower is back, but the first batch carrying a snapshot to
+        // it is lost.
+        let mut lost = false;
+        for _ in 0..100 {
+            lossy_round(&mut hosts, |batch| {
+                let snapshot = batch.messages.iter().any(|(_, m)| m.get_msg_type() == MessageType::MsgSnapshot);
+                if snapshot && batch.to == cut && !lost {
+                    lost = true;
+                    return false;
+                }
+                true
+            });
+        }
+        assert!(lost, "a snapshot was sent to the follower");
+        let follower = hosts.iter().find(|host| host.id() == cut).expect("the follower");
+        let status = follower.status(GROUP).expect("its group");
+        assert!(status.commit >= commit, "the follower's commit {} is behind {commit}", status.commit);
+        assert!(follower.counters.snapshots_installed >= 1);
+        assert!(hosts[leader].counters.snapshots_sent >= 2, "sent again after the loss");
     }
 }

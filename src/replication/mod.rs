@@ -22,6 +22,9 @@
 //!   cluster thread, [`file_store::FileLogStore`] as its durable store, the
 //!   transport for its peer batches and forwarded proposals, and the shards'
 //!   proposals and committed records ([`crate::shard::replicated`]).
+//! - [`catchup`]: the records a replica's partition lacks before a
+//!   snapshot's point, fetched in bounded chunks from a peer's partition
+//!   log over the transport ([`crate::shard::gap_read`] reads them there).
 //!
 //! # A group's state
 //!
@@ -46,8 +49,9 @@
 //!   every partition does today), reads come from the partition's segments
 //!   and tail cache, and a checkpoint lets a group's log be compacted; a
 //!   lagging or new replica then catches up from a snapshot that streams
-//!   segments (today the node's own store compacts, and a snapshot
-//!   carries only its metadata and the partition offset, not the records).
+//!   segments (today the node's own store compacts, a snapshot carries
+//!   only its metadata and the partition offset, and the records come
+//!   apart, fetched by [`catchup`] from a peer's partition log).
 //! - **Host: one [`host::ReplicaHost`] per shard,** owning the groups of the
 //!   partitions that shard owns (a group moves with its partition between
 //!   shards, as its log does). The shard's committer calls `process()`
@@ -67,6 +71,7 @@
 //! - **Node ids:** a node's Raft id is [`replica_id_of`] its
 //!   [`NodeId`](crate::cluster::NodeId).
 
+pub mod catchup;
 pub mod file_store;
 pub mod frame;
 pub mod host;

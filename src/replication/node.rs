@@ -86,13 +86,32 @@
 //! log. After a restart, delivery starts at the compaction point's offset;
 //! the partition holds it, since only durable records were compacted.
 //!
-//! A peer that needs a compacted entry gets a Raft snapshot of the point
-//! (index, term, configuration, and the partition offset after it in its
-//! data): a few bytes, so nothing to bound. It installs it, but its
-//! partition then lacks the records before the point: they would have to
-//! come from a peer's partition log in bounded chunks over the transport,
-//! which is not implemented yet; such a group is logged once per episode,
-//! counted (`spate_raft_partition_gaps_total`) and its delivery waits.
+//! A peer that needs a compacted entry gets a Raft snapshot: index, term,
+//! configuration, and the partition offset after it in its data, a few
+//! bytes, so nothing to bound. It describes the newest applied entry, not
+//! the compaction point ([`crate::replication::store::GroupLog::snapshot_point`]):
+//! a replica removed while it was down and added back as a learner is in
+//! no configuration as old as the compaction point, and raft-rs refuses a
+//! snapshot that does not name it. The leader takes each snapshot as
+//! delivered once it is queued (the transport delivers at most once, and
+//! raft-rs would otherwise pause that follower until told), so a lost one
+//! is sent again after the next probe.
+//!
+//! The replica installs it, but its partition then lacks the records
+//! before the point (the gap): its delivery finds the partition ending
+//! before the snapshot's offset, counts it (`spate_raft_partition_gaps_total`,
+//! logged once per episode) and waits, and the node fetches the records
+//! `[partition end, snapshot offset)` from another replica's partition log
+//! over the transport, in chunks of at most 1 MiB, one request per group
+//! and two groups at once, retrying on the next replica with a backoff
+//! when one dies or lacks them ([`crate::replication::catchup`]). Each
+//! chunk is delivered to the shard like committed records, at the offset
+//! its first record takes, so the records keep their offsets. Once the
+//! partition reaches the offset, the delivery of committed entries goes on
+//! (`spate_raft_gaps_open` goes back to 0). A peer whose retention deleted
+//! the records cannot help: that is logged and counted
+//! (`spate_raft_gap_peer_lacked_total`), and the fetch keeps asking the
+//! other replicas.
 //!
 //! # Groups
 //!
@@ -381,13 +400,15 @@ pub struct ReplicationNode {
     /// Groups whose partition lacks records before the compaction point,
     /// and since when.
     gaps: HashMap<GroupId, Instant>,
+    /// The fetches of the records those partitions lack, from peers.
+    pub catchup: crate::replication::catchup::Catchup,
     pub stats: ReplicationStats,
     full_refusals: log::Episode,
     gap_warnings: log::Episode,
 }
 
 /// The node's Raft store and compaction counters (`/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReplicationStats {
     pub entry_bytes: u64,
     pub entry_bytes_max: u64,
@@ -399,6 +420,11 @@ pub struct ReplicationStats {
     /// Deliveries held because the partition lacks records before its
     /// group's compaction point.
     pub gaps: u64,
+    /// Groups whose partition lacks records before the compaction point now.
+    pub gaps_open: u64,
+    /// The fetches of those records from peers
+    /// ([`crate::replication::catchup`]).
+    pub gap_fetches: crate::replication::catchup::GapStats,
 }
 
 impl ReplicationNode {
@@ -430,6 +456,7 @@ impl ReplicationNode {
             forwarded_refused: 0,
             durable_points: HashMap::new(),
             gaps: HashMap::new(),
+            catchup: crate::replication::catchup::Catchup::default(),
             stats: ReplicationStats::default(),
             full_refusals: log::Episode::new("proposals refused: Raft log full"),
             gap_warnings: log::Episode::new("partitions behind their group's compaction point"),
@@ -444,6 +471,8 @@ impl ReplicationNode {
             entry_bytes_max: store.entry_bytes_max(),
             snapshots_installed: self.host.counters.snapshots_installed,
             store_rewrites: store.rewrites,
+            gaps_open: self.gaps.len() as u64,
+            gap_fetches: self.catchup.stats,
             ..self.stats
         }
     }
@@ -1000,22 +1029,60 @@ impl ReplicationNode {
 
     /// The partition of `group` lacks records before the compaction point
     /// (a snapshot was installed, or a power cut took records a kill would
-    /// not): nothing is delivered until they are back, logged once per episode.
-    fn note_gap(&mut self, group: GroupId, end_offset: u64) {
+    /// not): nothing is delivered until they are fetched from a peer
+    /// ([`crate::replication::catchup`]), logged once per episode.
+    fn note_gap(&mut self, group: GroupId, partition: u32, end_offset: u64) {
         self.stats.gaps += 1;
         self.gaps.insert(group, Instant::now());
         let needed = self.store.borrow().log(group).map_or(0, |log| log.compacted.offset);
+        self.catchup.open(group, partition, end_offset, needed);
         self.gap_warnings.occur(
             Instant::now(),
             log::Level::Warn,
             log::Scope::process(),
             format_args!(
                 "replication: partition {} of group stream {:08x} ends at offset {end_offset}, before its group's \
-                 compaction point (offset {needed}): its records up to there must come from another replica, \
-                 which is not implemented yet; delivery to it waits",
+                 compaction point (offset {needed}): fetching the records up to there from another replica's \
+                 partition log; delivery to it waits until then",
                 group.partition, group.stream_id
             ),
         );
+    }
+
+    /// The global partition id of `group` on this node, if its stream is in
+    /// the catalog.
+    pub(crate) fn partition_of(&self, group: GroupId) -> Option<u32> {
+        let stream = self.streams.get(&group.stream_id)?;
+        (group.partition < stream.partitions).then(|| stream.base + group.partition)
+    }
+
+    /// The offset the partition of `group` must reach to close its gap:
+    /// its group's compaction point here.
+    pub(crate) fn gap_needed(&self, group: GroupId) -> Option<u64> {
+        self.store.borrow().log(group).map(|log| log.compacted.offset)
+    }
+
+    /// The other replicas of `group` a gap's records may come from, its
+    /// leader first.
+    pub(crate) fn gap_sources(&self, group: GroupId) -> Vec<NodeId> {
+        let Some(status) = self.host.status(group) else { return Vec::new() };
+        let others = status.voters.iter().chain(&status.learners).filter(|replica| **replica != status.leader);
+        std::iter::once(&status.leader)
+            .chain(others)
+            .filter(|replica| **replica != 0 && **replica != self.self_id)
+            .filter_map(|replica| self.node_ids.get(replica).copied())
+            .collect()
+    }
+
+    /// The gap of `group` is filled (or the group is no longer held here):
+    /// delivery goes on at its next round.
+    pub(crate) fn gap_filled(&mut self, group: GroupId) {
+        self.gaps.remove(&group);
+    }
+
+    /// How the gap fetches send to peers.
+    pub(crate) fn transport_handle(&self) -> TransportHandle {
+        self.transport.clone()
     }
 
     /// Answers the proposals of `group` delivered before `cursor`.
@@ -1147,10 +1214,11 @@ async fn deliver_once(
             node.durable_points.remove(&group);
             let Some(cursor) = node.cursor_for(group, end.end_offset) else {
                 node.cursors.remove(&group);
-                node.note_gap(group, end.end_offset);
+                node.note_gap(group, partition, end.end_offset);
                 return false;
             };
             node.gaps.remove(&group);
+            node.catchup.close(group);
             node.cursors.insert(group, cursor);
             node.answer_delivered(group, cursor);
             true
@@ -1160,7 +1228,7 @@ async fn deliver_once(
 
 /// Sends a delivery to the shard owning `partition`, trying the others when
 /// it moved; the shard's log end, or `None` when no shard answered.
-async fn ask_owner(
+pub(crate) async fn ask_owner(
     node: &RefCell<ReplicationNode>,
     controls: &[flume::Sender<crate::shard::control::ControlRequest>],
     group: GroupId,

@@ -16,10 +16,11 @@
 //! applied and their records durable in the partition's own log: the
 //! entries up to a point are dropped and the point ([`Compacted`]: index,
 //! term, configuration and the partition offset after it) is kept. A peer
-//! that needs a dropped entry gets a Raft snapshot of that point instead
-//! ([`GroupStorage`]'s `snapshot`), installed with [`LogStore::restore`];
-//! the partition's records before it come from a peer's partition log
-//! ([`crate::replication::node`], "Compaction and snapshots").
+//! that needs a dropped entry gets a Raft snapshot instead, of the newest
+//! applied entry ([`GroupLog::snapshot_point`], via [`GroupStorage`]'s
+//! `snapshot`), installed with [`LogStore::restore`]; the partition's
+//! records before it come from a peer's partition log
+//! ([`crate::replication::catchup`]).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -93,6 +94,31 @@ impl GroupLog {
 
     pub fn entry(&self, index: u64) -> Option<&Entry> {
         index.checked_sub(self.first_index()).and_then(|position| self.entries.get(usize::try_from(position).ok()?))
+    }
+
+    /// The point a snapshot describes: the last applied entry (at or past
+    /// the compaction point), with the configuration as of it and the
+    /// partition offset after it. Not the compaction point itself: its
+    /// configuration may predate a replica added since (a learner that
+    /// replaces one removed while it was down), and raft-rs refuses a
+    /// snapshot whose configuration lacks its recipient, so that replica
+    /// would wait until the next compaction, which may never come on an
+    /// idle group. The entries between the two points are still here, so
+    /// their term and record counts are known.
+    pub fn snapshot_point(&self) -> Compacted {
+        let index = self.applied.min(self.last_index());
+        let Some(term) = self.entry(index).map(|entry| entry.term).filter(|_| index >= self.conf_index) else {
+            return self.compacted.clone();
+        };
+        let records: u64 = self
+            .entries
+            .iter()
+            .take_while(|entry| entry.index <= index)
+            .filter(|entry| entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal)
+            .filter_map(|entry| crate::replication::frame::decode_proposal(&entry.data).ok())
+            .map(|(header, _)| u64::from(header.record_count))
+            .sum();
+        Compacted { index, term, conf_state: self.conf_state.clone(), offset: self.compacted.offset + records }
     }
 
     /// Bytes of entry data from `index` on (all of them from index 0).
@@ -348,15 +374,17 @@ impl<S: LogStore> raft::Storage for GroupStorage<S> {
         Ok(store.log(self.group).map_or(0, GroupLog::last_index))
     }
 
-    /// The compaction point: raft-rs asks only for a peer that needs an
-    /// entry before it (the partition's records come apart, module doc).
+    /// The newest applied point ([`GroupLog::snapshot_point`]): raft-rs
+    /// asks only for a peer that needs an entry before the compaction point
+    /// (the partition's records come apart, module doc).
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         let store = self.store.borrow();
         let log = store.log(self.group).ok_or_else(unavailable)?;
-        if log.compacted.index == 0 || log.compacted.index < request_index {
+        let point = log.snapshot_point();
+        if log.compacted.index == 0 || point.index < request_index {
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
-        Ok(log.compacted.to_snapshot())
+        Ok(point.to_snapshot())
     }
 }
 
@@ -366,6 +394,32 @@ mod tests {
 
     fn entry(index: u64, term: u64) -> Entry {
         Entry { index, term, ..Entry::default() }
+    }
+
+    /// A snapshot describes the last applied entry, not the compaction
+    /// point: the newest applied configuration (a learner added since is
+    /// in it, or raft-rs on the learner refuses the snapshot) and the
+    /// partition offset after the records of the entries in between.
+    #[test]
+    fn a_snapshot_describes_the_last_applied_entry() {
+        use crate::replication::frame::{ProposalHeader, encode_proposal};
+        let proposal = |index, term, record_count| {
+            let header = ProposalHeader { source_node: 1, source_sequence: index, record_count };
+            Entry { index, term, data: encode_proposal(header, b"records").into(), ..Entry::default() }
+        };
+        let voters = ConfState { voters: vec![1, 2], ..ConfState::default() };
+        let mut log = GroupLog {
+            compacted: Compacted { index: 10, term: 2, conf_state: voters.clone(), offset: 100 },
+            entries: vec![proposal(11, 2, 3), entry(12, 3), proposal(13, 3, 4), proposal(14, 3, 5)],
+            ..GroupLog::default()
+        };
+        let with_learner = ConfState { voters: vec![1, 2], learners: vec![3], ..ConfState::default() };
+        (log.applied, log.conf_state, log.conf_index) = (13, with_learner.clone(), 12);
+        let point = log.snapshot_point();
+        assert_eq!((point.index, point.term, point.offset), (13, 3, 107), "{point:?}");
+        assert_eq!(point.conf_state, with_learner);
+        log.applied = 10;
+        assert_eq!(log.snapshot_point(), log.compacted, "nothing applied past the compaction point");
     }
 
     /// A crash loses exactly the writes after the last sync, for every

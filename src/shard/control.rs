@@ -41,6 +41,9 @@ pub enum ControlRequest {
     /// Records a replicated partition's group committed, from the cluster
     /// thread ([`crate::shard::replicated::apply_committed`]).
     Committed(crate::replication::node::CommittedRecords),
+    /// A peer's read of a partition's records for its gap, from the
+    /// cluster thread ([`crate::shard::gap_read`]).
+    GapRead(crate::replication::catchup::GapRead),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
     Shutdown {
         deadline: Instant,
@@ -148,6 +151,7 @@ pub async fn serve_control(
             ControlRequest::Stream(request) => crate::shard::streams::handle(shard, request),
             ControlRequest::Aggregate(request) => crate::shard::aggregates::handle(shard, request),
             ControlRequest::Committed(committed) => crate::shard::replicated::apply_committed(shard, committed),
+            ControlRequest::GapRead(read) => crate::shard::gap_read::handle(shard, read),
             ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();

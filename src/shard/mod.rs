@@ -29,6 +29,7 @@ pub mod consolidation;
 pub mod control;
 pub mod disk_read;
 pub mod frame;
+pub mod gap_read;
 pub mod grants;
 pub mod groups;
 pub mod ingress;

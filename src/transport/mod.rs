@@ -88,6 +88,13 @@ pub enum Channel {
     /// A [`Channel::Propose`], the first of its group from this node since
     /// a refusal: the leader takes proposals of the group from it again.
     ProposeAfterRefusal = 8,
+    /// A replica's request for records its partition lacks before its
+    /// group's compaction point (a gap): a range of a peer's partition log
+    /// ([`crate::replication::catchup`]).
+    GapRead = 9,
+    /// The answer to a [`Channel::GapRead`]: a bounded chunk of records, or
+    /// why not ([`crate::replication::catchup`]).
+    GapRecords = 10,
 }
 
 impl Channel {
@@ -101,6 +108,8 @@ impl Channel {
             6 => Some(Channel::ProposeAck),
             7 => Some(Channel::ProposeRefused),
             8 => Some(Channel::ProposeAfterRefusal),
+            9 => Some(Channel::GapRead),
+            10 => Some(Channel::GapRecords),
             _ => None,
         }
     }

@@ -724,7 +724,9 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
             | Channel::Propose
             | Channel::ProposeAck
             | Channel::ProposeRefused
-            | Channel::ProposeAfterRefusal,
+            | Channel::ProposeAfterRefusal
+            | Channel::GapRead
+            | Channel::GapRecords,
         ) => {
             transport.replication.borrow_mut().push_back(inbound);
             transport.replication_ready.notify();
