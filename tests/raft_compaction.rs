@@ -217,8 +217,16 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
     let total = first_batch + EVENTS;
     let compacted_from = nodes[0].metric("spate_raft_log_compactions_total");
     assert!(compacted_from > 0.0, "node 0 compacted while the victim was down");
+    let files_read = |nodes: &[Server]| -> f64 {
+        nodes[..victim].iter().map(|node| node.metric("spate_storage_read_bytes_total")).sum()
+    };
+    let files_read_before = files_read(&nodes);
     nodes[victim].spawn();
     wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader after the restart", groups_ready);
+    wait_until_stream_holds(&nodes[victim], STREAM, &stream_ends(&nodes[0], STREAM), victim, CATCH_UP_WITHIN);
+    // No subscriber has read yet: what the peers read from their files
+    // was for the gap (past their 256 KiB tail cache per partition).
+    let files_read_for_gaps = files_read(&nodes) - files_read_before;
     check_replicas_agree(&nodes, 0, total);
     let gaps = nodes[victim].metric("spate_raft_partition_gaps_total");
     let fetched = nodes[victim].metric("spate_raft_gap_records_fetched_total");
@@ -226,10 +234,14 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
     let snapshots = nodes[victim].metric("spate_raft_snapshots_installed_total");
     eprintln!(
         "victim: ends before the kill {before:?}, {snapshots} snapshots installed, {gaps} gap deliveries held, \
-         {fetched} records ({fetched_bytes} bytes) fetched for gaps; ends now {:?}",
+         {fetched} records ({fetched_bytes} bytes) fetched for gaps; ends now {:?}; the peers read \
+         {files_read_for_gaps} bytes of segment files for it",
         stream_ends(&nodes[victim], STREAM)
     );
     assert!(gaps > 0.0, "the victim's partitions were behind a snapshot (ends before the kill: {before:?})");
     assert!(fetched > 0.0 && fetched_bytes > fetched, "the victim fetched {fetched} records ({fetched_bytes} bytes)");
     assert_eq!(nodes[victim].metric("spate_raft_gaps_open"), 0.0, "no gap left open");
+    let served: f64 = nodes[..victim].iter().map(|node| node.metric("spate_raft_gap_reads_served_total")).sum();
+    assert!(served > 0.0, "the peers served the gap reads");
+    assert!(files_read_for_gaps > 0.0, "the peers read the gap from their segment files");
 }
