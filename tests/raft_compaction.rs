@@ -33,9 +33,11 @@ const CATCH_UP_WITHIN: Duration = Duration::from_secs(60);
 /// "Membership"); its groups' leaders replace it soon after.
 const REMOVED_WITHIN: Duration = Duration::from_secs(60);
 
-fn start_node(seed: Option<SocketAddr>) -> (Server, SocketAddr) {
+fn start_node(seed: Option<SocketAddr>, extra: &[&str]) -> (Server, SocketAddr) {
     let bound = RAFT_LOG_BYTES_MAX.to_string();
-    common::start_cluster_node(seed, "4", &["--raft-log-bytes-max", &bound])
+    let mut flags = vec!["--raft-log-bytes-max", &bound];
+    flags.extend(extra);
+    common::start_cluster_node(seed, "4", &flags)
 }
 
 fn cluster_of(server: &Server) -> Value {
@@ -67,9 +69,14 @@ fn groups_ready(view: &Value) -> bool {
 /// Three nodes joined, the RF 3 stream on each, every group with its
 /// voters and a leader.
 fn start_cluster() -> Vec<Server> {
-    let (first, seed) = start_node(None);
-    let (second, _) = start_node(Some(seed));
-    let (third, _) = start_node(Some(seed));
+    start_cluster_with(&[])
+}
+
+/// [`start_cluster`] with `extra` flags on every node.
+fn start_cluster_with(extra: &[&str]) -> Vec<Server> {
+    let (first, seed) = start_node(None, extra);
+    let (second, _) = start_node(Some(seed), extra);
+    let (third, _) = start_node(Some(seed), extra);
     let nodes = vec![first, second, third];
     wait_for(&nodes, READY_WITHIN, "three members alive", |view| {
         view["members"]
@@ -184,6 +191,18 @@ fn a_node_killed_after_compaction_restarts_with_nothing_acknowledged_lost() {
     check_store_bounded(&nodes[victim], victim);
 }
 
+/// Waits until every group on `survivors` has two voters: the killed
+/// third node was seen down and removed.
+fn wait_until_removed(survivors: &[Server]) {
+    wait_for(survivors, REMOVED_WITHIN, "the victim removed from every group", |view| {
+        let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
+        let two_voters = groups.iter().filter(|group| {
+            group["stream"] == STREAM && group["voters"].as_array().is_some_and(|voters| voters.len() == 2)
+        });
+        two_voters.count() == PARTITIONS as usize
+    });
+}
+
 /// A node killed with kill -9 while the others compact their Raft logs past
 /// everything it has gets a snapshot on its restart, fetches the records
 /// its partitions lack from a peer (module doc of
@@ -204,13 +223,7 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
     // Seen down and replaced in every group before the others write and
     // compact: it comes back as a new learner, so the snapshot it gets
     // must name it in its configuration (the compaction point's does not).
-    wait_for(&nodes[..victim], REMOVED_WITHIN, "the victim removed from every group", |view| {
-        let groups = view["partitions"].as_array().map_or(&[][..], Vec::as_slice);
-        let two_voters = groups.iter().filter(|group| {
-            group["stream"] == STREAM && group["voters"].as_array().is_some_and(|voters| voters.len() == 2)
-        });
-        two_voters.count() == PARTITIONS as usize
-    });
+    wait_until_removed(&nodes[..victim]);
     // Six times the Raft log's bound while the victim is down: the others
     // compact past everything it has.
     produce(nodes[0].ingest, first_batch, EVENTS);
@@ -244,4 +257,39 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
     let served: f64 = nodes[..victim].iter().map(|node| node.metric("spate_raft_gap_reads_served_total")).sum();
     assert!(served > 0.0, "the peers served the gap reads");
     assert!(files_read_for_gaps > 0.0, "the peers read the gap from their segment files");
+}
+
+/// A gap no peer can fill, because every peer's retention deleted its
+/// records, is said so: the fetching node counts the answers
+/// (`spate_raft_gap_peer_lacked_total`), logs it naming the offsets, and
+/// keeps the gap open (`spate_raft_gaps_open`) rather than start its
+/// partition past a hole.
+#[test]
+fn a_gap_the_peers_retention_deleted_is_counted_and_logged() {
+    // 1 MiB segments, 2 MiB kept per partition: the peers keep about the
+    // last 9 000 of each partition's 25 000 events.
+    let mut nodes = start_cluster_with(&["--segment-bytes", "1048576", "--retention-bytes", "2097152"]);
+    let first_batch = EVENTS / 8;
+    produce(nodes[0].ingest, 0, first_batch);
+    for (index, node) in nodes.iter().enumerate() {
+        wait_until_stream_holds(node, STREAM, &stream_ends(&nodes[0], STREAM), index, CATCH_UP_WITHIN);
+    }
+    let victim = 2;
+    nodes[victim].crash();
+    wait_until_removed(&nodes[..victim]);
+    produce(nodes[0].ingest, first_batch, EVENTS);
+    nodes[victim].spawn();
+    let started = Instant::now();
+    let lacked = loop {
+        let lacked = nodes[victim].metric("spate_raft_gap_peer_lacked_total");
+        if lacked > 0.0 {
+            break lacked;
+        }
+        assert!(started.elapsed() < CATCH_UP_WITHIN, "no peer said it lacks the records: {}", nodes[victim].log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = nodes[victim].log();
+    assert!(log.contains("(retention deleted them)"), "logged: {log}");
+    assert!(nodes[victim].metric("spate_raft_gaps_open") > 0.0, "the gap stays open");
+    eprintln!("the victim's peers lacked the records {lacked} times");
 }
