@@ -234,9 +234,11 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
         nodes[..victim].iter().map(|node| node.metric("spate_storage_read_bytes_total")).sum()
     };
     let files_read_before = files_read(&nodes);
+    let restarted = Instant::now();
     nodes[victim].spawn();
     wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader after the restart", groups_ready);
     wait_until_stream_holds(&nodes[victim], STREAM, &stream_ends(&nodes[0], STREAM), victim, CATCH_UP_WITHIN);
+    let caught_up = restarted.elapsed();
     // No subscriber has read yet: what the peers read from their files
     // was for the gap (past their 256 KiB tail cache per partition).
     let files_read_for_gaps = files_read(&nodes) - files_read_before;
@@ -248,7 +250,7 @@ fn a_node_behind_the_compaction_point_fetches_the_gap_from_a_peer() {
     eprintln!(
         "victim: ends before the kill {before:?}, {snapshots} snapshots installed, {gaps} gap deliveries held, \
          {fetched} records ({fetched_bytes} bytes) fetched for gaps; ends now {:?}; the peers read \
-         {files_read_for_gaps} bytes of segment files for it",
+         {files_read_for_gaps} bytes of segment files for it; caught up {caught_up:?} after its restart",
         stream_ends(&nodes[victim], STREAM)
     );
     assert!(gaps > 0.0, "the victim's partitions were behind a snapshot (ends before the kill: {before:?})");
