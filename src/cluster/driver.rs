@@ -513,6 +513,10 @@ async fn replication_delivery(node: Rc<Node>, controls: Vec<flume::Sender<Contro
     loop {
         node.delivery_due.notified().await;
         crate::replication::node::deliver(replication, &controls).await;
+        // A gap found: its fetch starts (module doc of `catchup`).
+        if replication.borrow().catchup.open_count() > 0 {
+            node.catchup_due.notify();
+        }
     }
 }
 

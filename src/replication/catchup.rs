@@ -81,12 +81,9 @@ pub const GAP_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// [`GAP_BACKOFF_MS_MAX`], in ms.
 pub const GAP_BACKOFF_MS_MIN: u64 = 100;
 pub const GAP_BACKOFF_MS_MAX: u64 = 5_000;
-/// How often open fetches are looked at without any message, in ms.
+/// How often open fetches are looked at without any message, in ms (a
+/// node with none sleeps until a message or the delivery wakes it).
 const GAP_TICK_MS: u64 = 100;
-/// How often a node with no open fetch looks for new ones, in ms (a gap
-/// found by the delivery waits at most this long; the delivery itself
-/// looks again every second).
-const GAP_IDLE_TICK_MS: u64 = 1_000;
 /// How long a peer's read may take on its shard, in ms.
 const GAP_READ_TIMEOUT_MS: u64 = 5_000;
 
@@ -350,9 +347,10 @@ fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Runs the gap fetches and serves the peers' reads: woken by `due` (a gap
-/// message came) and every [`GAP_TICK_MS`] while a fetch is open (else
-/// every [`GAP_IDLE_TICK_MS`]); `delivery_due` is notified once a gap
-/// closes, so the delivery goes on at once.
+/// message came, or the delivery found a gap) and every [`GAP_TICK_MS`]
+/// while a fetch is open, so an idle node does not wake for it;
+/// `delivery_due` is notified once a gap closes, so the delivery goes on
+/// at once.
 pub async fn run(
     node: &RefCell<ReplicationNode>,
     controls: &[flume::Sender<ControlRequest>],
@@ -360,9 +358,12 @@ pub async fn run(
     delivery_due: &Notify,
 ) {
     loop {
-        let open = node.borrow().catchup.open_count() > 0;
-        let tick = glommio::timer::sleep(Duration::from_millis(if open { GAP_TICK_MS } else { GAP_IDLE_TICK_MS }));
-        futures_lite::future::or(due.notified(), tick).await;
+        if node.borrow().catchup.open_count() > 0 {
+            let tick = glommio::timer::sleep(Duration::from_millis(GAP_TICK_MS));
+            futures_lite::future::or(due.notified(), tick).await;
+        } else {
+            due.notified().await;
+        }
         loop {
             let Some(inbound) = node.borrow_mut().catchup.inbox.pop_front() else { break };
             let closed = match Channel::from_u8(inbound.channel) {
