@@ -513,7 +513,8 @@ async fn receive_records(
         }
         partition
     };
-    let records = answer.records.to_vec();
+    // The chunk's records as they came, no copy (the delivery takes Bytes).
+    let records = inbound.payload.slice(ANSWER_HEADER_BYTES..);
     let bytes = records.len() as u64;
     let end = crate::replication::node::ask_owner(node, controls, group, partition, answer.first_offset, records).await;
     let mut state = node.borrow_mut();
