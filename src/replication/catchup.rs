@@ -40,12 +40,13 @@
 //! # Memory
 //!
 //! Every buffer is bounded: the messages waiting for this module
-//! ([`GAP_INBOX_MAX`], each within the transport's window), per read being
-//! served one disk read ([`crate::shard::gap_read::DISK_READ_BYTES_MAX`])
-//! and three copies of a chunk (the shard's answer, the reply's payload,
-//! the transport's copy is the transport's own), and one chunk being
-//! appended here (twice: the answer and the delivery's copy): the memory
-//! formula's "replication: gap fetches" line ([`GAP_MEMORY_BYTES`]).
+//! ([`GAP_INBOX_MAX`], each within the transport's window); per read being
+//! served, one disk read ([`crate::shard::gap_read::DISK_READ_BYTES_MAX`])
+//! and three copies of a chunk (the records read from the files, the
+//! shard's answer, the reply's payload; each at most a transport frame);
+//! and the chunk being appended here (a slice of its message, held while
+//! its shard appends it; counted as two frames, an upper bound): the
+//! memory formula's "replication: gap fetches" line ([`GAP_MEMORY_BYTES`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -88,9 +89,9 @@ const GAP_TICK_MS: u64 = 100;
 const GAP_READ_TIMEOUT_MS: u64 = 5_000;
 
 /// The memory the gap fetches of a node may hold: per read served, a disk
-/// read and three chunks (each at most a transport frame); one chunk being
-/// appended, twice. (The messages waiting are within the transport's
-/// windows, counted there.)
+/// read and three chunks (each at most a transport frame); the chunk being
+/// appended, counted as two frames. (The messages waiting are within the
+/// transport's windows, counted there.)
 pub const GAP_MEMORY_BYTES: usize = GAP_SERVES_MAX
     * (crate::shard::gap_read::DISK_READ_BYTES_MAX + 3 * TRANSPORT_FRAME_BYTES_MAX)
     + 2 * TRANSPORT_FRAME_BYTES_MAX;
