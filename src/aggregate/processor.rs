@@ -350,7 +350,7 @@ impl PartitionProcessor {
             aggregate.key_count = keys.len() as u32;
             for (key, state) in keys {
                 let (row, _) = processor.keys.row_for(key);
-                *processor.keys.state_mut(row, column) = state;
+                processor.keys.set_state(row, column, state);
             }
             processor.aggregates.push(aggregate);
         }

@@ -40,7 +40,7 @@ use serde::Serialize;
 use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, TimeSource};
 use crate::aggregate::extract::{self, Input};
 use crate::aggregate::hll::{self, SketchPool};
-use crate::aggregate::keys::{KeyState, KeyTable, spilled_bytes};
+use crate::aggregate::keys::{KeyTable, OpenWindows, StateRef, spilled_bytes};
 use crate::aggregate::output::{ClosedWindow, KeyView, TopEntry, WindowView, top_order};
 
 /// A window's index in the sketch pool when it has no sketch.
@@ -240,7 +240,15 @@ impl AggregateState {
         };
         match self.window {
             None => Some(Prepared { input, first_start_ms: 0, last_start_ms: 0, step_ms: 1 }),
-            Some(_) => self.place(time_ms, input, event.partition, closing, keys, out),
+            Some(_) => {
+                // `place` gives the windows alone: passing it the 16-byte input made the
+                // caller store it in two halves and `place` load it whole, a store-forwarding
+                // stall that waits for every older store (the log copy, the last event's
+                // row) to reach the cache: 80 % of `place`'s samples (perf annotate).
+                let (first_start_ms, last_start_ms, step_ms) =
+                    self.place(time_ms, event.partition, closing, keys, out)?;
+                Some(Prepared { input, first_start_ms, last_start_ms, step_ms })
+            }
         }
     }
 
@@ -255,11 +263,11 @@ impl AggregateState {
         }
         let kind = self.declaration.kind;
         let windows_per_key = self.windows_per_key;
-        let state = table.state_mut(row, column);
+        let open = table.open_mut(row, column);
         let mut start_ms = prepared.first_start_ms;
         let mut refused = 0;
         while start_ms <= prepared.last_start_ms {
-            let added = add(state, &mut self.sketches, kind, windows_per_key, start_ms, offset, prepared.input);
+            let added = add(open, &mut self.sketches, kind, windows_per_key, start_ms, offset, prepared.input);
             refused += u64::from(!added);
             start_ms += prepared.step_ms;
         }
@@ -296,7 +304,7 @@ impl AggregateState {
         let state = table.state_mut(row, column);
         if !state.is_empty() {
             if let Some((size_ms, watermark_ms)) = expiry
-                && is_idle(state, size_ms, watermark_ms)
+                && is_idle(state.as_ref(), size_ms, watermark_ms)
             {
                 release(&mut self.sketches, state.last_closed.take().map(|window| window.sketch));
                 self.counters.keys_expired += 1;
@@ -327,10 +335,10 @@ impl AggregateState {
         self.collected_at_watermark_ms = Some(watermark_ms);
         let sketches = &mut self.sketches;
         let mut expired = 0;
-        table.visit_column(column, Some(keep), |_, state| {
-            if !state.is_empty() && is_idle(state, size_ms, watermark_ms) {
+        table.visit_column(column, Some(keep), |_, mut state| {
+            if !state.is_empty() && is_idle(state.as_ref(), size_ms, watermark_ms) {
                 release(sketches, state.last_closed.map(|window| window.sketch));
-                *state = KeyState::default();
+                state.clear();
                 expired += 1;
             }
         });
@@ -339,16 +347,16 @@ impl AggregateState {
     }
 
     /// Moves time forward to `time_ms` (closing what the watermark passes)
-    /// and gives the windows the event goes to, or `None` when it is late.
+    /// and gives the windows the event goes to (first and last start, and
+    /// the step between them), or `None` when it is late.
     fn place<F: FnMut(&ClosedWindow<'_>)>(
         &mut self,
         time_ms: u64,
-        input: Input,
         partition: u32,
         closing: &mut Closing,
         keys: Column<'_>,
         out: &mut F,
-    ) -> Option<Prepared> {
+    ) -> Option<(u64, u64, u64)> {
         let (size_ms, step_ms) = self.window.expect("windowed");
         if self.max_time_ms.is_some_and(|max_time_ms| time_ms < max_time_ms) {
             self.counters.out_of_order_events += 1;
@@ -374,7 +382,7 @@ impl AggregateState {
         if first_start_ms > oldest_start_ms {
             self.counters.late_partial_events += 1;
         }
-        Some(Prepared { input, first_start_ms, last_start_ms, step_ms })
+        Some((first_start_ms, last_start_ms, step_ms))
     }
 
     /// Raises the watermark to `candidate_ms` if that is later, then closes
@@ -435,7 +443,7 @@ impl AggregateState {
         let mut min_open_end_ms = u64::MAX;
         let mut expired = 0;
         let sketches = &mut self.sketches;
-        table.visit_column(column, keep, |key, state| {
+        table.visit_column(column, keep, |key, mut state| {
             if state.is_empty() {
                 return;
             }
@@ -447,9 +455,9 @@ impl AggregateState {
             }
             if let Some(first) = state.open.first() {
                 min_open_end_ms = min_open_end_ms.min(first.start_ms + size_ms);
-            } else if is_idle(state, size_ms, watermark_ms) {
+            } else if is_idle(state.as_ref(), size_ms, watermark_ms) {
                 release(sketches, state.last_closed.map(|window| window.sketch));
-                *state = KeyState::default();
+                state.clear();
                 expired += 1;
             }
         });
@@ -489,7 +497,7 @@ impl AggregateState {
     }
 
     /// One key's windows, for `GET /aggregates/NAME?key=K`.
-    pub(crate) fn view(&self, state: &KeyState, partition: u32) -> Option<KeyView> {
+    pub(crate) fn view(&self, state: StateRef<'_>, partition: u32) -> Option<KeyView> {
         let open: Vec<WindowView> = state.open.iter().map(|window| self.window_view(window)).collect();
         let last_closed = self.visible_last_closed(state).map(|window| self.window_view(window));
         if open.is_empty() && last_closed.is_none() {
@@ -499,7 +507,7 @@ impl AggregateState {
         Some(KeyView { aggregate: self.declaration.name.clone(), partition, watermark_ms, open, last_closed })
     }
 
-    fn visible_last_closed<'s>(&self, state: &'s KeyState) -> Option<&'s WindowState> {
+    fn visible_last_closed<'s>(&self, state: StateRef<'s>) -> Option<&'s WindowState> {
         let (size_ms, _) = self.window?;
         let watermark_ms = self.watermark_ms?;
         state.last_closed.as_ref().filter(|_| !is_idle(state, size_ms, watermark_ms))
@@ -563,7 +571,7 @@ impl AggregateState {
     /// this aggregate's spilled windows, its sketches.
     pub(crate) fn memory_bytes(&self, (table, column): (&KeyTable, usize)) -> u64 {
         let share = table.shared_bytes() / table.columns().max(1);
-        let spilled: usize = table.iter_column(column).map(|(_, state)| spilled_bytes(state)).sum();
+        let spilled: usize = table.iter_column(column).map(|(_, state)| spilled_bytes(state.open)).sum();
         (share + spilled + self.sketches.capacity_bytes()) as u64
     }
 }
@@ -593,7 +601,7 @@ pub(crate) struct Event<'a> {
 
 /// A key with no open window whose last closed window ended at least one
 /// window size before the watermark.
-fn is_idle(state: &KeyState, size_ms: u64, watermark_ms: u64) -> bool {
+fn is_idle(state: StateRef<'_>, size_ms: u64, watermark_ms: u64) -> bool {
     state.open.is_empty() && state.last_closed.is_none_or(|window| window.start_ms + 2 * size_ms <= watermark_ms)
 }
 
@@ -617,7 +625,7 @@ pub(crate) fn value(kind: AggregateKind, window: &WindowState, sketches: &Sketch
 /// needed. `false` when the key has no room for another open window.
 #[inline]
 fn add(
-    state: &mut KeyState,
+    open: &mut OpenWindows,
     sketches: &mut SketchPool,
     kind: AggregateKind,
     windows_per_key: usize,
@@ -626,17 +634,17 @@ fn add(
     input: Input,
 ) -> bool {
     // Windows are sorted by start; the event's is nearly always the last.
-    let position = state.open.iter().rposition(|window| window.start_ms <= start_ms);
+    let position = open.iter().rposition(|window| window.start_ms <= start_ms);
     let index = match position {
-        Some(index) if state.open[index].start_ms == start_ms => index,
-        _ if state.open.len() >= windows_per_key => return false,
+        Some(index) if open[index].start_ms == start_ms => index,
+        _ if open.len() >= windows_per_key => return false,
         other => {
             let index = other.map_or(0, |index| index + 1);
-            state.open.insert(index, WindowState::open(start_ms, kind, sketches));
+            open.insert(index, WindowState::open(start_ms, kind, sketches));
             index
         }
     };
-    state.open[index].add(kind, offset, input, sketches);
+    open[index].add(kind, offset, input, sketches);
     true
 }
 
