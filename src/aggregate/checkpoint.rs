@@ -364,12 +364,13 @@ fn decode_key(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Result
         _ => return Err(reader.error("last_closed present")),
     };
     let open_count = reader.u16("open window count")? as usize;
-    if open_count > aggregate.windows_per_key || (aggregate.window.is_none() && last_closed.is_some()) {
+    let windows_per_key = usize::from(aggregate.windows_per_key);
+    if open_count > windows_per_key || (aggregate.window.is_none() && last_closed.is_some()) {
         return Err(reader.error("open window count"));
     }
     let mut state = KeyState { open: Default::default(), last_closed };
-    if aggregate.windows_per_key > 1 {
-        state.open.reserve_exact(aggregate.windows_per_key);
+    if windows_per_key > 1 {
+        state.open.reserve_exact(windows_per_key);
     }
     for _ in 0..open_count {
         let window = decode_window(reader, aggregate)?;
