@@ -106,6 +106,17 @@ impl Partition {
         record.log_record.len() as u64
     }
 
+    /// Starts fetching what appending its next event touches: the struct,
+    /// the log's tail, its aggregates' state ([`PartitionProcessor::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self) {
+        crate::runtime::prefetch::prefetch_lines(self as *const Partition, 2);
+        self.log.prefetch_tail();
+        if let Some(processor) = &self.processor {
+            processor.prefetch();
+        }
+    }
+
     /// Folds the events since the last sample into the rates.
     /// Returns the events/s of the interval alone.
     pub fn sample_rates(&mut self, elapsed_ms: u64, now_ms: u64) -> f64 {
