@@ -255,6 +255,54 @@ fn check_once_in_order(read: &BTreeMap<u32, Vec<Delivered>>) {
     }
 }
 
+/// Partitions of the stream each burst spreads over: a batch then makes a
+/// proposal for almost every partition.
+const SPREAD_PARTITIONS: u32 = 256;
+const SPREAD_EVENTS: u64 = 40_000;
+/// Events between two `#SYNC`s.
+const SPREAD_BURST: u64 = 200;
+const SPREAD_KEYS: u64 = 1_000;
+/// How long the whole run may take, every `#SYNC` answered (under a second
+/// on a quiet box; before the shard waited for room in its queue to the
+/// cluster thread, most answers took tens of seconds or never came).
+const SPREAD_WITHIN: Duration = Duration::from_secs(30);
+
+/// A producer whose bursts each touch almost all of 256 replicated
+/// partitions, with a `#SYNC` after every burst and the answers read only
+/// at the end, gets every `OK` within the bound, and every event is stored
+/// once and in per-key order.
+#[test]
+fn syncs_of_bursts_spread_over_many_partitions_are_all_answered() {
+    let (nodes, _) = start_replicated_cluster(SPREAD_PARTITIONS);
+    let started = Instant::now();
+    let mut producer = common::Producer::connect(nodes[0].server.ingest);
+    producer.set_timeout(SPREAD_WITHIN);
+    producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+    let mut syncs_written = 0;
+    for sequence in 0..SPREAD_EVENTS {
+        producer.send(format!("s{} {sequence}\n", sequence % SPREAD_KEYS).as_bytes());
+        if sequence % SPREAD_BURST == SPREAD_BURST - 1 {
+            producer.send(format!("#SYNC burst{sequence}\n").as_bytes());
+            syncs_written += 1;
+        }
+    }
+    let replies = producer.sync();
+    let elapsed = started.elapsed();
+    assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+    assert_eq!(replies.len(), syncs_written + 1, "{replies:?}");
+    assert!(elapsed < SPREAD_WITHIN, "every #SYNC answered only after {elapsed:?}");
+    let committed = stream_ends(&nodes[0].server, STREAM);
+    assert_eq!(committed.iter().sum::<u64>(), SPREAD_EVENTS, "offsets on node 0: {committed:?}");
+    let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for event in read_stream(&nodes[0].server, STREAM, &committed).values().flatten() {
+        let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
+        if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
+            assert!(sequence > last, "key {:?}: {sequence} after {last}", String::from_utf8_lossy(&event.key));
+        }
+    }
+    assert_eq!(last_by_key.len() as u64, SPREAD_KEYS, "keys stored");
+}
+
 /// Partitions of the stream replicated on two of three nodes.
 const PARTIAL_PARTITIONS: u32 = 8;
 /// Events each of the three producers sends to it.

@@ -454,13 +454,8 @@ async fn replication_inbox(node: Rc<Node>) {
 async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<ProposalRequest>) {
     let Some(replication) = &node.replication else { return };
     while let Ok(request) = proposals.recv_async().await {
-        let mut state = replication.borrow_mut();
-        state.propose(request);
-        for _ in 0..PROPOSALS_PER_ROUND_MAX {
-            let Ok(request) = proposals.try_recv() else { break };
-            state.propose(request);
-        }
-        drop(state);
+        let queued = std::iter::once(request).chain(proposals.try_iter().take(PROPOSALS_PER_ROUND_MAX));
+        replication.borrow_mut().propose_queued(queued);
         node.round_due.notify();
     }
 }

@@ -337,13 +337,18 @@ pub const FORMULA: &[FormulaLine] = &[
         storage: None,
         expression: || {
             format!(
-                "cluster * ({} * {} + credit_window_bytes * S * S)",
+                "cluster * ({} * {} + credit_window_bytes * S * S + 2 * S * {} * {} + {})",
                 TRANSPORT_PEERS_MAX,
-                size(crate::replication::node::UNSENT_BYTES_MAX)
+                size(crate::replication::node::UNSENT_BYTES_MAX),
+                crate::shard::replicated::PROPOSALS_OUTSTANDING_MAX,
+                crate::shard::replicated::PROPOSAL_REQUEST_BYTES,
+                size(crate::replication::node::DELIVERY_WAVE_BYTES_MAX)
             )
         },
         what: "replication: the proposals of the batches in flight (a copy of their records, within the \
-               credit windows; at most 256 batches per shard) and per peer what waits for room in its queue",
+               credit windows; at most 256 batches and 4096 proposals per shard), the queue from the shards to \
+               the cluster thread (room for each proposal twice, its bookkeeping), per peer what waits for room \
+               in its queue, and one wave of committed records delivered to the shards",
         bytes: |config| {
             if config.cluster_address().is_none() {
                 return 0;
@@ -351,7 +356,12 @@ pub const FORMULA: &[FormulaLine] = &[
             let shards = config.shard_count();
             sum(&[
                 product(&[shards, shards, config.credit_window_bytes()]),
+                product(&[
+                    crate::shard::replicated::proposal_queue_capacity(shards),
+                    crate::shard::replicated::PROPOSAL_REQUEST_BYTES,
+                ]),
                 product(&[TRANSPORT_PEERS_MAX, crate::replication::node::UNSENT_BYTES_MAX]),
+                crate::replication::node::DELIVERY_WAVE_BYTES_MAX,
             ])
         },
     },

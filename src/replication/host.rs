@@ -560,6 +560,13 @@ impl<S: LogStore> ReplicaHost<S> {
         self.groups.get(&group).map(|state| state.raw.raft.leader_id)
     }
 
+    /// The commit index of `group` here (what [`ReplicaHost::status`] says,
+    /// without copying the configuration): the delivery reads it for every
+    /// group every round.
+    pub fn commit_of(&self, group: GroupId) -> Option<u64> {
+        self.groups.get(&group).map(|state| state.raw.raft.raft_log.committed)
+    }
+
     /// Wakes `group` if it is quiet: a proposal came for it and this node
     /// knows no leader (a quiet follower never ticks, so it would never
     /// campaign nor hear of one; awake, it does either within an election

@@ -54,6 +54,23 @@
 //! order ([`ProposalRequest`]), so a refusal never lets a later batch
 //! overtake an earlier one.
 //!
+//! A batch spread over many partitions makes one small proposal per
+//! partition (a 10 ms tick of 1000 events over 256 partitions: about 250).
+//! Three things keep that from costing per batch what it costs per group:
+//! - the proposals one drain of the shards' queue takes are proposed as
+//!   runs ([`ReplicationNode::propose_queued`]): a (shard, group)'s
+//!   consecutive proposals become one entry, answered together;
+//! - committed records go to the shards in waves ([`deliver`]): every due
+//!   group's delivery is sent before any answer is awaited, so a round
+//!   costs one wait for the shard, not one per group;
+//! - a shard never finds its queue to this thread full: it waits for room
+//!   among its own outstanding proposals
+//!   ([`crate::shard::replicated::PROPOSALS_OUTSTANDING_MAX`]), and the
+//!   queue holds each of them twice. (Before, a full queue refused the
+//!   proposal as if there were no leader, every refusal made the shard
+//!   propose the group's later ones again, and at 256 partitions the
+//!   queue never drained: most `#SYNC`s waited tens of seconds.)
+//!
 //! # Refused forwards
 //!
 //! A leader may not take a forwarded proposal: raft-rs drops proposals
@@ -133,8 +150,14 @@ pub const PROPOSAL_TIMEOUT_MS: u64 = 10_000;
 /// Proposals waiting for their commit at once; more are refused (the
 /// shards' credit windows keep them far below).
 pub const PROPOSALS_PENDING_MAX: usize = 65_536;
+/// Bytes of records one entry carries when several queued proposals of a
+/// (shard, group) are proposed together (module doc, "Pipelining").
+pub const PROPOSAL_RUN_BYTES_MAX: usize = 256 << 10;
 /// Bytes of records delivered to a shard in one request.
 pub const DELIVERY_BYTES_MAX: usize = 1 << 20;
+/// Bytes of records in the deliveries sent to the shards at once (one
+/// wave, [`deliver`]); a wave may pass it by one delivery.
+pub const DELIVERY_WAVE_BYTES_MAX: usize = 8 << 20;
 /// Bytes of Raft batches and forwarded proposals kept for one peer while
 /// the transport's queue to it is full (module doc, "Pipelining"); past it
 /// a Raft batch is dropped (Raft sends its entries again) and a forwarded
@@ -195,6 +218,8 @@ pub enum ProposalRefused {
     /// The node it was forwarded to did not take it (a leadership transfer,
     /// a full Raft log): module doc, "Refused forwards".
     LeaderRefused,
+    /// The queue from the shard to the cluster thread had no room.
+    NotQueued,
 }
 
 impl std::fmt::Display for ProposalRefused {
@@ -207,6 +232,7 @@ impl std::fmt::Display for ProposalRefused {
             ProposalRefused::TooManyPending => write!(f, "{PROPOSALS_PENDING_MAX} proposals are pending"),
             ProposalRefused::OutOfOrder => write!(f, "an earlier proposal of this shard and partition was refused"),
             ProposalRefused::LeaderRefused => write!(f, "the leader it was forwarded to did not take it"),
+            ProposalRefused::NotQueued => write!(f, "the queue to the cluster thread is full"),
         }
     }
 }
@@ -218,7 +244,7 @@ pub struct CommittedRecords {
     /// The global partition id.
     pub partition: u32,
     pub first_offset: u64,
-    pub records: Vec<u8>,
+    pub records: Bytes,
     pub reply: flume::Sender<Option<PartitionEnd>>,
 }
 
@@ -285,6 +311,102 @@ struct Cursor {
 /// Where a proposal's answer goes (the shard's [`ProposalRequest::reply`]).
 type Reply = flume::Sender<Result<(), ProposalRefused>>;
 
+/// The answers of the proposals one entry carries: a run of one
+/// (shard, group)'s proposals, in their order (module doc, "Pipelining").
+struct Replies(Vec<Reply>);
+
+impl Replies {
+    /// Answers every proposal of the run: all committed, or the first
+    /// refused for `reason` and the later ones out of order behind it
+    /// (the shard proposes the first again, then the rest).
+    fn answer(&mut self, result: Result<(), ProposalRefused>) {
+        for (index, reply) in self.0.drain(..).enumerate() {
+            let answer = match result {
+                Err(_) if index > 0 => Err(ProposalRefused::OutOfOrder),
+                other => other,
+            };
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+/// Proposals of one (shard, group) with consecutive sequences, taken in
+/// one drain of the shards' queue: proposed as one entry.
+struct Run {
+    group: GroupId,
+    shard: u16,
+    first_sequence: u64,
+    last_sequence: u64,
+    resync: bool,
+    records: Vec<Bytes>,
+    bytes: usize,
+    record_count: u32,
+    replies: Replies,
+}
+
+impl Run {
+    fn of(request: ProposalRequest) -> Run {
+        Run {
+            group: request.group,
+            shard: request.shard,
+            first_sequence: request.sequence,
+            last_sequence: request.sequence,
+            resync: request.resync,
+            bytes: request.records.len(),
+            records: vec![request.records],
+            record_count: request.record_count,
+            replies: Replies(vec![request.reply]),
+        }
+    }
+
+    /// Takes `request` at the run's end if it follows it; gives it back
+    /// if not.
+    fn extend(&mut self, request: ProposalRequest) -> Result<(), ProposalRequest> {
+        let follows = !request.resync
+            && request.sequence == self.last_sequence + 1
+            && self.bytes + request.records.len() <= PROPOSAL_RUN_BYTES_MAX;
+        if !follows {
+            return Err(request);
+        }
+        self.last_sequence = request.sequence;
+        self.bytes += request.records.len();
+        self.records.push(request.records);
+        self.record_count = self.record_count.saturating_add(request.record_count);
+        self.replies.0.push(request.reply);
+        Ok(())
+    }
+}
+
+/// The runs of `requests`: each (shard, group)'s proposals with
+/// consecutive sequences together, in their order, a (shard, group)'s
+/// later runs after its earlier ones.
+fn runs_of(requests: impl IntoIterator<Item = ProposalRequest>) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    // The run each (shard, group) extends: its last, so order holds.
+    let mut last: HashMap<(u16, GroupId), usize> = HashMap::new();
+    for request in requests {
+        let key = (request.shard, request.group);
+        let request = match last.get(&key) {
+            Some(&index) => match runs[index].extend(request) {
+                Ok(()) => continue,
+                Err(request) => request,
+            },
+            None => request,
+        };
+        last.insert(key, runs.len());
+        runs.push(Run::of(request));
+    }
+    runs
+}
+
+/// A run's records as one frame (the records of log format concatenate).
+fn joined(parts: &[Bytes]) -> std::borrow::Cow<'_, [u8]> {
+    match parts {
+        [one] => std::borrow::Cow::Borrowed(&one[..]),
+        parts => std::borrow::Cow::Owned(parts.concat()),
+    }
+}
+
 struct Pending {
     group: GroupId,
     /// The proposing shard and its sequence ([`ProposalRequest`]).
@@ -292,7 +414,7 @@ struct Pending {
     shard_sequence: u64,
     /// The node it was forwarded to; `None` when proposed here.
     sent_to: Option<NodeId>,
-    reply: Reply,
+    replies: Replies,
     since: Instant,
     /// When the leader said it is committed ([`Channel::ProposeAck`]).
     committed_at: Option<Instant>,
@@ -353,7 +475,7 @@ pub struct ReplicationNode {
     /// Acknowledged proposals waiting for their delivery to this node's
     /// shard, and since when (answered OK anyway after
     /// [`REMOTE_ACK_GRACE_MS`]: they are committed).
-    acked: Vec<(Ack, Reply, Instant)>,
+    acked: Vec<(Ack, Replies, Instant)>,
     /// (Proposing node, group) pairs whose forwarded proposals this node
     /// refuses until one comes as [`Channel::ProposeAfterRefusal`] (module
     /// doc, "Refused forwards"); at most [`REFUSING_MAX`].
@@ -531,60 +653,82 @@ impl ReplicationNode {
     /// Takes a shard's proposal: proposes it here, forwards it to the
     /// leader, or answers why not.
     pub fn propose(&mut self, request: ProposalRequest) {
-        let refuse = |reason| {
-            let _ = request.reply.send(Err(reason));
-        };
+        self.propose_run(Run::of(request));
+    }
+
+    /// Takes the proposals the shards queued since the last drain, each
+    /// (shard, group)'s consecutive ones as one entry: a batch spread over
+    /// many partitions makes one small proposal per partition, and one
+    /// entry per group per round keeps the Raft work per round bounded by
+    /// the groups, not the batches (module doc, "Pipelining").
+    pub fn propose_queued(&mut self, requests: impl IntoIterator<Item = ProposalRequest>) {
+        for run in runs_of(requests) {
+            self.propose_run(run);
+        }
+    }
+
+    fn propose_run(&mut self, mut run: Run) {
+        match self.take_run(&run) {
+            Ok((sequence, sent_to)) => {
+                self.expected.insert((run.shard, run.group), run.last_sequence + 1);
+                let pending = Pending {
+                    group: run.group,
+                    shard: run.shard,
+                    shard_sequence: run.first_sequence,
+                    sent_to,
+                    replies: run.replies,
+                    since: Instant::now(),
+                    committed_at: None,
+                };
+                self.pending.insert(sequence, pending);
+                let in_flight = self.in_flight.entry(run.group).or_default();
+                in_flight.0 += 1;
+                in_flight.1 = in_flight.1.max(in_flight.0);
+            }
+            Err(reason) => run.replies.answer(Err(reason)),
+        }
+    }
+
+    /// Proposes a run here or forwards it to the leader: this node's
+    /// sequence for it and where it went (`None`: here), or why not.
+    fn take_run(&mut self, run: &Run) -> Result<(u64, Option<NodeId>), ProposalRefused> {
         // A shard numbers each group's proposals from 0 (both live as long
         // as the process), so a later one never overtakes a first refused.
-        let order_key = (request.shard, request.group);
-        let expected = *self.expected.entry(order_key).or_insert(0);
-        if !request.resync && expected != request.sequence {
-            return refuse(ProposalRefused::OutOfOrder);
+        let expected = *self.expected.entry((run.shard, run.group)).or_insert(0);
+        if !run.resync && expected != run.first_sequence {
+            return Err(ProposalRefused::OutOfOrder);
         }
-        let replica_leader = self.host.leader_of(request.group);
-        let leader = replica_leader.unwrap_or_else(|| self.leader_elsewhere(request.group));
+        let replica_leader = self.host.leader_of(run.group);
+        let leader = replica_leader.unwrap_or_else(|| self.leader_elsewhere(run.group));
         if self.store.borrow().is_full() {
             self.note_full();
-            return refuse(ProposalRefused::StoreFull);
+            return Err(ProposalRefused::StoreFull);
         }
         if self.pending.len() >= PROPOSALS_PENDING_MAX {
-            return refuse(ProposalRefused::TooManyPending);
+            return Err(ProposalRefused::TooManyPending);
         }
         let sequence = self.next_sequence;
         let header =
-            ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: request.record_count };
+            ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: run.record_count };
         let sent_to = if leader == self.self_id {
-            if self.host.propose(request.group, header, &request.records).is_err() {
-                return refuse(ProposalRefused::NoLeader);
+            if self.host.propose(run.group, header, &joined(&run.records)).is_err() {
+                return Err(ProposalRefused::NoLeader);
             }
             None
         } else if let Some(leader) = self.node_ids.get(&leader).filter(|_| leader != 0) {
             let leader = *leader;
-            if !self.forward(leader, request.group, header, &request.records) {
-                return refuse(ProposalRefused::NoLeader);
+            if !self.forward(leader, run.group, header, &joined(&run.records)) {
+                return Err(ProposalRefused::NoLeader);
             }
             Some(leader)
         } else if replica_leader.is_none() {
-            return refuse(ProposalRefused::NotAReplica);
+            return Err(ProposalRefused::NotAReplica);
         } else {
-            self.host.wake_group(request.group);
-            return refuse(ProposalRefused::NoLeader);
+            self.host.wake_group(run.group);
+            return Err(ProposalRefused::NoLeader);
         };
         self.next_sequence += 1;
-        self.expected.insert(order_key, request.sequence + 1);
-        let pending = Pending {
-            group: request.group,
-            shard: request.shard,
-            shard_sequence: request.sequence,
-            sent_to,
-            reply: request.reply,
-            since: Instant::now(),
-            committed_at: None,
-        };
-        self.pending.insert(sequence, pending);
-        let in_flight = self.in_flight.entry(request.group).or_default();
-        in_flight.0 += 1;
-        in_flight.1 = in_flight.1.max(in_flight.0);
+        Ok((sequence, sent_to))
     }
 
     /// Where a proposal for a group this node holds no replica of goes: the
@@ -707,14 +851,14 @@ impl ReplicationNode {
         refused.sort_unstable();
         let mut restarted = HashSet::new();
         for later in refused {
-            let Some(pending) = self.pending.remove(&later) else { continue };
+            let Some(mut pending) = self.pending.remove(&later) else { continue };
             self.leave_flight(group);
             let first_of_shard = restarted.insert(pending.shard);
             if first_of_shard {
                 self.expected.insert((pending.shard, group), pending.shard_sequence);
             }
             let reason = if first_of_shard { ProposalRefused::LeaderRefused } else { ProposalRefused::OutOfOrder };
-            let _ = pending.reply.send(Err(reason));
+            pending.replies.answer(Err(reason));
         }
         self.restart.insert(group);
     }
@@ -738,8 +882,8 @@ impl ReplicationNode {
             pending.committed_at.get_or_insert_with(Instant::now);
             return;
         }
-        if let Some(pending) = self.pending.remove(&sequence) {
-            let _ = pending.reply.send(Ok(()));
+        if let Some(mut pending) = self.pending.remove(&sequence) {
+            pending.replies.answer(Ok(()));
             self.leave_flight(group);
         }
     }
@@ -782,7 +926,7 @@ impl ReplicationNode {
                 && self.leave_flight(pending.group)
                 && pending.group == ack.group
             {
-                self.acked.push((ack, pending.reply, Instant::now()));
+                self.acked.push((ack, pending.replies, Instant::now()));
                 if let Some(cursor) = self.cursors.get(&ack.group).copied() {
                     self.answer_delivered(ack.group, cursor);
                 }
@@ -857,7 +1001,7 @@ impl ReplicationNode {
             let expired = committed || pending.since.elapsed() > timeout;
             if expired {
                 let answer = if committed { Ok(()) } else { Err(ProposalRefused::TimedOut) };
-                let _ = pending.reply.send(answer);
+                pending.replies.answer(answer);
                 expired_groups.push(pending.group);
             }
             !expired
@@ -868,10 +1012,10 @@ impl ReplicationNode {
         // Committed, but this node's partition has not got them (its group
         // was dropped or waits for records before a compaction point): the
         // promise is the commit, so they are answered.
-        self.acked.retain(|(_, reply, since)| {
+        self.acked.retain_mut(|(_, replies, since)| {
             let due = since.elapsed() > grace;
             if due {
-                let _ = reply.send(Ok(()));
+                replies.answer(Ok(()));
             }
             !due
         });
@@ -886,12 +1030,12 @@ impl ReplicationNode {
             if group.partition >= stream.partitions {
                 continue;
             }
-            let Some(status) = self.host.status(group) else { continue };
+            let Some(commit) = self.host.commit_of(group) else { continue };
             if self.gaps.get(&group).is_some_and(|since| since.elapsed() < Duration::from_millis(GAP_RETRY_MS)) {
                 continue;
             }
             let cursor = self.cursors.get(&group);
-            if cursor.is_none_or(|cursor| cursor.index <= status.commit) {
+            if cursor.is_none_or(|cursor| cursor.index <= commit) {
                 due.push((group, stream.base + group.partition));
             }
         }
@@ -904,7 +1048,7 @@ impl ReplicationNode {
     fn committed_records(&self, group: GroupId, cursor: Cursor) -> (Vec<u8>, Cursor) {
         let store = self.store.borrow();
         let Some(log) = store.log(group) else { return (Vec::new(), cursor) };
-        let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
+        let commit = self.host.commit_of(group).unwrap_or(0).min(log.last_index());
         let (mut records, mut next) = (Vec::new(), cursor);
         while next.index <= commit && records.len() < DELIVERY_BYTES_MAX {
             let Some(entry) = log.entry(next.index) else { break };
@@ -931,7 +1075,7 @@ impl ReplicationNode {
         if end_offset < cursor.offset {
             return None;
         }
-        let commit = self.host.status(group).map_or(0, |status| status.commit).min(log.last_index());
+        let commit = self.host.commit_of(group).unwrap_or(0).min(log.last_index());
         while cursor.index <= commit {
             let count = log
                 .entry(cursor.index)
@@ -1020,10 +1164,10 @@ impl ReplicationNode {
 
     /// Answers the proposals of `group` delivered before `cursor`.
     fn answer_delivered(&mut self, group: GroupId, cursor: Cursor) {
-        self.acked.retain(|(ack, reply, _)| {
+        self.acked.retain_mut(|(ack, replies, _)| {
             let delivered = ack.group == group && ack.index < cursor.index;
             if delivered {
-                let _ = reply.send(Ok(()));
+                replies.answer(Ok(()));
             }
             !delivered
         });
@@ -1094,45 +1238,107 @@ impl ReplicationNode {
 
 /// Delivers committed records to the shards (module doc, step 3) until
 /// nothing is due; then answers what was delivered.
+///
+/// Deliveries go in waves: every due group's next records are sent to its
+/// shard at once, up to [`DELIVERY_WAVE_BYTES_MAX`], and the answers are
+/// taken after; one at a time, a round touching 150 groups waited for 150
+/// thread round trips to the shard in a row, which held every `#SYNC` of
+/// a stream with many partitions for tens of milliseconds. A group has at
+/// most one delivery in flight, so its records still arrive in order.
 pub async fn deliver(
     node: &RefCell<ReplicationNode>,
     controls: &[flume::Sender<crate::shard::control::ControlRequest>],
 ) {
-    let due = node.borrow().next_delivery();
-    for (group, partition) in due {
-        for _ in 0..64 {
-            if !deliver_once(node, controls, group, partition).await {
-                break;
-            }
+    let mut due = node.borrow().next_delivery();
+    for _ in 0..64 {
+        if due.is_empty() {
+            break;
         }
+        due = deliver_wave(node, controls, &due).await;
     }
 }
 
-/// One delivery to `group`'s shard; returns whether there may be more.
-async fn deliver_once(
-    node: &RefCell<ReplicationNode>,
-    controls: &[flume::Sender<crate::shard::control::ControlRequest>],
+/// A delivery sent, waiting for its shard's answer.
+struct InDelivery {
     group: GroupId,
     partition: u32,
-) -> bool {
-    let first_index = node.borrow().store.borrow().log(group).map_or(1, |log| log.first_index());
-    // A cursor before the compaction point (a snapshot came): learn again.
-    let known = node.borrow().cursors.get(&group).copied().filter(|cursor| cursor.index >= first_index);
-    let (records, first_offset, after) = match known {
-        Some(cursor) => {
-            let (records, after) = node.borrow().committed_records(group, cursor);
-            if after.index == cursor.index {
-                return false;
-            }
-            (records, cursor.offset, Some(after))
+    first_offset: u64,
+    after: Option<Cursor>,
+    shard: u16,
+    records: Bytes,
+    answer: flume::Receiver<Option<PartitionEnd>>,
+}
+
+/// One wave of deliveries (see [`deliver`]): the groups that may have
+/// more, for the next wave.
+async fn deliver_wave(
+    node: &RefCell<ReplicationNode>,
+    controls: &[flume::Sender<crate::shard::control::ControlRequest>],
+    due: &[(GroupId, u32)],
+) -> Vec<(GroupId, u32)> {
+    let mut more = Vec::new();
+    let mut sent = Vec::new();
+    let mut wave_bytes = 0;
+    for &(group, partition) in due {
+        if wave_bytes >= DELIVERY_WAVE_BYTES_MAX {
+            more.push((group, partition));
+            continue;
         }
-        // Learn where the shard's log ends first (an empty delivery).
-        None => (Vec::new(), u64::MAX, None),
-    };
-    let Some(end) = ask_owner(node, controls, group, partition, first_offset, records).await else {
-        return false;
-    };
-    let mut node = node.borrow_mut();
+        let first_index = node.borrow().store.borrow().log(group).map_or(1, |log| log.first_index());
+        // A cursor before the compaction point (a snapshot came): learn again.
+        let known = node.borrow().cursors.get(&group).copied().filter(|cursor| cursor.index >= first_index);
+        let (records, first_offset, after) = match known {
+            Some(cursor) => {
+                let (records, after) = node.borrow().committed_records(group, cursor);
+                if after.index == cursor.index {
+                    continue;
+                }
+                (records, cursor.offset, Some(after))
+            }
+            // Learn where the shard's log ends first (an empty delivery).
+            None => (Vec::new(), u64::MAX, None),
+        };
+        let records = Bytes::from(records);
+        wave_bytes += records.len();
+        let shard = node.borrow().owners.get(&group).copied().unwrap_or(0);
+        let Some(control) = controls.get(usize::from(shard)) else { continue };
+        let (reply, answer) = flume::bounded(1);
+        let request = CommittedRecords { partition, first_offset, records: records.clone(), reply };
+        if control.send_async(crate::shard::control::ControlRequest::Committed(request)).await.is_err() {
+            continue;
+        }
+        sent.push(InDelivery { group, partition, first_offset, after, shard, records, answer });
+    }
+    let deadline = Instant::now() + Duration::from_millis(DELIVERY_TIMEOUT_MS);
+    for delivery in sent {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = async {
+            glommio::timer::sleep(left).await;
+            Ok(None)
+        };
+        let end = match futures_lite::future::or(delivery.answer.recv_async(), timeout).await {
+            Ok(Some(end)) => Some(end),
+            // Not this shard's (the partition moved) or no answer in time:
+            // the other shards in turn.
+            Ok(None) | Err(_) => {
+                ask_owner(node, controls, delivery.group, delivery.partition, delivery.first_offset, delivery.records)
+                    .await
+            }
+        };
+        let Some(end) = end else { continue };
+        if delivery.after.is_some_and(|_| !node.borrow().owners.contains_key(&delivery.group)) {
+            node.borrow_mut().owners.insert(delivery.group, delivery.shard);
+        }
+        if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.after, end) {
+            more.push((delivery.group, delivery.partition));
+        }
+    }
+    more
+}
+
+/// Takes a shard's answer to a delivery: moves the group's cursor and
+/// answers what it delivered; whether there may be more to deliver.
+fn settle_delivery(node: &mut ReplicationNode, group: GroupId, after: Option<Cursor>, end: PartitionEnd) -> bool {
     match after {
         Some(after) if after.offset == end.end_offset => {
             node.cursors.insert(group, after);
@@ -1166,7 +1372,7 @@ async fn ask_owner(
     group: GroupId,
     partition: u32,
     first_offset: u64,
-    records: Vec<u8>,
+    records: Bytes,
 ) -> Option<PartitionEnd> {
     let first = node.borrow().owners.get(&group).copied().unwrap_or(0);
     let count = controls.len() as u16;
@@ -1217,4 +1423,89 @@ pub fn append_committed(
         end += 1;
     }
     end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORDERS: GroupId = GroupId { stream_id: 7, partition: 0 };
+    const OTHER: GroupId = GroupId { stream_id: 7, partition: 1 };
+
+    fn request(
+        shard: u16,
+        group: GroupId,
+        sequence: u64,
+        resync: bool,
+        records: &[u8],
+    ) -> (ProposalRequest, flume::Receiver<Result<(), ProposalRefused>>) {
+        let (reply, answer) = flume::bounded(1);
+        let request = ProposalRequest {
+            group,
+            shard,
+            sequence,
+            resync,
+            records: Bytes::copy_from_slice(records),
+            record_count: 1,
+            reply,
+        };
+        (request, answer)
+    }
+
+    fn shape(runs: &[Run]) -> Vec<(u16, u32, u64, u64, u32, Vec<u8>)> {
+        runs.iter()
+            .map(|run| {
+                let records = joined(&run.records).into_owned();
+                (run.shard, run.group.partition, run.first_sequence, run.last_sequence, run.record_count, records)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn consecutive_proposals_of_a_shard_and_group_become_one_run_in_order() {
+        let requests = vec![
+            request(0, ORDERS, 4, false, b"a").0,
+            request(0, OTHER, 9, false, b"x").0,
+            request(1, ORDERS, 0, false, b"p").0,
+            request(0, ORDERS, 5, false, b"b").0,
+            request(0, ORDERS, 6, false, b"c").0,
+            request(0, OTHER, 10, false, b"y").0,
+        ];
+        assert_eq!(
+            shape(&runs_of(requests)),
+            vec![(0, 0, 4, 6, 3, b"abc".to_vec()), (0, 1, 9, 10, 2, b"xy".to_vec()), (1, 0, 0, 0, 1, b"p".to_vec()),]
+        );
+    }
+
+    #[test]
+    fn a_gap_a_resync_or_the_byte_bound_starts_a_later_run() {
+        let big = vec![b'z'; PROPOSAL_RUN_BYTES_MAX];
+        let requests = vec![
+            request(0, ORDERS, 1, false, b"a").0,
+            request(0, ORDERS, 3, false, b"c").0,
+            request(0, ORDERS, 4, true, b"d").0,
+            request(0, ORDERS, 5, false, b"e").0,
+            request(0, ORDERS, 6, false, &big).0,
+        ];
+        let runs = runs_of(requests);
+        let sequences: Vec<(u64, u64)> = runs.iter().map(|run| (run.first_sequence, run.last_sequence)).collect();
+        assert_eq!(sequences, vec![(1, 1), (3, 3), (4, 5), (6, 6)]);
+        assert!(runs[2].resync && !runs[1].resync, "a resync opens its own run");
+    }
+
+    #[test]
+    fn a_refused_run_refuses_its_first_proposal_and_puts_the_rest_behind_it() {
+        let (first, first_answer) = request(0, ORDERS, 0, false, b"a");
+        let (second, second_answer) = request(0, ORDERS, 1, false, b"b");
+        let mut runs = runs_of(vec![first, second]);
+        runs[0].replies.answer(Err(ProposalRefused::NoLeader));
+        assert_eq!(first_answer.try_recv(), Ok(Err(ProposalRefused::NoLeader)));
+        assert_eq!(second_answer.try_recv(), Ok(Err(ProposalRefused::OutOfOrder)));
+
+        let (first, first_answer) = request(0, ORDERS, 2, false, b"c");
+        let (second, second_answer) = request(0, ORDERS, 3, false, b"d");
+        let mut runs = runs_of(vec![first, second]);
+        runs[0].replies.answer(Ok(()));
+        assert_eq!((first_answer.try_recv(), second_answer.try_recv()), (Ok(Ok(())), Ok(Ok(()))));
+    }
 }

@@ -30,10 +30,6 @@ pub struct ClusterStart {
     pub proposals: Option<flume::Sender<ProposalRequest>>,
 }
 
-/// Proposals queued from the shards to the cluster thread at once (each
-/// shard has at most one batch's worth per partition in flight).
-const PROPOSALS_QUEUED_MAX: usize = 4096;
-
 /// Reads (or creates) the node identity and binds the cluster socket.
 /// Called with the data directory locked, before any shard starts.
 pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
@@ -74,7 +70,7 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
         Storage::Memory => FileLogStore::in_memory(),
     }
     .with_entry_bytes_max(config.raft_log_bytes_max);
-    let (proposals, receiver) = flume::bounded(PROPOSALS_QUEUED_MAX);
+    let (proposals, receiver) = flume::bounded(crate::shard::replicated::proposal_queue_capacity(config.shard_count()));
     Ok(ClusterStart {
         identity,
         socket: Some(socket),

@@ -23,9 +23,13 @@
 //! Order: a key's records go to one partition, hence one group, and a
 //! shard proposes a group's records in the order it takes the batches. The
 //! cluster thread takes a (shard, group)'s proposals only in their sequence
-//! ([`ProposalRequest`]): once one is refused (no leader yet, queue full),
+//! ([`ProposalRequest`]): once one is refused (no leader yet),
 //! the later ones in flight are refused too, and the completer, going
-//! through the batches in order, proposes each again in turn. The bytes in
+//! through the batches in order, proposes each again in turn, the first
+//! after [`PROPOSE_RETRY_FIRST_MS`] and longer while refusals go on. The
+//! applier also waits while the shard has [`PROPOSALS_OUTSTANDING_MAX`]
+//! proposals in flight, so its queue to the cluster thread always has
+//! room. The bytes in
 //! flight are bounded by the credit windows as before (a batch's credits
 //! come back only when it is applied); its replicated records are held
 //! twice meanwhile, in the batch's buffer and in the proposal.
@@ -46,12 +50,40 @@ use crate::runtime::notify::Notify;
 use crate::shard::Shard;
 use crate::stream::Catalog;
 
-/// How long a refused proposal waits before it is made again, in ms.
+/// How long a refused proposal waits before it is made again, at most, in
+/// ms: the first retry comes after [`PROPOSE_RETRY_FIRST_MS`], and each
+/// refusal in a row doubles the wait up to this. The completer waits for
+/// the proposal at the head of the shard's queue, so a refusal during a
+/// leadership move (a few ms) should not hold every batch behind it for
+/// the full wait.
 pub const PROPOSE_RETRY_MS: u64 = 100;
+/// The first wait after a refusal, in ms ([`PROPOSE_RETRY_MS`]).
+pub const PROPOSE_RETRY_FIRST_MS: u64 = 5;
 /// Batches with replicated records a shard has proposed and not yet
 /// applied (module doc, "Pipelining"); the applier waits past it. Their
 /// bytes are within the shard's credit windows.
 pub const INFLIGHT_BATCHES_MAX: usize = 256;
+/// Proposals of the batches in flight per shard: a batch touching many
+/// partitions makes one proposal per partition, so the batch bound alone
+/// would let 256 batches of 256 partitions queue 65 536 requests. The
+/// applier waits past it (unless nothing is in flight, so one batch
+/// touching more partitions still goes). The queue to the cluster thread
+/// holds twice this per shard ([`proposal_queue_capacity`]), so a
+/// proposal is never refused for want of room.
+pub const PROPOSALS_OUTSTANDING_MAX: usize = 4096;
+
+/// Bytes of bookkeeping of one queued proposal (the request, its answer
+/// channel and the shard's record of it; the records are counted in the
+/// credit windows), for the memory formula.
+pub const PROPOSAL_REQUEST_BYTES: usize = 256;
+
+/// Room in the queue from the shards to the cluster thread: each
+/// outstanding proposal has at most two requests in it at once (the one
+/// the cluster thread has not taken yet, and the one proposed again behind
+/// a refused earlier proposal of its group).
+pub fn proposal_queue_capacity(shards: usize) -> usize {
+    2 * shards.max(1) * PROPOSALS_OUTSTANDING_MAX
+}
 
 /// The replicated partitions of the catalog, and the way to the cluster
 /// thread.
@@ -68,6 +100,8 @@ pub struct ShardReplication {
     /// Batches submitted and not yet applied (the queue and the one the
     /// completer holds).
     inflight_count: Cell<usize>,
+    /// Proposals of the batches in flight ([`PROPOSALS_OUTSTANDING_MAX`]).
+    outstanding: Cell<usize>,
     completer_running: Cell<bool>,
     /// Wakes the applier waiting for room in the queue.
     room: Notify,
@@ -83,6 +117,7 @@ impl Default for ShardReplication {
             sequences: RefCell::default(),
             inflight: RefCell::default(),
             inflight_count: Cell::new(0),
+            outstanding: Cell::new(0),
             completer_running: Cell::new(false),
             room: Notify::default(),
         }
@@ -174,9 +209,13 @@ pub async fn submit(shard: &Rc<Shard>, source: u16, mut batch: DataBatch) {
         shard.apply_local(source, batch).await;
         return;
     }
-    while replication.inflight_count.get() >= INFLIGHT_BATCHES_MAX {
+    while replication.inflight_count.get() >= INFLIGHT_BATCHES_MAX
+        || (replication.inflight_count.get() > 0
+            && replication.outstanding.get() + proposals.len() > PROPOSALS_OUTSTANDING_MAX)
+    {
         replication.room.notified().await;
     }
+    replication.outstanding.set(replication.outstanding.get() + proposals.len());
     let sender = replication.proposals.borrow().clone();
     let sent = match sender {
         Some(sender) => proposals
@@ -213,6 +252,7 @@ async fn complete(shard: Rc<Shard>) {
         await_commits(&shard, &mut inflight.sent).await;
         shard.apply_local(inflight.source, inflight.batch).await;
         replication.inflight_count.set(replication.inflight_count.get() - 1);
+        replication.outstanding.set(replication.outstanding.get() - inflight.sent.len());
         replication.room.notify();
     }
 }
@@ -221,6 +261,7 @@ async fn complete(shard: Rc<Shard>) {
 /// (with the same sequence, so in order) those refused.
 async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
     for item in sent {
+        let mut retry_ms = PROPOSE_RETRY_FIRST_MS;
         loop {
             let refused = match item.answer.take() {
                 Some(answer) => match answer.recv_async().await {
@@ -229,7 +270,10 @@ async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
                     // The cluster thread dropped it unanswered: taken or not.
                     Err(_) => ProposalRefused::TimedOut,
                 },
-                None => ProposalRefused::NoLeader,
+                // The queue to the cluster thread was full: it has room for
+                // every outstanding proposal twice, so only a cluster thread
+                // that stopped taking them gets here.
+                None => ProposalRefused::NotQueued,
             };
             // Out of order: every earlier proposal of the group is committed
             // (the completer goes in order), so the cluster thread expects
@@ -241,7 +285,8 @@ async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
                 crate::shard::metrics::ShardMetrics::add(&shard.metrics.replication_refusals, 1);
             } else {
                 note_refusal(shard, item.proposal.group, refused);
-                glommio::timer::sleep(Duration::from_millis(PROPOSE_RETRY_MS)).await;
+                glommio::timer::sleep(Duration::from_millis(retry_ms)).await;
+                retry_ms = (retry_ms * 2).min(PROPOSE_RETRY_MS);
             }
             let Some(sender) = shard.replication.proposals.borrow().clone() else { continue };
             let timed_out = refused == ProposalRefused::TimedOut;
@@ -340,7 +385,7 @@ fn note_refusal(shard: &Shard, group: GroupId, refused: ProposalRefused) {
         log::Level::Warn,
         log::Scope::shard(shard.id()),
         format_args!(
-            "replication: records for partition {} of group stream {:08x} wait: {refused} (retrying every {PROPOSE_RETRY_MS} ms)",
+            "replication: records for partition {} of group stream {:08x} wait: {refused} (retrying within {PROPOSE_RETRY_MS} ms)",
             group.partition, group.stream_id
         ),
     );
