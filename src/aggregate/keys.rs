@@ -395,4 +395,38 @@ mod tests {
         table.remove_column(0);
         assert_eq!(table.columns(), 0);
     }
+
+    /// A key whose only state is a last closed window (the cold half) stays in the table, in
+    /// its column and across restrides; clearing both halves lets it go; and a state set from a
+    /// checkpoint lands in the right halves.
+    #[test]
+    fn the_cold_half_alone_keeps_a_key() {
+        let mut table = KeyTable::default();
+        table.add_column();
+        table.add_column();
+        let (dave, _) = table.row_for(b"dave");
+        let (erin, _) = table.row_for(b"erin");
+        *table.state_mut(dave, 1).last_closed = Some(window(5000));
+        table.set_state(
+            erin,
+            0,
+            KeyState { open: [window(7000)].into_iter().collect(), last_closed: Some(window(6000)) },
+        );
+        table.remove_if_empty(b"dave", dave);
+        table.visit_column(0, None, |_, _| {});
+        assert_eq!(table.row(b"dave"), Some(dave), "a last closed window alone keeps the key");
+        table.add_column();
+        assert_eq!(table.state(dave, 1).last_closed.map(|window| window.start_ms), Some(5000));
+        assert!(table.state(dave, 1).open.is_empty() && table.state(dave, 2).is_empty());
+        let erin_state = table.state(erin, 0);
+        assert_eq!(
+            (erin_state.open[0].start_ms, erin_state.last_closed.map(|window| window.start_ms)),
+            (7000, Some(6000))
+        );
+        assert_eq!(table.iter_column(1).map(|(key, _)| key.to_vec()).collect::<Vec<_>>(), vec![b"dave".to_vec()]);
+        table.visit_column(1, None, |_, mut state| state.clear());
+        assert_eq!((table.row(b"dave"), table.len()), (None, 1), "cleared: dave goes, erin stays");
+        table.remove_column(1);
+        assert_eq!(table.state(erin, 0).last_closed.map(|window| window.start_ms), Some(6000));
+    }
 }
