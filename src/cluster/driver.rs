@@ -14,7 +14,7 @@
 //! its shards' load when `GET /cluster` asks, so an idle single node wakes
 //! no more than before.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use crate::cluster::membership::{DATAGRAM_BYTES_MAX, MemberView, Membership, Mem
 use crate::replication::host::RAFT_TICK_MS;
 use crate::replication::node::{ProposalRequest, ReplicationNode};
 use crate::runtime::log;
-use crate::runtime::notify::Notify;
+use crate::runtime::notify::{Notify, WaitList};
 use crate::shard::control::ControlRequest;
 use crate::transport::{Channel, PeerView, Transport, TransportHandle, TransportSetup};
 
@@ -178,6 +178,11 @@ struct Node {
     flush_due: Notify,
     /// Wakes the tick task of a node that had no group: one may exist now.
     replication_wake: Notify,
+    /// A round is between its two halves, its sync on the blocking thread
+    /// ([`replication_round`]): nothing may step a group meanwhile.
+    round_syncing: Cell<bool>,
+    /// Wakes the tasks that wait for the round's second half.
+    round_synced: WaitList,
 }
 
 impl Node {
@@ -244,6 +249,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         round_due: Notify::default(),
         flush_due: Notify::default(),
         replication_wake: Notify::default(),
+        round_syncing: Cell::new(false),
+        round_synced: WaitList::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -284,6 +291,7 @@ async fn serve_requests(
             }
             ClusterRequest::Streams(streams) => {
                 if let Some(replication) = &node.replication {
+                    between_rounds(node).await;
                     replication.borrow_mut().set_streams(&streams);
                     node.replication_wake.notify();
                 }
@@ -410,19 +418,17 @@ async fn replication_ticks(node: Rc<Node>) {
             continue;
         }
         glommio::timer::sleep(Duration::from_millis(RAFT_TICK_MS)).await;
+        between_rounds(&node).await;
         let members = node.membership.borrow().members();
         let mut state = replication.borrow_mut();
         state.set_members(&members);
         state.bootstrap_groups();
         state.host.tick();
-        state.round();
         state.expire_proposals();
-        let waiting = state.has_unsent();
         drop(state);
-        node.delivery_due.notify();
-        if waiting {
-            node.flush_due.notify();
-        }
+        // The rounds task runs the round (one at a time: its sync is off
+        // the thread, replication_round).
+        node.round_due.notify();
     }
 }
 
@@ -432,6 +438,7 @@ async fn replication_inbox(node: Rc<Node>) {
     let (Some(replication), Some(transport)) = (&node.replication, node.transport.clone()) else { return };
     loop {
         let mut next = Some(transport.next_replication().await);
+        between_rounds(&node).await;
         let mut state = replication.borrow_mut();
         for _ in 0..INBOUND_PER_ROUND_MAX {
             let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
@@ -454,6 +461,7 @@ async fn replication_inbox(node: Rc<Node>) {
 async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<ProposalRequest>) {
     let Some(replication) = &node.replication else { return };
     while let Ok(request) = proposals.recv_async().await {
+        between_rounds(&node).await;
         let queued = std::iter::once(request).chain(proposals.try_iter().take(PROPOSALS_PER_ROUND_MAX));
         replication.borrow_mut().propose_queued(queued);
         node.round_due.notify();
@@ -469,16 +477,38 @@ async fn replication_rounds(node: Rc<Node>) {
     loop {
         node.round_due.notified().await;
         futures_lite::future::yield_now().await;
-        let waiting = {
-            let mut state = replication.borrow_mut();
-            state.round();
-            state.has_unsent()
-        };
+        replication_round(&node, replication).await;
+        let waiting = replication.borrow().has_unsent();
         node.delivery_due.notify();
         if waiting {
             node.flush_due.notify();
         }
     }
+}
+
+/// One round: the first half, then the Raft log's write and fdatasync on
+/// glommio's blocking thread, then the second half. Meanwhile this thread
+/// goes on sending (the leaders' appends were shipped by the first half,
+/// so a leader's sync overlaps its followers'), receiving bytes and
+/// delivering committed records; what steps a group waits
+/// ([`between_rounds`]), since raft-rs takes nothing new between a
+/// `Ready` and its advance.
+async fn replication_round(node: &Node, replication: &RefCell<ReplicationNode>) {
+    let job = replication.borrow_mut().round_unsynced();
+    if let Some(job) = job {
+        node.round_syncing.set(true);
+        let written = job.bytes();
+        let result = glommio::executor().spawn_blocking(move || job.run()).await;
+        replication.borrow().finish_sync(written, result);
+        node.round_syncing.set(false);
+    }
+    replication.borrow_mut().round_synced();
+    node.round_synced.wake_all();
+}
+
+/// Waits while a round is between its halves ([`replication_round`]).
+async fn between_rounds(node: &Node) {
+    node.round_synced.wait_until(|| !node.round_syncing.get()).await;
 }
 
 /// Moves what waits for a full transport queue into it as room comes,

@@ -6,7 +6,9 @@
 //! [`MemoryLogStore`]) and every change is also a record appended to one
 //! file, `<data-dir>/replication/raft.log`. [`LogStore::sync`] writes the
 //! records of the round and fdatasyncs the file once, so one sync covers
-//! every group of the node, as the host's round requires. A start reads the
+//! every group of the node, as the host's round requires (the cluster
+//! thread takes that write as a [`SyncJob`] and runs it on a blocking
+//! thread, [`FileLogStore::take_sync_job`]). A start reads the
 //! file back up to its first torn or corrupt record (what a crash left
 //! unsynced) and truncates it there.
 //!
@@ -69,6 +71,27 @@ const KIND_APPLIED: u8 = 5;
 const KIND_REMOVE: u8 = 6;
 const KIND_COMPACT: u8 = 7;
 const KIND_RESTORE: u8 = 8;
+
+/// One round's records to append to the log file and fdatasync, on a
+/// thread that may block ([`FileLogStore::take_sync_job`]).
+pub struct SyncJob {
+    file: std::io::Result<File>,
+    bytes: Vec<u8>,
+}
+
+impl SyncJob {
+    /// Bytes it writes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    /// Appends the records (the file is in append mode) and syncs them.
+    pub fn run(self) -> std::io::Result<()> {
+        let mut file = self.file?;
+        file.write_all(&self.bytes)?;
+        file.sync_data()
+    }
+}
 
 /// The node's Raft store: memory, plus a log file when storage is on disk.
 pub struct FileLogStore {
@@ -257,6 +280,46 @@ impl FileLogStore {
         self.pending[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     }
 
+    /// Takes the records queued for the next sync as a job to run off the
+    /// cluster thread ([`SyncJob::run`]), so the thread keeps sending,
+    /// receiving and delivering during the fdatasync; `None` when there is
+    /// nothing to write or no file (memory). [`FileLogStore::finish_sync`]
+    /// must follow before anything else syncs the store.
+    pub fn take_sync_job(&mut self) -> Option<SyncJob> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let file = self.file.as_ref()?.try_clone();
+        let bytes = std::mem::take(&mut self.pending);
+        Some(SyncJob { file, bytes })
+    }
+
+    /// Counts a finished [`SyncJob`] (`written` bytes); a failed one ends
+    /// the process as a failed [`LogStore::sync`] does.
+    pub fn finish_sync(&mut self, written: u64, result: std::io::Result<()>) {
+        self.syncs += 1;
+        let result = result.and_then(|()| {
+            self.file_bytes += written;
+            if self.file_bytes > self.rewrite_threshold_bytes() {
+                // Whatever was queued meanwhile is in memory: the rewrite
+                // carries the live state of every group, those included.
+                self.rewrite()?;
+            }
+            Ok(())
+        });
+        if let Err(error) = result {
+            self.exit_on_failed_write(&error);
+        }
+    }
+
+    fn exit_on_failed_write(&self, error: &std::io::Error) -> ! {
+        let path = self.path.as_deref().map(Path::display);
+        log::error!(
+            "replication: writing the Raft log {path:?} failed ({error}); stopping, as it may have lost what it acknowledged"
+        );
+        std::process::exit(70);
+    }
+
     fn write_pending(&mut self) -> std::io::Result<()> {
         let Some(file) = self.file.as_mut() else { return Ok(()) };
         file.write_all(&self.pending)?;
@@ -404,11 +467,7 @@ impl LogStore for FileLogStore {
             return;
         }
         if let Err(error) = self.write_pending() {
-            let path = self.path.as_deref().map(Path::display);
-            log::error!(
-                "replication: writing the Raft log {path:?} failed ({error}); stopping, as it may have lost what it acknowledged"
-            );
-            std::process::exit(70);
+            self.exit_on_failed_write(&error);
         }
     }
 }

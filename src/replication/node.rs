@@ -63,6 +63,12 @@
 //! - committed records go to the shards in waves ([`deliver`]): every due
 //!   group's delivery is sent before any answer is awaited, so a round
 //!   costs one wait for the shard, not one per group;
+//! - a round's Raft log write and fdatasync run on glommio's blocking
+//!   thread, between the round's two halves: the leaders' appends leave
+//!   before the sync (their followers write and sync meanwhile), and this
+//!   thread keeps sending, receiving bytes and delivering; what steps a
+//!   group waits for the second half (raft-rs takes nothing new between a
+//!   `Ready` and its advance);
 //! - a shard never finds its queue to this thread full: it waits for room
 //!   among its own outstanding proposals
 //!   ([`crate::shard::replicated::PROPOSALS_OUTSTANDING_MAX`]), and the
@@ -132,7 +138,7 @@ use bytes::Bytes;
 use crate::cluster::NodeId;
 use crate::cluster::membership::{MemberState, MemberView};
 use crate::protocol::record::decode_log_record;
-use crate::replication::file_store::FileLogStore;
+use crate::replication::file_store::{FileLogStore, SyncJob};
 use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
 use crate::replication::host::{Ack, HostConfig, ProposeError, ReplicaHost};
 use crate::replication::placement::{Candidate, desired_replicas};
@@ -908,18 +914,46 @@ impl ReplicationNode {
     }
 
     /// Processes every group's ready state, ships the peer batches and
-    /// takes this node's acknowledged proposals.
+    /// takes this node's acknowledged proposals, the store synced here
+    /// (the cluster thread syncs off the thread between
+    /// [`Self::round_unsynced`] and [`Self::round_synced`]).
     pub fn round(&mut self) {
-        self.flush_unsent();
-        self.host.process();
-        for batch in self.host.take_batches() {
-            let Some(peer) = self.node_ids.get(&batch.to).copied() else { continue };
-            let sent = batch.encode().ok().map(|bytes| self.send_to_peer(peer, Channel::Raft, Bytes::from(bytes)));
-            if sent != Some(true) {
-                // Raft retransmits what a peer did not get.
-                self.batches_dropped += 1;
-            }
+        if let Some(job) = self.round_unsynced() {
+            let written = job.bytes();
+            let result = job.run();
+            self.store.borrow_mut().finish_sync(written, result);
         }
+        self.round_synced();
+    }
+
+    /// The first half of a round ([`ReplicaHost::process_unsynced`]): the
+    /// leaders' appends are shipped, and what the store must sync before
+    /// the second half is returned as a job.
+    pub fn round_unsynced(&mut self) -> Option<SyncJob> {
+        self.flush_unsent();
+        self.host.process_unsynced();
+        self.ship_batches();
+        if !self.host.take_unsynced_writes() {
+            return None;
+        }
+        let job = self.store.borrow_mut().take_sync_job();
+        if job.is_none() {
+            // Memory storage: nothing to write.
+            self.store.borrow_mut().sync();
+        }
+        job
+    }
+
+    /// Counts a sync job of [`Self::round_unsynced`] done.
+    pub fn finish_sync(&self, written: u64, result: std::io::Result<()>) {
+        self.store.borrow_mut().finish_sync(written, result);
+    }
+
+    /// The second half of a round, once the store is synced: what waited
+    /// for the sync is shipped, and acknowledged proposals are taken.
+    pub fn round_synced(&mut self) {
+        self.host.process_synced();
+        self.ship_batches();
         self.send_forwarded_acks();
         for ack in self.host.take_acks() {
             if let Some(pending) = self.pending.remove(&ack.header.source_sequence)
@@ -930,6 +964,18 @@ impl ReplicationNode {
                 if let Some(cursor) = self.cursors.get(&ack.group).copied() {
                     self.answer_delivered(ack.group, cursor);
                 }
+            }
+        }
+    }
+
+    /// Sends the host's Raft batches to their peers.
+    fn ship_batches(&mut self) {
+        for batch in self.host.take_batches() {
+            let Some(peer) = self.node_ids.get(&batch.to).copied() else { continue };
+            let sent = batch.encode().ok().map(|bytes| self.send_to_peer(peer, Channel::Raft, Bytes::from(bytes)));
+            if sent != Some(true) {
+                // Raft retransmits what a peer did not get.
+                self.batches_dropped += 1;
             }
         }
     }
