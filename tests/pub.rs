@@ -93,3 +93,38 @@ fn pub_without_a_server_exits_three() {
     assert_eq!(output.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&output.stderr).contains("connect"));
 }
+
+/// With several `--server` addresses `spate pub` and `spate sub` use the
+/// first that answers (a cluster's nodes, one of them down): the events
+/// go through the live server and `spate sub` reads them back; with none
+/// answering, the error names each address tried.
+#[test]
+fn pub_and_sub_take_several_servers_and_use_the_first_that_answers() {
+    let server = Server::start(&[]);
+    let dead =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let path = write_events("several", 500, None);
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["pub", "--server", &format!("{dead},{}", server.ingest)])
+        .arg(&path)
+        .output()
+        .expect("run spate pub");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "spate pub failed: {stderr}");
+    assert_eq!(wait_for_stored(&server, 500), 500);
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["sub", "--server", &format!("{dead}, {}", server.subscribe), "--count", "500"])
+        .output()
+        .expect("run spate sub");
+    assert_eq!(output.status.code(), Some(0), "spate sub failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 500);
+    let other_dead =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["pub", "--server", &format!("{dead},{other_dead}"), "/dev/null"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains(&dead) && stderr.contains(&other_dead) && stderr.contains("none answered"), "{stderr}");
+}

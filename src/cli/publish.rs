@@ -68,7 +68,9 @@ impl Format {
 /// `spate pub` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PubArgs {
-    /// Server address [default: by --format: lines 127.0.0.1:9400, json 127.0.0.1:9403, ilp 127.0.0.1:9009].
+    /// Server address; several, comma-separated (nodes of a cluster): the
+    /// first that answers is used [default: by --format: lines
+    /// 127.0.0.1:9400, json 127.0.0.1:9403, ilp 127.0.0.1:9009].
     #[arg(long)]
     pub server: Option<String>,
     /// Publish to this stream: sends `#STREAM <name>` before the input.
@@ -191,8 +193,9 @@ impl LineMap {
 
 /// Sends everything and waits for the final acknowledgement.
 pub fn publish(args: &PubArgs) -> Result<PubReport, PubError> {
-    let server = args.server.clone().unwrap_or_else(|| args.format.default_server().to_string());
-    let stream = TcpStream::connect(&server).map_err(|error| PubError::Connect { server: server.clone(), error })?;
+    let servers = args.server.clone().unwrap_or_else(|| args.format.default_server().to_string());
+    let (stream, server) =
+        crate::cli::connect_any(&servers).map_err(|(server, error)| PubError::Connect { server, error })?;
     let token = format!("spate-pub-{}-{}", std::process::id(), nanos_since_epoch());
     let line_map = Arc::new(Mutex::new(LineMap::default()));
     let (done_sender, done) = mpsc::channel();

@@ -8,7 +8,8 @@ use crate::protocol::{SubscriberLine, parse_subscriber_line};
 /// `spate sub` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SubArgs {
-    /// Subscribe address of the server.
+    /// Subscribe address of the server; several, comma-separated (nodes of
+    /// a cluster): the first that answers is used.
     #[arg(long, default_value = "127.0.0.1:9401")]
     pub server: String,
     /// Stream to read.
@@ -67,8 +68,8 @@ impl std::error::Error for SubError {}
 /// server becomes an error; `TRUNCATED` notices and the shutdown's `CLOSING`
 /// notice (where each partition stands) go to stderr.
 pub fn run_sub(args: &SubArgs) -> Result<(), SubError> {
-    let mut stream =
-        TcpStream::connect(&args.server).map_err(|error| SubError::Connect { server: args.server.clone(), error })?;
+    let (mut stream, _) =
+        crate::cli::connect_any(&args.server).map_err(|(server, error)| SubError::Connect { server, error })?;
     if let Some(group) = &args.group {
         return run_member(args, stream, group);
     }
