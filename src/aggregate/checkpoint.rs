@@ -54,7 +54,7 @@ use std::fmt;
 
 use crate::aggregate::declaration::{AggregateDeclaration, AggregateKind, DeclarationError};
 use crate::aggregate::hll::{HLL_PRECISION, HLL_REGISTERS};
-use crate::aggregate::keys::{KeyState, KeyTable};
+use crate::aggregate::keys::{KeyState, KeyTable, StateRef};
 use crate::aggregate::processor::{DecodedKey, PartitionProcessor};
 use crate::aggregate::state::{AggregateCounters, AggregateState, NO_SKETCH, WindowState};
 use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits};
@@ -288,18 +288,18 @@ fn encode_aggregate(aggregate: &AggregateState, (table, column): (&KeyTable, usi
     for counter in counters_array(&aggregate.counters) {
         out.extend_from_slice(&counter.to_le_bytes());
     }
-    let mut keys: Vec<(&[u8], &KeyState)> = table.iter_column(column).collect();
+    let mut keys: Vec<(&[u8], StateRef<'_>)> = table.iter_column(column).collect();
     keys.sort_unstable_by(|left, right| left.0.cmp(right.0));
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     let distinct = aggregate.declaration.kind == AggregateKind::DistinctEstimate;
     for (key, state) in keys {
         put_bytes16(out, key);
         out.push(u8::from(state.last_closed.is_some()));
-        if let Some(window) = &state.last_closed {
+        if let Some(window) = state.last_closed {
             encode_window(aggregate, window, distinct, out);
         }
         out.extend_from_slice(&(state.open.len() as u16).to_le_bytes());
-        for window in &state.open {
+        for window in state.open {
             encode_window(aggregate, window, distinct, out);
         }
     }
@@ -364,12 +364,13 @@ fn decode_key(reader: &mut Reader<'_>, aggregate: &mut AggregateState) -> Result
         _ => return Err(reader.error("last_closed present")),
     };
     let open_count = reader.u16("open window count")? as usize;
-    if open_count > aggregate.windows_per_key || (aggregate.window.is_none() && last_closed.is_some()) {
+    let windows_per_key = usize::from(aggregate.windows_per_key);
+    if open_count > windows_per_key || (aggregate.window.is_none() && last_closed.is_some()) {
         return Err(reader.error("open window count"));
     }
     let mut state = KeyState { open: Default::default(), last_closed };
-    if aggregate.windows_per_key > 1 {
-        state.open.reserve_exact(aggregate.windows_per_key);
+    if windows_per_key > 1 {
+        state.open.reserve_exact(windows_per_key);
     }
     for _ in 0..open_count {
         let window = decode_window(reader, aggregate)?;

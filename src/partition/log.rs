@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 
 use crate::partition::disk::DiskLog;
 use crate::protocol::record::{LOG_HEADER_SIZE, RecordRef, decode_log_record};
+use crate::runtime::prefetch::{prefetch, prefetch_lines};
 
 /// One segment: records back to back, and where each starts.
 #[derive(Debug)]
@@ -98,6 +99,16 @@ impl MemoryLog {
     /// Bytes this log holds (segment capacity plus index).
     pub fn cost_bytes(&self) -> usize {
         self.cost_bytes
+    }
+
+    /// Starts fetching the cache lines the next append writes (the end of
+    /// the last segment's data and of its positions).
+    #[inline]
+    pub fn prefetch_tail(&self) {
+        if let Some(segment) = self.segments.back() {
+            prefetch_lines(segment.data.as_ptr().wrapping_add(segment.data.len()), 2);
+            prefetch(segment.positions.as_ptr().wrapping_add(segment.positions.len()));
+        }
     }
 
     /// Appends one record in log format and returns its offset.
@@ -384,6 +395,12 @@ impl PartitionLog {
     #[inline]
     pub fn append(&mut self, log_record: &[u8]) -> u64 {
         self.memory.append(log_record)
+    }
+
+    /// [`MemoryLog::prefetch_tail`].
+    #[inline]
+    pub fn prefetch_tail(&self) {
+        self.memory.prefetch_tail();
     }
 
     /// The offset the next append gets.

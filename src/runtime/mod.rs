@@ -1,7 +1,8 @@
 //! Single-threaded async building blocks that every layer may use and that
 //! know nothing of spate: wake-ups and waits for tasks on one shard
-//! ([`notify`]), and the server's log lines with their rate limit per
-//! episode ([`log`]).
+//! ([`notify`]), software prefetch hints ([`prefetch`]), and the server's
+//! log lines with their rate limit per episode ([`log`]).
 
 pub mod log;
 pub mod notify;
+pub mod prefetch;
