@@ -942,22 +942,10 @@ impl ReplicationNode {
         }
     }
 
-    /// Processes every group's ready state, ships the peer batches and
-    /// takes this node's acknowledged proposals, the store synced here
-    /// (the cluster thread syncs off the thread between
-    /// [`Self::round_unsynced`] and [`Self::round_synced`]).
-    pub fn round(&mut self) {
-        if let Some(job) = self.round_unsynced() {
-            let written = job.bytes();
-            let result = job.run();
-            self.store.borrow_mut().finish_sync(written, result);
-        }
-        self.round_synced();
-    }
-
     /// The first half of a round ([`ReplicaHost::process_unsynced`]): the
     /// leaders' appends are shipped, and what the store must sync before
-    /// the second half is returned as a job.
+    /// the second half is returned as a job (the cluster thread runs it off
+    /// the thread, then [`Self::round_synced`]).
     pub fn round_unsynced(&mut self) -> Option<SyncJob> {
         self.flush_unsent();
         self.host.process_unsynced();
@@ -1430,18 +1418,18 @@ async fn deliver_wave(
             Ok(None)
         };
         let end = match futures_lite::future::or(delivery.answer.recv_async(), timeout).await {
-            Ok(Some(end)) => Some(end),
+            Ok(Some(end)) => {
+                node.borrow_mut().owners.insert(delivery.group, delivery.shard);
+                Some(end)
+            }
             // Not this shard's (the partition moved) or no answer in time:
-            // the other shards in turn.
+            // the other shards in turn (which records the one that answers).
             Ok(None) | Err(_) => {
                 ask_owner(node, controls, delivery.group, delivery.partition, delivery.first_offset, delivery.records)
                     .await
             }
         };
         let Some(end) = end else { continue };
-        if delivery.after.is_some_and(|_| !node.borrow().owners.contains_key(&delivery.group)) {
-            node.borrow_mut().owners.insert(delivery.group, delivery.shard);
-        }
         if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.partition, delivery.after, end) {
             more.push((delivery.group, delivery.partition));
         }
