@@ -14,7 +14,7 @@
 //! its shards' load when `GET /cluster` asks, so an idle single node wakes
 //! no more than before.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use crate::cluster::membership::{DATAGRAM_BYTES_MAX, MemberView, Membership, Mem
 use crate::replication::host::RAFT_TICK_MS;
 use crate::replication::node::{ProposalRequest, ReplicationNode};
 use crate::runtime::log;
-use crate::runtime::notify::{Notify, WaitList};
+use crate::runtime::notify::Notify;
 use crate::shard::control::ControlRequest;
 use crate::transport::{Channel, PeerView, Transport, TransportHandle, TransportSetup};
 
@@ -180,11 +180,8 @@ struct Node {
     replication_wake: Notify,
     /// Wakes the gap fetches: a gap message came from a peer.
     catchup_due: Notify,
-    /// A round is between its two halves, its sync on the blocking thread
-    /// ([`replication_round`]): nothing may step a group meanwhile.
-    round_syncing: Cell<bool>,
-    /// Wakes the tasks that wait for the round's second half.
-    round_synced: WaitList,
+    /// Wakes the sync task: `Ready`s wait for the Raft log's sync.
+    sync_due: Notify,
 }
 
 impl Node {
@@ -252,8 +249,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         flush_due: Notify::default(),
         replication_wake: Notify::default(),
         catchup_due: Notify::default(),
-        round_syncing: Cell::new(false),
-        round_synced: WaitList::default(),
+        sync_due: Notify::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -266,6 +262,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_inbox(node.clone())).detach();
             glommio::spawn_local(replication_proposals(node.clone(), proposals)).detach();
             glommio::spawn_local(replication_rounds(node.clone())).detach();
+            glommio::spawn_local(replication_syncs(node.clone())).detach();
             glommio::spawn_local(replication_flush(node.clone())).detach();
             glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
             glommio::spawn_local(replication_catchup(node.clone(), setup.controls.clone())).detach();
@@ -295,7 +292,6 @@ async fn serve_requests(
             }
             ClusterRequest::Streams(streams) => {
                 if let Some(replication) = &node.replication {
-                    between_rounds(node).await;
                     replication.borrow_mut().set_streams(&streams);
                     node.replication_wake.notify();
                 }
@@ -422,7 +418,6 @@ async fn replication_ticks(node: Rc<Node>) {
             continue;
         }
         glommio::timer::sleep(Duration::from_millis(RAFT_TICK_MS)).await;
-        between_rounds(&node).await;
         let members = node.membership.borrow().members();
         let mut state = replication.borrow_mut();
         state.set_members(&members);
@@ -441,19 +436,7 @@ async fn replication_ticks(node: Rc<Node>) {
 async fn replication_inbox(node: Rc<Node>) {
     let (Some(replication), Some(transport)) = (&node.replication, node.transport.clone()) else { return };
     loop {
-        let inbound = transport.next_replication().await;
-        // A leader's answer to a forwarded proposal steps no group: taken
-        // at once, even while a round syncs (it is what a #SYNC waits for).
-        if let Some(Channel::ProposeAck | Channel::ProposeRefused) = Channel::from_u8(inbound.channel) {
-            let mut state = replication.borrow_mut();
-            match Channel::from_u8(inbound.channel) {
-                Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
-                _ => state.receive_propose_refused(&inbound.payload),
-            }
-            continue;
-        }
-        let mut next = Some(inbound);
-        between_rounds(&node).await;
+        let mut next = Some(transport.next_replication().await);
         let mut state = replication.borrow_mut();
         for _ in 0..INBOUND_PER_ROUND_MAX {
             let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
@@ -480,56 +463,54 @@ async fn replication_inbox(node: Rc<Node>) {
 async fn replication_proposals(node: Rc<Node>, proposals: flume::Receiver<ProposalRequest>) {
     let Some(replication) = &node.replication else { return };
     while let Ok(request) = proposals.recv_async().await {
-        between_rounds(&node).await;
         let queued = std::iter::once(request).chain(proposals.try_iter().take(PROPOSALS_PER_ROUND_MAX));
         replication.borrow_mut().propose_queued(queued);
         node.round_due.notify();
     }
 }
 
-/// Runs a Raft round whenever messages or proposals came in: a round is
-/// one fdatasync of the Raft log and one message per peer, so it runs
-/// after the inbox and the proposals task took everything queued (they
-/// run first once woken; a round's own fdatasync lets more pile up).
+/// Runs the first half of a Raft round whenever messages or proposals
+/// came in or a sync completed ([`ReplicationNode::round_unsynced`]): it
+/// ships what may leave before a sync and answers what is committed, and
+/// runs while an earlier round's sync is under way, so a message that
+/// arrives during a sync waits for it only if its answer needs it.
 async fn replication_rounds(node: Rc<Node>) {
     let Some(replication) = &node.replication else { return };
     loop {
         node.round_due.notified().await;
+        // Lets the inbox and the proposals task take everything queued.
         futures_lite::future::yield_now().await;
-        replication_round(&node, replication).await;
-        let waiting = replication.borrow().has_unsent();
+        replication.borrow_mut().round_unsynced();
         node.delivery_due.notify();
-        if waiting {
+        node.sync_due.notify();
+        if replication.borrow().has_unsent() {
             node.flush_due.notify();
         }
     }
 }
 
-/// One round: the first half, then the Raft log's write and fdatasync on
-/// glommio's blocking thread, then the second half. Meanwhile this thread
-/// goes on sending (the leaders' appends were shipped by the first half,
-/// so a leader's sync overlaps its followers'), receiving bytes and
-/// delivering committed records; what steps a group waits
-/// ([`between_rounds`]), since raft-rs takes nothing new between a
-/// `Ready` and its advance.
-async fn replication_round(node: &Node, replication: &RefCell<ReplicationNode>) {
-    let job = replication.borrow_mut().round_unsynced();
-    // What the first half found committed is delivered during the sync.
-    node.delivery_due.notify();
-    if let Some(job) = job {
-        node.round_syncing.set(true);
-        let written = job.bytes();
-        let result = glommio::executor().spawn_blocking(move || job.run()).await;
-        replication.borrow().finish_sync(written, result);
-        node.round_syncing.set(false);
+/// Syncs the Raft log for the `Ready`s the rounds left waiting, one sync
+/// at a time, each on glommio's blocking thread (the write and the
+/// fdatasync), then runs the round's second half: the messages that
+/// waited for it leave, and the next first half hands out what the sync
+/// let commit. One sync covers every group and every round since the last.
+async fn replication_syncs(node: Rc<Node>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        node.sync_due.notified().await;
+        let Some((job, covered)) = replication.borrow_mut().take_sync() else { continue };
+        if let Some(job) = job {
+            let written = job.bytes();
+            let result = glommio::executor().spawn_blocking(move || job.run()).await;
+            replication.borrow().finish_sync(written, result);
+        }
+        replication.borrow_mut().round_synced(covered);
+        node.delivery_due.notify();
+        node.round_due.notify();
+        if replication.borrow().has_unsent() {
+            node.flush_due.notify();
+        }
     }
-    replication.borrow_mut().round_synced();
-    node.round_synced.wake_all();
-}
-
-/// Waits while a round is between its halves ([`replication_round`]).
-async fn between_rounds(node: &Node) {
-    node.round_synced.wait_until(|| !node.round_syncing.get()).await;
 }
 
 /// Moves what waits for a full transport queue into it as room comes,

@@ -294,7 +294,7 @@ pub struct PartitionEnd {
 /// ones are dropped (a later one serves as well).
 const DURABLE_POINTS_MAX: usize = 4096;
 /// Entries a compaction drops at least (unless they hold a quarter of the
-/// group's tail bytes): compacting at every delivery, one entry at a time,
+/// group's tail bytes, or the store is half full): compacting at every delivery, one entry at a time,
 /// wrote a record and moved the whole tail up each time, and took a tenth
 /// of the cluster thread at 256 partitions.
 const COMPACT_ENTRIES_MIN: u64 = 64;
@@ -947,10 +947,10 @@ impl ReplicationNode {
     }
 
     /// The first half of a round ([`ReplicaHost::process_unsynced`]): the
-    /// leaders' appends are shipped, and what the store must sync before
-    /// the second half is returned as a job (the cluster thread runs it off
-    /// the thread, then [`Self::round_synced`]).
-    pub fn round_unsynced(&mut self) -> Option<SyncJob> {
+    /// leaders' appends are shipped, what is committed is answered, and
+    /// the `Ready`s wait for a sync ([`Self::take_sync`]). It may run while
+    /// an earlier round's sync is under way.
+    pub fn round_unsynced(&mut self) {
         self.flush_unsent();
         self.host.process_unsynced();
         self.ship_batches();
@@ -958,26 +958,38 @@ impl ReplicationNode {
         // already (it gives out none past what this node persisted): their
         // proposers hear now, not one sync later.
         self.take_acks();
-        if !self.host.take_unsynced_writes() {
+    }
+
+    /// The sync the `Ready`s of the rounds so far wait for: the store's
+    /// job (run off the thread, `None` when there is nothing to write or
+    /// the store is in memory) and how many `Ready`s it covers, for
+    /// [`Self::round_synced`]; `None` when nothing waits.
+    pub fn take_sync(&mut self) -> Option<(Option<SyncJob>, usize)> {
+        let covered = self.host.awaiting_sync_len();
+        if covered == 0 {
             return None;
+        }
+        if !self.host.take_unsynced_writes() {
+            return Some((None, covered));
         }
         let job = self.store.borrow_mut().take_sync_job();
         if job.is_none() {
             // Memory storage: nothing to write.
             self.store.borrow_mut().sync();
         }
-        job
+        Some((job, covered))
     }
 
-    /// Counts a sync job of [`Self::round_unsynced`] done.
+    /// Counts a sync job of [`Self::take_sync`] done.
     pub fn finish_sync(&self, written: u64, result: std::io::Result<()>) {
         self.store.borrow_mut().finish_sync(written, result);
     }
 
-    /// The second half of a round, once the store is synced: what waited
-    /// for the sync is shipped, and acknowledged proposals are taken.
-    pub fn round_synced(&mut self) {
-        self.host.process_synced();
+    /// The second half of a round, once the sync covering the first
+    /// `covered` `Ready`s is done: what waited for it is shipped, and
+    /// acknowledged proposals are taken.
+    pub fn round_synced(&mut self, covered: usize) {
+        self.host.process_synced(covered);
         self.ship_batches();
         self.take_acks();
     }
@@ -1083,6 +1095,19 @@ impl ReplicationNode {
         }
     }
 
+    /// Whether `group`'s compaction waits to learn that its partition made
+    /// delivered records durable: a delivery's answer says how far the
+    /// partition was durable *before* it, so the last one's records are
+    /// known durable only at the next. When the store is half full that is
+    /// worth asking (an empty delivery, once per round): with nothing
+    /// more to deliver, because the full store refuses every proposal,
+    /// the group would never compact and the node would refuse for ever.
+    fn compaction_waits(&self, group: GroupId) -> bool {
+        let store = self.store.borrow();
+        store.entry_bytes() >= store.entry_bytes_max() / 2
+            && self.durable_points.get(&group).is_some_and(|points| !points.is_empty())
+    }
+
     /// The next delivery to make: a group with committed entries this
     /// node's shard may not have, its partition, and where to start.
     fn next_delivery(&self) -> Vec<(GroupId, u32)> {
@@ -1097,7 +1122,7 @@ impl ReplicationNode {
                 continue;
             }
             let cursor = self.cursors.get(&group);
-            if cursor.is_none_or(|cursor| cursor.index <= commit) {
+            if cursor.is_none_or(|cursor| cursor.index <= commit) || self.compaction_waits(group) {
                 due.push((group, stream.base + group.partition));
             }
         }
@@ -1212,7 +1237,8 @@ impl ReplicationNode {
             // too little to drop for its cost (a compaction record, and the
             // log's entries moved up): try again at a later delivery.
             let worth = index.saturating_sub(log.compacted.index) >= COMPACT_ENTRIES_MIN
-                || log.data_bytes_through(index) >= tail_bytes / 4;
+                || log.data_bytes_through(index) >= tail_bytes / 4
+                || store_bytes.0 >= store_bytes.1 / 2;
             if index > log.applied || index < log.conf_index || !worth {
                 points.push_front(target);
                 return;
@@ -1406,7 +1432,7 @@ async fn deliver_wave(
         let (records, first_offset, after) = match known {
             Some(cursor) => {
                 let (records, after) = node.borrow().committed_records(group, cursor);
-                if after.index == cursor.index {
+                if after.index == cursor.index && !node.borrow().compaction_waits(group) {
                     continue;
                 }
                 (records, cursor.offset, Some(after))
@@ -1431,6 +1457,8 @@ async fn deliver_wave(
     }
     let deadline = Instant::now() + Duration::from_millis(DELIVERY_TIMEOUT_MS);
     for delivery in sent {
+        let probe =
+            delivery.records.is_empty() && delivery.after.is_some_and(|after| after.offset == delivery.first_offset);
         let left = deadline.saturating_duration_since(Instant::now());
         let timeout = async {
             glommio::timer::sleep(left).await;
@@ -1449,7 +1477,7 @@ async fn deliver_wave(
             }
         };
         let Some(end) = end else { continue };
-        if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.partition, delivery.after, end) {
+        if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.partition, delivery.after, end) && !probe {
             more.push((delivery.group, delivery.partition));
         }
     }
