@@ -245,6 +245,8 @@ async fn propose(state: &AdminState, command: Command) -> Result<String, Failure
     }
     let why = match refused {
         Some(ProposalRefused::TimedOut) => format!("no answer within {ATTEMPT_TIMEOUT_MS} ms"),
+        Some(ProposalRefused::NoLeader) => "the catalog group has no leader (an election, or no majority alive)".into(),
+        Some(ProposalRefused::NotAReplica) => "this node is not a member of the catalog group yet".into(),
         Some(reason) => reason.to_string(),
         None => "no answer from the cluster thread".to_string(),
     };
