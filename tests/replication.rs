@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Delivered, Server, Subscriber, read_stream, stream_ends, wait_until_stream_holds};
+use common::{Delivered, Server, Subscriber, read_stream, stream_ends, stream_ends_holding, wait_until_stream_holds};
 use serde_json::{Value, json};
 
 const STREAM: &str = "orders";
@@ -137,8 +137,7 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
     let all: Vec<&Node> = nodes.iter().collect();
     let producer_node = leader_of(&all, 0);
     produce(&nodes[producer_node].server, 0, 1000);
-    let committed = stream_ends(&nodes[producer_node].server, STREAM);
-    assert_eq!(committed.iter().sum::<u64>(), 1000, "offsets on the producing node: {committed:?}");
+    let committed = stream_ends_holding(&nodes[producer_node].server, STREAM, 1000, CATCH_UP_WITHIN);
     let expected = read_stream(&nodes[producer_node].server, STREAM, &committed);
     for (index, node) in nodes.iter().enumerate() {
         wait_until_stream_holds(&node.server, STREAM, &committed, index, CATCH_UP_WITHIN);
@@ -154,8 +153,8 @@ fn three_replicas_hold_the_same_committed_log_and_a_killed_follower_catches_up()
     let acknowledged = producing.join().expect("the producer thread");
     assert_eq!(acknowledged, UNDER_LOAD_EVENTS, "every SYNC with one follower down is answered");
     nodes[victim].server.spawn();
-    let committed = stream_ends(&nodes[producer_node].server, STREAM);
-    assert_eq!(committed.iter().sum::<u64>(), 1000 + UNDER_LOAD_EVENTS, "offsets on the producing node: {committed:?}");
+    let committed =
+        stream_ends_holding(&nodes[producer_node].server, STREAM, 1000 + UNDER_LOAD_EVENTS, CATCH_UP_WITHIN);
     let expected = read_stream(&nodes[producer_node].server, STREAM, &committed);
     for (index, node) in nodes.iter().enumerate() {
         wait_until_stream_holds(&node.server, STREAM, &committed, index, CATCH_UP_WITHIN);
@@ -196,8 +195,7 @@ fn pipelined_batches_commit_once_in_order_at_the_same_offsets_on_every_replica()
         producer.join().expect("a producer thread");
     }
     let total = PIPELINED_CONNECTIONS * PIPELINED_EVENTS;
-    let committed = stream_ends(&nodes[0].server, STREAM);
-    assert_eq!(committed.iter().sum::<u64>(), total, "offsets on node 0: {committed:?}");
+    let committed = stream_ends_holding(&nodes[0].server, STREAM, total, CATCH_UP_WITHIN);
     let expected = read_stream(&nodes[0].server, STREAM, &committed);
     check_once_in_order(&expected);
     for (index, node) in nodes.iter().enumerate() {
@@ -292,8 +290,7 @@ fn syncs_of_bursts_spread_over_many_partitions_are_all_answered() {
     assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
     assert_eq!(replies.len(), syncs_written + 1, "{replies:?}");
     assert!(elapsed < SPREAD_WITHIN, "every #SYNC answered only after {elapsed:?}");
-    let committed = stream_ends(&nodes[0].server, STREAM);
-    assert_eq!(committed.iter().sum::<u64>(), SPREAD_EVENTS, "offsets on node 0: {committed:?}");
+    let committed = stream_ends_holding(&nodes[0].server, STREAM, SPREAD_EVENTS, CATCH_UP_WITHIN);
     let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     for event in read_stream(&nodes[0].server, STREAM, &committed).values().flatten() {
         let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");

@@ -132,6 +132,23 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
         ),
         ("spate_raft_log_compactions_total", "counter", "Raft log compactions of a group.", stats.compactions),
         (
+            "spate_raft_syncs_total",
+            "counter",
+            "Raft log syncs (one per round that wrote, for every group).",
+            stats.syncs,
+        ),
+        ("spate_raft_messages_sent_total", "counter", "Raft messages sent to peers.", stats.messages_sent),
+        ("spate_raft_batches_sent_total", "counter", "Peer batches sent (one per peer per round).", stats.batches_sent),
+        ("spate_raft_proposals_total", "counter", "Entries proposed by this node as a leader.", stats.proposals),
+        ("spate_raft_entries_applied_total", "counter", "Committed entries applied.", stats.applied_entries),
+        (
+            "spate_raft_delivery_waves_total",
+            "counter",
+            "Waves of committed records sent to the shards.",
+            stats.delivery_waves,
+        ),
+        ("spate_raft_deliveries_total", "counter", "Deliveries of committed records to a partition.", stats.deliveries),
+        (
             "spate_raft_log_rewrites_total",
             "counter",
             "Rewrites of raft.log with the live state only.",

@@ -533,6 +533,8 @@ async fn replication_rounds(node: Rc<Node>) {
 /// `Ready` and its advance.
 async fn replication_round(node: &Node, replication: &RefCell<ReplicationNode>) {
     let job = replication.borrow_mut().round_unsynced();
+    // What the first half found committed is delivered during the sync.
+    node.delivery_due.notify();
     if let Some(job) = job {
         node.round_syncing.set(true);
         let written = job.bytes();

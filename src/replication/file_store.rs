@@ -443,7 +443,7 @@ impl LogStore for FileLogStore {
         if compacted.index <= log.compacted.index || compacted.index > log.last_index() {
             return;
         }
-        let dropped = log.data_bytes_from(0) - log.data_bytes_from(compacted.index + 1);
+        let dropped = log.data_bytes_through(compacted.index);
         self.entry_bytes = self.entry_bytes.saturating_sub(dropped);
         self.record(KIND_COMPACT, group, |out| encode_compacted(out, &compacted));
         self.memory.compact(group, compacted);

@@ -847,6 +847,10 @@ impl<S: LogStore> ReplicaHost<S> {
         self.groups.get(&id).is_some_and(|group| group.raw.raft.state == StateRole::Leader)
     }
 
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
     pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
         self.groups.keys().copied()
     }

@@ -36,8 +36,18 @@
 //!    nothing twice. So offsets are log positions, identical on every
 //!    replica, and subscribers (who read the partition's log) see committed
 //!    events only.
-//! 4. A proposal is answered once its entry is committed and delivered to
-//!    this node's shard.
+//! 4. A proposal is answered once its entry is committed: durable on a
+//!    majority, which is what `#SYNC` promises. A leader knows it when it
+//!    applies the entry; a node that forwarded it hears it from the leader
+//!    ([`Channel::ProposeAck`]) or applies it itself, whichever comes first.
+//!    Committed entries are handed out by raft-rs only once this node has
+//!    them durable too, so both happen in the first half of a round, not
+//!    one sync later. The delivery to this node's partition (what its
+//!    subscribers read) follows on its own, usually within the same round:
+//!    waiting for it too cost a third of the `#SYNC` p99 at 256 partitions
+//!    (measured in stop 36), and the promise is durability, not
+//!    visibility here. Until then the records are in the Raft log, whose
+//!    bound refuses proposals when delivery falls behind.
 //!
 //! # Pipelining
 //!
@@ -181,7 +191,7 @@ use crate::cluster::membership::{MemberState, MemberView};
 use crate::protocol::record::decode_log_record;
 use crate::replication::file_store::{FileLogStore, SyncJob};
 use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
-use crate::replication::host::{Ack, HostConfig, ProposeError, ReplicaHost};
+use crate::replication::host::{HostConfig, ProposeError, ReplicaHost};
 use crate::replication::placement::{Candidate, desired_replicas};
 use crate::replication::store::{Compacted, LogStore};
 use crate::replication::wire::PeerBatch;
@@ -210,10 +220,6 @@ pub const DELIVERY_WAVE_BYTES_MAX: usize = 8 << 20;
 /// a Raft batch is dropped (Raft sends its entries again) and a forwarded
 /// proposal refused (the shard proposes it again).
 pub const UNSENT_BYTES_MAX: usize = 16 << 20;
-/// How long a proposal the leader said is committed may wait for its
-/// delivery to this node's shard before it is answered OK anyway: this
-/// node may have been removed from the group without seeing it yet, in ms.
-pub const REMOTE_ACK_GRACE_MS: u64 = 2_000;
 /// Ticks without a message from an awake group's leader after which a
 /// leaving node takes itself as removed from it ([`ReplicationNode::replicas_held`]):
 /// five heartbeat intervals.
@@ -327,6 +333,11 @@ pub struct PartitionEnd {
 /// Most delivered positions a group keeps as compaction candidates; older
 /// ones are dropped (a later one serves as well).
 const DURABLE_POINTS_MAX: usize = 4096;
+/// Entries a compaction drops at least (unless they hold a quarter of the
+/// group's tail bytes): compacting at every delivery, one entry at a time,
+/// wrote a record and moved the whole tail up each time, and took a tenth
+/// of the cluster thread at 256 partitions.
+const COMPACT_ENTRIES_MIN: u64 = 64;
 /// How long a group whose partition lacks records before its compaction
 /// point waits before it looks again, in ms.
 const GAP_RETRY_MS: u64 = 1000;
@@ -352,9 +363,6 @@ pub struct GroupView {
     pub proposals_in_flight_max: u64,
     /// This node's proposals for the group waiting for their commit now.
     pub proposals_pending: u64,
-    /// This node's proposals for the group that are committed and wait for
-    /// their delivery to this node's partition.
-    pub proposals_awaiting_delivery: usize,
     /// The leader placement wants for the group (balanced by count).
     pub preferred_leader: Option<String>,
     /// The reconfiguration step this node, as the leader, would take next
@@ -481,8 +489,6 @@ struct Pending {
     sent_to: Option<NodeId>,
     replies: Replies,
     since: Instant,
-    /// When the leader said it is committed ([`Channel::ProposeAck`]).
-    committed_at: Option<Instant>,
 }
 
 /// A [`Channel::ProposeAck`]'s payload, (group, source sequence); a
@@ -537,10 +543,6 @@ pub struct ReplicationNode {
     /// Per group, this node's proposals pending now and at most at once
     /// (`GET /cluster`'s `proposals_in_flight_max`: pipelining at work).
     in_flight: HashMap<GroupId, (u64, u64)>,
-    /// Acknowledged proposals waiting for their delivery to this node's
-    /// shard, and since when (answered OK anyway after
-    /// [`REMOTE_ACK_GRACE_MS`]: they are committed).
-    acked: Vec<(Ack, Replies, Instant)>,
     /// (Proposing node, group) pairs whose forwarded proposals this node
     /// refuses until one comes as [`Channel::ProposeAfterRefusal`] (module
     /// doc, "Refused forwards"); at most [`REFUSING_MAX`].
@@ -598,6 +600,16 @@ pub struct ReplicationStats {
     /// The fetches of those records from peers
     /// ([`crate::replication::catchup`]).
     pub gap_fetches: crate::replication::catchup::GapStats,
+    /// Raft store syncs (one per round that wrote), Raft messages and peer
+    /// batches sent, entries proposed here and applied.
+    pub syncs: u64,
+    pub messages_sent: u64,
+    pub batches_sent: u64,
+    pub proposals: u64,
+    pub applied_entries: u64,
+    /// Delivery waves to the shards, and the deliveries they carried.
+    pub delivery_waves: u64,
+    pub deliveries: u64,
 }
 
 impl ReplicationNode {
@@ -619,7 +631,6 @@ impl ReplicationNode {
             expected: HashMap::new(),
             pending: HashMap::new(),
             in_flight: HashMap::new(),
-            acked: Vec::new(),
             refusing: HashSet::new(),
             restart: HashSet::new(),
             leader_hints: HashMap::new(),
@@ -651,6 +662,11 @@ impl ReplicationNode {
             store_rewrites: store.rewrites,
             gaps_open: self.gaps.len() as u64,
             gap_fetches: self.catchup.stats,
+            syncs: self.host.counters.syncs,
+            messages_sent: self.host.counters.messages_sent,
+            batches_sent: self.host.counters.batches_sent,
+            proposals: self.host.counters.proposals,
+            applied_entries: self.host.counters.applied_entries,
             ..self.stats
         }
     }
@@ -840,7 +856,6 @@ impl ReplicationNode {
                     sent_to,
                     replies: run.replies,
                     since: Instant::now(),
-                    committed_at: None,
                 };
                 self.pending.insert(sequence, pending);
                 let in_flight = self.in_flight.entry(run.group).or_default();
@@ -1026,22 +1041,11 @@ impl ReplicationNode {
     }
 
     /// The leader's word that a proposal this node forwarded is committed
-    /// ([`Channel::ProposeAck`]): answered now when this node holds no
-    /// replica of the group (it will never apply it), else marked, so the
-    /// local delivery answers it, or the expiry answers it OK after
-    /// [`REMOTE_ACK_GRACE_MS`] instead of a retry (a duplicate).
+    /// ([`Channel::ProposeAck`]): answered now (module doc, step 4), or
+    /// when this node's own replica applies it, whichever comes first.
     pub fn receive_propose_ack(&mut self, payload: &[u8]) {
         let Some((group, sequence)) = decode_propose_ack(payload) else { return };
-        let replica = self
-            .host
-            .status(group)
-            .is_some_and(|status| status.voters.contains(&self.self_id) || status.learners.contains(&self.self_id));
-        let Some(pending) = self.pending.get_mut(&sequence) else { return };
-        if pending.group != group {
-            return;
-        }
-        if replica {
-            pending.committed_at.get_or_insert_with(Instant::now);
+        if self.pending.get(&sequence).is_none_or(|pending| pending.group != group) {
             return;
         }
         if let Some(mut pending) = self.pending.remove(&sequence) {
@@ -1077,6 +1081,10 @@ impl ReplicationNode {
         self.flush_unsent();
         self.host.process_unsynced();
         self.ship_batches();
+        // Entries raft-rs hands out as committed are durable on a majority
+        // already (it gives out none past what this node persisted): their
+        // proposers hear now, not one sync later.
+        self.take_acks();
         if !self.host.take_unsynced_writes() {
             return None;
         }
@@ -1098,16 +1106,20 @@ impl ReplicationNode {
     pub fn round_synced(&mut self) {
         self.host.process_synced();
         self.ship_batches();
+        self.take_acks();
+    }
+
+    /// Tells the proposers of entries this node applied as the leader, and
+    /// takes this node's own acknowledged proposals (answered once
+    /// delivered to its shard).
+    fn take_acks(&mut self) {
         self.send_forwarded_acks();
         for ack in self.host.take_acks() {
-            if let Some(pending) = self.pending.remove(&ack.header.source_sequence)
+            if let Some(mut pending) = self.pending.remove(&ack.header.source_sequence)
                 && self.leave_flight(pending.group)
                 && pending.group == ack.group
             {
-                self.acked.push((ack, pending.replies, Instant::now()));
-                if let Some(cursor) = self.cursors.get(&ack.group).copied() {
-                    self.answer_delivered(ack.group, cursor);
-                }
+                pending.replies.answer(Ok(()));
             }
         }
     }
@@ -1184,14 +1196,11 @@ impl ReplicationNode {
     /// Answers proposals that waited past [`PROPOSAL_TIMEOUT_MS`].
     pub fn expire_proposals(&mut self) {
         let timeout = Duration::from_millis(PROPOSAL_TIMEOUT_MS);
-        let grace = Duration::from_millis(REMOTE_ACK_GRACE_MS);
         let mut expired_groups = Vec::new();
         self.pending.retain(|_, pending| {
-            let committed = pending.committed_at.is_some_and(|at| at.elapsed() > grace);
-            let expired = committed || pending.since.elapsed() > timeout;
+            let expired = pending.since.elapsed() > timeout;
             if expired {
-                let answer = if committed { Ok(()) } else { Err(ProposalRefused::TimedOut) };
-                pending.replies.answer(answer);
+                pending.replies.answer(Err(ProposalRefused::TimedOut));
                 expired_groups.push(pending.group);
             }
             !expired
@@ -1199,16 +1208,6 @@ impl ReplicationNode {
         for group in expired_groups {
             self.leave_flight(group);
         }
-        // Committed, but this node's partition has not got them (its group
-        // was dropped or waits for records before a compaction point): the
-        // promise is the commit, so they are answered.
-        self.acked.retain_mut(|(_, replies, since)| {
-            let due = since.elapsed() > grace;
-            if due {
-                replies.answer(Ok(()));
-            }
-            !due
-        });
     }
 
     /// The next delivery to make: a group with committed entries this
@@ -1235,23 +1234,48 @@ impl ReplicationNode {
     /// The records of committed entries from `cursor` on, at most
     /// [`DELIVERY_BYTES_MAX`] of them; returns the records and the cursor
     /// after them.
-    fn committed_records(&self, group: GroupId, cursor: Cursor) -> (Vec<u8>, Cursor) {
+    ///
+    /// The records of a delivery of one entry are that entry's own bytes
+    /// (no copy); several are copied once into a buffer of their size.
+    fn committed_records(&self, group: GroupId, cursor: Cursor) -> (Bytes, Cursor) {
         let store = self.store.borrow();
-        let Some(log) = store.log(group) else { return (Vec::new(), cursor) };
+        let Some(log) = store.log(group) else { return (Bytes::new(), cursor) };
         let commit = self.host.commit_of(group).unwrap_or(0).min(log.last_index());
-        let (mut records, mut next) = (Vec::new(), cursor);
-        while next.index <= commit && records.len() < DELIVERY_BYTES_MAX {
-            let Some(entry) = log.entry(next.index) else { break };
-            if let Ok((header, frame)) = decode_proposal(&entry.data)
-                && entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal
-            {
-                records.extend_from_slice(frame);
+        let frames = || {
+            (cursor.index..=commit).map_while(|index| log.entry(index)).map(|entry| {
+                let frame = decode_proposal(&entry.data)
+                    .ok()
+                    .filter(|_| entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal);
+                (entry, frame)
+            })
+        };
+        // The entries of this delivery: at most DELIVERY_BYTES_MAX of
+        // records (at least one entry).
+        let (mut count, mut size) = (0usize, 0usize);
+        for (_, frame) in frames() {
+            if size >= DELIVERY_BYTES_MAX {
+                break;
+            }
+            size += frame.map_or(0, |(_, frame)| frame.len());
+            count += 1;
+        }
+        let mut next = cursor;
+        let mut records = Vec::new();
+        let mut single = None;
+        for (entry, frame) in frames().take(count) {
+            if let Some((header, frame)) = frame {
+                if count == 1 {
+                    single = Some(entry.data.slice_ref(frame));
+                } else {
+                    records.reserve_exact(size.saturating_sub(records.len()));
+                    records.extend_from_slice(frame);
+                }
                 next.offset += u64::from(header.record_count);
             }
             next.bytes += entry.data.len() as u64;
             next.index += 1;
         }
-        (records, next)
+        (single.unwrap_or_else(|| Bytes::from(records)), next)
     }
 
     /// Where delivery to a shard whose log ends at `end_offset` starts:
@@ -1311,9 +1335,12 @@ impl ReplicationNode {
             let store = self.store.borrow();
             let Some(log) = store.log(group) else { return };
             let index = target.index - 1;
-            if index > log.applied || index < log.conf_index {
-                // Not applied yet, or before the last configuration change:
-                // try again at a later delivery.
+            // Not applied yet, or before the last configuration change, or
+            // too little to drop for its cost (a compaction record, and the
+            // log's entries moved up): try again at a later delivery.
+            let worth = index.saturating_sub(log.compacted.index) >= COMPACT_ENTRIES_MIN
+                || log.data_bytes_through(index) >= tail_bytes / 4;
+            if index > log.applied || index < log.conf_index || !worth {
                 points.push_front(target);
                 return;
             }
@@ -1328,7 +1355,7 @@ impl ReplicationNode {
     /// that lags briefly catches up from the log rather than a snapshot:
     /// an eighth of the store's bound, shared by the groups.
     fn tail_bytes(&self) -> u64 {
-        let groups = self.host.groups().count().max(1) as u64;
+        let groups = self.host.group_count().max(1) as u64;
         self.store.borrow().entry_bytes_max() / 8 / groups
     }
 
@@ -1390,17 +1417,6 @@ impl ReplicationNode {
         self.transport.clone()
     }
 
-    /// Answers the proposals of `group` delivered before `cursor`.
-    fn answer_delivered(&mut self, group: GroupId, cursor: Cursor) {
-        self.acked.retain_mut(|(ack, replies, _)| {
-            let delivered = ack.group == group && ack.index < cursor.index;
-            if delivered {
-                replies.answer(Ok(()));
-            }
-            !delivered
-        });
-    }
-
     /// Live members placement may choose, this node included unless it is
     /// leaving: 0 when a leaving node has nobody to hand over to.
     pub fn live_members(&self) -> usize {
@@ -1460,7 +1476,6 @@ impl ReplicationNode {
                     delivered_offset: self.cursors.get(&group).map(|cursor| cursor.offset),
                     proposals_in_flight_max: self.in_flight.get(&group).map_or(0, |in_flight| in_flight.1),
                     proposals_pending: self.in_flight.get(&group).map_or(0, |in_flight| in_flight.0),
-                    proposals_awaiting_delivery: self.acked.iter().filter(|(ack, _, _)| ack.group == group).count(),
                 })
             })
             .collect()
@@ -1527,9 +1542,8 @@ async fn deliver_wave(
                 (records, cursor.offset, Some(after))
             }
             // Learn where the shard's log ends first (an empty delivery).
-            None => (Vec::new(), u64::MAX, None),
+            None => (Bytes::new(), u64::MAX, None),
         };
-        let records = Bytes::from(records);
         wave_bytes += records.len();
         let shard = node.borrow().owners.get(&group).copied().unwrap_or(0);
         let Some(control) = controls.get(usize::from(shard)) else { continue };
@@ -1539,6 +1553,11 @@ async fn deliver_wave(
             continue;
         }
         sent.push(InDelivery { group, partition, first_offset, after, shard, records, answer });
+    }
+    {
+        let stats = &mut node.borrow_mut().stats;
+        stats.delivery_waves += 1;
+        stats.deliveries += sent.len() as u64;
     }
     let deadline = Instant::now() + Duration::from_millis(DELIVERY_TIMEOUT_MS);
     for delivery in sent {
@@ -1579,7 +1598,6 @@ fn settle_delivery(
     match after {
         Some(after) if after.offset == end.end_offset => {
             node.cursors.insert(group, after);
-            node.answer_delivered(group, after);
             node.delivered(group, after, end.durable_offset);
             true
         }
@@ -1596,7 +1614,6 @@ fn settle_delivery(
             node.gaps.remove(&group);
             node.catchup.close(group);
             node.cursors.insert(group, cursor);
-            node.answer_delivered(group, cursor);
             true
         }
     }

@@ -127,6 +127,13 @@ impl GroupLog {
         self.entries.iter().skip(skip).map(|entry| entry.data.len() as u64).sum()
     }
 
+    /// Bytes of entry data up to and including `index` (what a compaction
+    /// to it drops): walks those entries only.
+    pub fn data_bytes_through(&self, index: u64) -> u64 {
+        let take = usize::try_from((index + 1).saturating_sub(self.first_index())).unwrap_or(usize::MAX);
+        self.entries.iter().take(take).map(|entry| entry.data.len() as u64).sum()
+    }
+
     /// Appends `entries`, first cutting off any suffix they replace.
     fn append(&mut self, entries: &[Entry]) {
         let Some(first) = entries.first() else { return };

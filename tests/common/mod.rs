@@ -626,6 +626,27 @@ pub fn stream_ends(server: &Server, stream: &str) -> Vec<u64> {
     offsets.iter().map(|offset| offset.as_u64().unwrap_or(0)).collect()
 }
 
+/// The ends of `stream`'s partitions on `server` once they hold `total`
+/// events in all, waiting up to `limit`: a replicated stream answers
+/// `#SYNC` once the events are committed on a majority, and this node's
+/// partitions get them a moment later (`src/replication/node.rs`, step 4).
+pub fn stream_ends_holding(server: &Server, stream: &str, total: u64, limit: Duration) -> Vec<u64> {
+    let started = Instant::now();
+    loop {
+        let ends = stream_ends(server, stream);
+        let held: u64 = ends.iter().sum();
+        assert!(held <= total, "more events than sent: {ends:?}, {total} sent");
+        if held == total {
+            return ends;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the partitions hold {held} events ({ends:?}), not {total}, after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Every event of every partition of `stream` a subscriber of `server`
 /// reads from offset 0, up to the offsets in `ends`.
 pub fn read_stream(server: &Server, stream: &str, ends: &[u64]) -> std::collections::BTreeMap<u32, Vec<Delivered>> {
