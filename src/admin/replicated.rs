@@ -222,8 +222,7 @@ async fn propose(state: &AdminState, command: Command) -> Result<String, Failure
         }
         let attempt = deadline.min(tokio::time::Instant::now() + Duration::from_millis(ATTEMPT_TIMEOUT_MS));
         match tokio::time::timeout_at(attempt, answer.recv_async()).await {
-            // Committed and applied here (or committed, and this node's
-            // apply is a moment behind).
+            // Committed: this node's apply records its outcome a moment later.
             Ok(Ok(Ok(()))) => {
                 if let Some(outcome) = wait_for_outcome(replicated, request_id, deadline).await {
                     return outcome;

@@ -82,7 +82,7 @@ pub enum ClusterRequest {
     /// replicated ones have Raft groups here).
     Streams(Vec<crate::stream::StreamSpec>),
     /// Propose a catalog command to the catalog group (answered once it is
-    /// committed and applied to this node's catalog, or refused).
+    /// committed, or refused; its apply here comes a moment later).
     ProposeCatalog { command: Vec<u8>, reply: flume::Sender<Result<(), crate::replication::node::ProposalRefused>> },
     /// End the thread (after the shards stopped).
     Exit,

@@ -173,8 +173,10 @@
 //! that joins never bootstraps one, so two catalogs cannot start apart.
 //! Its committed entries are not delivered to a shard: a task of the
 //! cluster thread hands them, in order, to the admin thread, which applies
-//! them to the node's catalog and says up to where ([`CatalogEntries`]);
-//! this node's proposals up to there are answered then. The catalog saves
+//! them to the node's catalog and says up to where ([`CatalogEntries`]).
+//! A proposal is answered at its commit, like a shard's; the admin thread
+//! answers its request once its own apply recorded the command's outcome
+//! (by the command's request id). The catalog saves
 //! the last applied index, from which a restarted node goes on. Its log is
 //! never compacted (an entry per create or delete), so a node that joins
 //! later replays it from index 1 and no snapshot has to carry a catalog.
@@ -702,8 +704,8 @@ impl ReplicationNode {
 
     /// Proposes a catalog command (bytes the admin thread encodes): here if
     /// this node leads the catalog group, else forwarded to its leader;
-    /// `reply` is answered once it is committed and applied to this node's
-    /// catalog, or refused.
+    /// `reply` is answered once it is committed (the admin thread then
+    /// waits for its apply here), or refused.
     pub fn propose_catalog(&mut self, command: Bytes, reply: flume::Sender<Result<(), ProposalRefused>>) {
         self.catalog_sequence += 1;
         let request = ProposalRequest {
@@ -753,14 +755,10 @@ impl ReplicationNode {
         (through >= self.catalog_cursor).then_some((entries, through))
     }
 
-    /// The admin thread applied the catalog up to `through`: the proposals
-    /// of this node up to there are answered.
+    /// The admin thread applied the catalog up to `through`: the next
+    /// entries come from there.
     pub fn catalog_applied(&mut self, through: u64) {
-        if through < self.catalog_cursor {
-            return;
-        }
-        self.catalog_cursor = through + 1;
-        self.answer_delivered(CATALOG_GROUP, Cursor { index: self.catalog_cursor, offset: 0, bytes: 0 });
+        self.catalog_cursor = self.catalog_cursor.max(through + 1);
     }
 
     /// Whether there is anything to run: a replicated stream or a group.
