@@ -133,6 +133,14 @@ fn a_stream_created_on_one_node_exists_on_every_node_and_a_delete_anywhere_remov
     );
     assert_eq!(status, 409, "a create of an existing name is refused: {body}");
 
+    let started = Instant::now();
+    servers[0].create_stream(json!({ "name": "second", "partitions": 1 }));
+    let answered = started.elapsed();
+    common::wait_until_listed(&all, "second", true, SPREAD_WITHIN);
+    eprintln!(
+        "an RF 1 create on node 0: answered in {answered:?}, on every node {:?} after the POST",
+        started.elapsed()
+    );
     let (status, body) = servers[2].http("DELETE", "/streams/orders", None);
     assert_eq!(status, 200, "DELETE on node 2: {body}");
     assert!(!servers[2].streams().contains_key("orders"), "gone on the node that answered");
