@@ -470,7 +470,18 @@ async fn replication_ticks(node: Rc<Node>) {
 async fn replication_inbox(node: Rc<Node>) {
     let (Some(replication), Some(transport)) = (&node.replication, node.transport.clone()) else { return };
     loop {
-        let mut next = Some(transport.next_replication().await);
+        let inbound = transport.next_replication().await;
+        // A leader's answer to a forwarded proposal steps no group: taken
+        // at once, even while a round syncs (it is what a #SYNC waits for).
+        if let Some(Channel::ProposeAck | Channel::ProposeRefused) = Channel::from_u8(inbound.channel) {
+            let mut state = replication.borrow_mut();
+            match Channel::from_u8(inbound.channel) {
+                Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
+                _ => state.receive_propose_refused(&inbound.payload),
+            }
+            continue;
+        }
+        let mut next = Some(inbound);
         between_rounds(&node).await;
         let mut state = replication.borrow_mut();
         for _ in 0..INBOUND_PER_ROUND_MAX {

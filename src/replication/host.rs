@@ -113,6 +113,14 @@ pub struct HostConfig {
     /// answer (raft-rs's `max_inflight_msgs`): with pipelined proposals a
     /// leader streams one append per proposal, so 256 keep it streaming.
     pub inflight_messages_max: usize,
+    /// raft-rs's `batch_append`: a leader's appends to one peer within a
+    /// `Ready` go as one message (proposals of several shards, or runs, in
+    /// one round each made their own).
+    pub batch_append: bool,
+    /// raft-rs's `skip_bcast_commit`: a leader whose commit index moves
+    /// does not send every follower an empty append to say so; followers
+    /// learn it with the next append or heartbeat.
+    pub skip_bcast_commit: bool,
 }
 
 impl Default for HostConfig {
@@ -129,6 +137,8 @@ impl Default for HostConfig {
             learners_max: 8,
             message_bytes_max: 256 << 10,
             inflight_messages_max: 256,
+            batch_append: true,
+            skip_bcast_commit: false,
         }
     }
 }
@@ -338,6 +348,8 @@ impl<S: LogStore> ReplicaHost<S> {
             max_inflight_msgs: self.config.inflight_messages_max,
             check_quorum: true,
             pre_vote: true,
+            batch_append: self.config.batch_append,
+            skip_bcast_commit: self.config.skip_bcast_commit,
             ..raft::Config::default()
         };
         let storage = GroupStorage { store: self.store.clone(), group };

@@ -238,6 +238,23 @@ impl Committer {
         self.read_only.borrow().clone()
     }
 
+    /// Whether `grant` may go back at once instead of after the next
+    /// round: its batches stored nothing here (every record went to a
+    /// replicated partition's Raft group, which answered once they were
+    /// committed: durable on a majority), every grant before it went back
+    /// (so a source's grants stay in sequence, and what they covered is
+    /// stored as the policy promises), and, for a `#SYNC` under
+    /// `interval`, no unsynced round may have released an earlier grant:
+    /// only `always` (every round syncs) and `never` (written is what it
+    /// promises) say so without a round.
+    pub fn releases_at_once(&self, grant: &CreditGrant) -> bool {
+        let stored_nothing = grant.recycled.is_empty() && grant.more_recycled.iter().all(Vec::is_empty);
+        stored_nothing
+            && self.grants.borrow().is_empty()
+            && (!grant.sync || self.policy != FsyncPolicy::Interval)
+            && !self.failing.get()
+    }
+
     /// A batch was applied: its grant goes back after the next round
     /// (after the next synced round when it carried a `#SYNC`).
     pub fn queue_grant(&self, source: u16, grant: CreditGrant) {

@@ -358,6 +358,7 @@ impl Shard {
     /// unless due, [`grants`]), after the committer's round on disk.
     fn send_grant(&self, source: u16, grant: CreditGrant) {
         match &self.committer {
+            Some(committer) if committer.releases_at_once(&grant) => self.send_grant_now(source, grant),
             Some(committer) => committer.queue_grant(source, grant),
             None if source == self.id => self.send_grant_now(source, grant),
             None => {
