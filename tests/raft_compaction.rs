@@ -83,9 +83,9 @@ fn start_cluster_with(extra: &[&str]) -> Vec<Server> {
             .as_array()
             .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
     });
-    for node in &nodes {
-        node.create_stream(json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 }));
-    }
+    let servers: Vec<&Server> = nodes.iter().collect();
+    let spec = json!({ "name": STREAM, "partitions": PARTITIONS, "replication_factor": 3 });
+    common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
     wait_for(&nodes, READY_WITHIN, "every group with 3 voters and a leader", groups_ready);
     nodes
 }

@@ -105,7 +105,8 @@ fn produce_at(ingest: SocketAddr, first: u64, count: u64) -> u64 {
 
 /// Starts three nodes (the second and third join through the first),
 /// waits until all three see each other alive, creates the stream with
-/// replication factor 3 on each, and waits until every partition's group
+/// replication factor 3 through the first (the cluster's catalog takes it
+/// to the others), and waits until every partition's group
 /// has its 3 voters and a leader; returns them and the first's cluster
 /// address (for a node joining later).
 fn start_replicated_cluster(partitions: u32) -> (Vec<Node>, SocketAddr) {
@@ -119,9 +120,9 @@ fn start_replicated_cluster(partitions: u32) -> (Vec<Node>, SocketAddr) {
             .as_array()
             .is_some_and(|members| members.len() == 3 && members.iter().all(|member| member["state"] == "alive"))
     });
-    for node in &nodes {
-        node.server.create_stream(json!({ "name": STREAM, "partitions": partitions, "replication_factor": 3 }));
-    }
+    let servers: Vec<&Server> = nodes.iter().map(|node| &node.server).collect();
+    let spec = json!({ "name": STREAM, "partitions": partitions, "replication_factor": 3 });
+    common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
     wait_for(&all, READY_WITHIN, "every group with 3 voters and a leader", |view| groups_ready(view, partitions));
     (nodes, seed)
 }
@@ -320,9 +321,9 @@ fn a_producer_on_a_node_without_a_replica_reaches_the_partition() {
     wait_for(&all, READY_WITHIN, "three members alive", |view| {
         view["members"].as_array().is_some_and(|m| m.len() == 3)
     });
-    for node in &nodes {
-        node.server.create_stream(json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 }));
-    }
+    let servers: Vec<&Server> = nodes.iter().map(|node| &node.server).collect();
+    let spec = json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 });
+    common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
     let holders = |partition: u32| -> Vec<usize> {
         (0..nodes.len())
             .filter(|index| {
@@ -605,7 +606,8 @@ fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
         .collect();
     std::thread::sleep(Duration::from_secs(1));
     let (newcomer, _) = start_node(Some(seed));
-    newcomer.server.create_stream(json!({ "name": STREAM, "partitions": JOIN_PARTITIONS, "replication_factor": 3 }));
+    // The cluster's catalog gives it the stream.
+    common::wait_until_listed(&[&newcomer.server], STREAM, true, READY_WITHIN);
     nodes.push(newcomer);
     let all: Vec<&Node> = nodes.iter().collect();
     let members: Vec<String> = all.iter().map(|node| node_id(&node.server)).collect();

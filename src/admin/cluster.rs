@@ -60,8 +60,10 @@ fn counts(view: &ClusterView) -> [(MemberState, usize); 5] {
 
 /// `GET /cluster`: every member this node knows (itself first) with its
 /// state, addresses, incarnation and latest load; the gossip counters; the
-/// Raft group of every replicated partition this node holds (`partitions`).
-pub fn json(view: &ClusterView) -> String {
+/// Raft group of every replicated partition this node holds (`partitions`,
+/// the catalog group among them as stream `(catalog)`); where the
+/// cluster's catalog stands here (`catalog`, null on a single node).
+pub fn json(view: &ClusterView, catalog: serde_json::Value) -> String {
     let members: Vec<serde_json::Value> = view.members.iter().map(|member| member_json(member, view)).collect();
     let counts: serde_json::Map<String, serde_json::Value> =
         counts(view).iter().map(|(state, count)| (state.name().to_string(), json!(count))).collect();
@@ -73,6 +75,7 @@ pub fn json(view: &ClusterView) -> String {
         "counts": counts,
         "transport": view.peers,
         "partitions": view.groups,
+        "catalog": catalog,
         "replication": view.replication,
         "gossip_counters": {
             "datagrams_received": counters.datagrams_received,

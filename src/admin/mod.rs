@@ -28,6 +28,7 @@ mod aggregates;
 mod cluster;
 mod http;
 mod render;
+pub mod replicated;
 mod routes;
 mod streams;
 
@@ -68,6 +69,10 @@ pub struct AdminState {
     pub stream_commands: flume::Receiver<StreamCommand>,
     /// The cluster thread (`GET /cluster`, the member gauges of `/metrics`).
     pub cluster: flume::Sender<crate::cluster::ClusterRequest>,
+    /// In a cluster (`--cluster`/`--join`): the catalog is the cluster's,
+    /// changed through its Raft group ([`replicated`]); `None` on a single
+    /// node, whose changes are local as ever.
+    pub replicated: Option<replicated::Replicated>,
 }
 
 /// What the admin server counts about itself.
@@ -138,6 +143,9 @@ impl AdminServer {
             .spawn(move || {
                 runtime.block_on(async move {
                     tokio::spawn(streams::serve_commands(state.clone(), state.stream_commands.clone()));
+                    if let Some(replicated) = &state.replicated {
+                        tokio::spawn(replicated::apply_committed(state.clone(), replicated.entries.clone()));
+                    }
                     if state.catalog_unsaved.reason().is_some() {
                         tokio::spawn(save_deferred_catalog(state.clone()));
                     }

@@ -58,7 +58,13 @@ pub async fn route(state: &AdminState, request: Request<Incoming>) -> Response<F
             Err(error) => respond(503, TEXT, error.to_string()),
         },
         (&Method::GET, "/cluster") => match cluster::collect(state).await {
-            Some(view) => respond(200, JSON, cluster::json(&view)),
+            Some(view) => {
+                let catalog = match &state.replicated {
+                    Some(replicated) => replicated.json(&*state.catalog.lock().await),
+                    None => serde_json::Value::Null,
+                };
+                respond(200, JSON, cluster::json(&view, catalog))
+            }
             None => respond(503, TEXT, "the cluster thread did not answer\n".to_string()),
         },
         (&Method::GET, "/streams") => stream_response(200, streams::list(state).await),

@@ -139,7 +139,8 @@ pub async fn serve_commands(state: std::sync::Arc<AdminState>, commands: flume::
     }
 }
 
-/// `POST /streams`: creates a stream from a JSON body.
+/// `POST /streams`: creates a stream from a JSON body (in a cluster,
+/// through the cluster's catalog: [`crate::admin::replicated`]).
 pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> {
     let request: NewStream = serde_json::from_slice(body).map_err(|error| Failure {
         status: 400,
@@ -147,38 +148,94 @@ pub async fn create(state: &AdminState, body: &[u8]) -> Result<String, Failure> 
             "bad_request: {error} (expected {{\"name\", \"partitions\", \"retention_bytes\"?, \"retention_ms\"?, \"partitioner\"?: \"xxh3\" | \"murmur2\", \"replication_factor\"?}})\n"
         ),
     })?;
+    if state.replicated.is_some() {
+        return crate::admin::replicated::create(state, request).await;
+    }
+    let mut catalog = state.catalog.lock().await;
+    let spec = create_locked(state, &mut catalog, &request, None).await.map_err(ChangeError::into_failure)?;
+    tell_cluster(state, &catalog);
+    Ok(serde_json::to_string_pretty(&spec).expect("a spec serializes"))
+}
+
+/// Why a create or delete did not happen.
+pub(crate) enum ChangeError {
+    /// The catalog could not be saved: nothing changed, it may be tried again.
+    NotSaved(Failure),
+    /// Refused, or failed and undone (or, for a delete, done with its files
+    /// left for the next start).
+    Failed(Failure),
+}
+
+impl ChangeError {
+    pub(crate) fn into_failure(self) -> Failure {
+        match self {
+            ChangeError::NotSaved(failure) | ChangeError::Failed(failure) => failure,
+        }
+    }
+}
+
+/// The validated stream `request` would make, without creating it: the
+/// settings it resolves to here (retention defaults of this node).
+pub(crate) async fn check_create(state: &AdminState, request: &NewStream) -> Result<StreamSpec, Failure> {
     let mut catalog = state.catalog.lock().await;
     release_fenced(state, &mut catalog, false).await;
     let limits = state.config.catalog_limits();
-    let spec = match catalog.create(&request, &limits) {
+    let spec = match catalog.clone().create(request, &limits) {
         Err(CatalogError::NoRoom { .. }) if release_fenced(state, &mut catalog, true).await => {
-            catalog.create(&request, &limits)?
+            catalog.clone().create(request, &limits)?
         }
         created => created?,
     };
-    if let Err(error) = save(state, &catalog) {
+    Ok(spec)
+}
+
+/// Creates a stream with the catalog lock held: adds it, saves the catalog
+/// (with `replicated_index`, the catalog-log entry this is, in a cluster),
+/// has every shard install and activate it; a failed install is undone as
+/// a delete.
+pub(crate) async fn create_locked(
+    state: &AdminState,
+    catalog: &mut Catalog,
+    request: &NewStream,
+    replicated_index: Option<u64>,
+) -> Result<StreamSpec, ChangeError> {
+    release_fenced(state, catalog, false).await;
+    let limits = state.config.catalog_limits();
+    let created = match catalog.create(request, &limits) {
+        Err(CatalogError::NoRoom { .. }) if release_fenced(state, catalog, true).await => {
+            catalog.create(request, &limits)
+        }
+        created => created,
+    };
+    let spec = created.map_err(|error| ChangeError::Failed(error.into()))?;
+    let index_before = catalog.replicated_index();
+    if let Some(index) = replicated_index {
+        catalog.set_replicated_index(index);
+    }
+    if let Err(error) = save(state, catalog) {
         catalog.undo_create(spec.id);
-        return Err(error.into());
+        catalog.set_replicated_index(index_before);
+        return Err(ChangeError::NotSaved(error.into()));
     }
     if let Err(failure) = install(state, &spec).await {
         // Some shards may have opened its partitions: take it back as a
         // delete, so nothing of it stays half there.
         let undone = match catalog.begin_delete(&spec.name) {
-            Ok(spec) => finish_delete(state, &mut catalog, &spec).await.err(),
+            Ok(spec) => finish_delete(state, catalog, &spec).await.err(),
             Err(error) => Some(error.into()),
         };
         let note = undone.map(|undo| format!("; undoing it failed too: {}", undo.message)).unwrap_or_default();
-        return Err(Failure { status: failure.status, message: format!("{}{note}", failure.message) });
+        let message = format!("{}{note}", failure.message);
+        return Err(ChangeError::Failed(Failure { status: failure.status, message }));
     }
-    tell_cluster(state, &catalog);
-    Ok(serde_json::to_string_pretty(&spec).expect("a spec serializes"))
+    Ok(spec)
 }
 
 /// Gives the cluster thread the streams now in the catalog: it hosts the
 /// Raft groups of the replicated ones ([`crate::replication::node`]). A
 /// full request queue only delays that until the next change; the cluster
 /// thread also gets the catalog at start.
-fn tell_cluster(state: &AdminState, catalog: &crate::stream::Catalog) {
+pub(crate) fn tell_cluster(state: &AdminState, catalog: &crate::stream::Catalog) {
     if catalog.streams().iter().any(StreamSpec::is_replicated) || state.config.cluster_address().is_some() {
         let _ = state.cluster.try_send(crate::cluster::ClusterRequest::Streams(catalog.streams().to_vec()));
     }
@@ -201,28 +258,49 @@ async fn install(state: &AdminState, spec: &StreamSpec) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `DELETE /streams/NAME`.
+/// `DELETE /streams/NAME` (in a cluster, through the cluster's catalog:
+/// [`crate::admin::replicated`]).
 pub async fn delete(state: &AdminState, name: &str) -> Result<String, Failure> {
+    if state.replicated.is_some() {
+        return crate::admin::replicated::delete(state, name).await;
+    }
     let mut catalog = state.catalog.lock().await;
+    let spec = delete_locked(state, &mut catalog, name, None).await.map_err(ChangeError::into_failure)?;
+    Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))
+}
+
+/// Deletes a stream with the catalog lock held: saves its tombstone (with
+/// `replicated_index` in a cluster), then finishes the delete.
+pub(crate) async fn delete_locked(
+    state: &AdminState,
+    catalog: &mut Catalog,
+    name: &str,
+    replicated_index: Option<u64>,
+) -> Result<StreamSpec, ChangeError> {
     let aggregates: Vec<_> = catalog.aggregates_of(name).cloned().collect();
-    let spec = catalog.begin_delete(name)?;
-    if let Err(error) = save(state, &catalog) {
+    let spec = catalog.begin_delete(name).map_err(|error| ChangeError::Failed(error.into()))?;
+    let index_before = catalog.replicated_index();
+    if let Some(index) = replicated_index {
+        catalog.set_replicated_index(index);
+    }
+    if let Err(error) = save(state, catalog) {
         catalog.undo_begin_delete(&spec);
+        catalog.set_replicated_index(index_before);
         aggregates.into_iter().for_each(|declaration| catalog.add_aggregate(declaration));
-        return Err(error.into());
+        return Err(ChangeError::NotSaved(error.into()));
     }
     // The tombstone is durable: the stream is deleted, whatever follows.
     let started = std::time::Instant::now();
-    let finished = finish_delete(state, &mut catalog, &spec).await;
-    tell_cluster(state, &catalog);
+    let finished = finish_delete(state, catalog, &spec).await;
+    tell_cluster(state, catalog);
     if started.elapsed() > SLOW_DELETE {
         log::warn!(stream = name, "deleting the stream took {:.1} s", started.elapsed().as_secs_f64());
     }
     if let Err(failure) = finished {
         let message = format!("{}(stream {name} is deleted; its files go at the next start)\n", failure.message);
-        return Err(Failure { status: failure.status, message });
+        return Err(ChangeError::Failed(Failure { status: failure.status, message }));
     }
-    Ok(serde_json::to_string_pretty(&json!({ "deleted": spec })).expect("json serializes"))
+    Ok(spec)
 }
 
 /// Carries out a delete whose tombstone is saved: deactivate and fence,

@@ -4,6 +4,10 @@
 //! answers the admin thread (`GET /cluster`) and the signal thread (leave).
 //! It also runs the internode transport ([`crate::transport`]), whose links
 //! follow the membership (a task matches them every [`LINK_SYNC_MS`]).
+//! A clustered node runs its Raft groups here too ([`crate::replication::node`]),
+//! the cluster's catalog group among them: a task hands its committed
+//! entries to the admin thread to apply ([`crate::admin::replicated`]), and
+//! [`ClusterRequest::ProposeCatalog`] proposes a change.
 //!
 //! Four tasks share the membership (`Rc<RefCell<_>>`, never borrowed across
 //! an await): one receives datagrams, one sends what the membership queued,
@@ -77,6 +81,9 @@ pub enum ClusterRequest {
     /// The stream catalog changed: these are its streams now (the
     /// replicated ones have Raft groups here).
     Streams(Vec<crate::stream::StreamSpec>),
+    /// Propose a catalog command to the catalog group (answered once it is
+    /// committed, or refused; its apply here comes a moment later).
+    ProposeCatalog { command: Vec<u8>, reply: flume::Sender<Result<(), crate::replication::node::ProposalRefused>> },
     /// End the thread (after the shards stopped).
     Exit,
 }
@@ -119,6 +126,10 @@ pub struct ReplicationSetup {
     pub proposals: flume::Receiver<crate::replication::node::ProposalRequest>,
     /// The catalog's streams at start.
     pub streams: Vec<crate::stream::StreamSpec>,
+    /// The last catalog-log entry the catalog applied (its `replicated_index`).
+    pub catalog_applied: u64,
+    /// Where committed catalog entries go to be applied (the admin thread).
+    pub catalog_entries: flume::Sender<crate::replication::node::CatalogEntries>,
 }
 
 /// The running cluster thread.
@@ -182,6 +193,8 @@ struct Node {
     catchup_due: Notify,
     /// Wakes the sync task: `Ready`s wait for the Raft log's sync.
     sync_due: Notify,
+    /// Wakes the catalog's apply: its commit may have advanced.
+    catalog_due: Notify,
 }
 
 impl Node {
@@ -228,13 +241,14 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
     let seed = rand::random::<u64>();
     let node_id = setup.identity.node_id;
     let transport = setup.transport.map(Transport::start);
-    let (replication, proposals) = match (setup.replication, &transport) {
+    let (replication, proposals, catalog_entries) = match (setup.replication, &transport) {
         (Some(replication), Some(transport)) => {
             let mut state = ReplicationNode::new(node_id, replication.store, transport.handle());
             state.set_streams(&replication.streams);
-            (Some(RefCell::new(state)), Some(replication.proposals))
+            state.set_catalog(replication.catalog_applied, setup.join.is_empty());
+            (Some(RefCell::new(state)), Some(replication.proposals), Some(replication.catalog_entries))
         }
-        _ => (None, None),
+        _ => (None, None, None),
     };
     let node = Rc::new(Node {
         membership: RefCell::new(Membership::new(setup.identity, seed)),
@@ -250,6 +264,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         replication_wake: Notify::default(),
         catchup_due: Notify::default(),
         sync_due: Notify::default(),
+        catalog_due: Notify::default(),
     });
     if node.socket.is_some() {
         glommio::spawn_local(receive_datagrams(node.clone())).detach();
@@ -266,6 +281,9 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_flush(node.clone())).detach();
             glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
             glommio::spawn_local(replication_catchup(node.clone(), setup.controls.clone())).detach();
+            if let Some(catalog_entries) = catalog_entries {
+                glommio::spawn_local(replication_catalog(node.clone(), catalog_entries)).detach();
+            }
         }
         node.membership.borrow_mut().join(node.now(), &setup.join);
         node.after_interaction();
@@ -296,6 +314,16 @@ async fn serve_requests(
                     node.replication_wake.notify();
                 }
             }
+            ClusterRequest::ProposeCatalog { command, reply } => match &node.replication {
+                Some(replication) => {
+                    replication.borrow_mut().propose_catalog(bytes::Bytes::from(command), reply);
+                    node.round_due.notify();
+                    node.replication_wake.notify();
+                }
+                None => {
+                    let _ = reply.send(Err(crate::replication::node::ProposalRefused::NotAReplica));
+                }
+            },
             ClusterRequest::Exit => return,
         }
     }
@@ -483,6 +511,7 @@ async fn replication_rounds(node: Rc<Node>) {
         replication.borrow_mut().round_unsynced();
         node.delivery_due.notify();
         node.sync_due.notify();
+        node.catalog_due.notify();
         if replication.borrow().has_unsent() {
             node.flush_due.notify();
         }
@@ -535,6 +564,35 @@ async fn replication_delivery(node: Rc<Node>, controls: Vec<flume::Sender<Contro
         // A gap found: its fetch starts (module doc of `catchup`).
         if replication.borrow().catchup.open_count() > 0 {
             node.catchup_due.notify();
+        }
+    }
+}
+
+/// How long the catalog's apply waits before it tries an entry the admin
+/// thread could not apply yet (a full disk, a shard that did not answer), in ms.
+const CATALOG_RETRY_MS: u64 = 500;
+
+/// Hands the committed catalog entries this node's catalog lacks to the
+/// admin thread, which applies them in order ([`crate::admin::replicated`]),
+/// whenever a round may have advanced the catalog's commit. Its own task:
+/// applying a create or a delete waits for every shard, which must never
+/// hold up the partitions' deliveries.
+async fn replication_catalog(node: Rc<Node>, entries: flume::Sender<crate::replication::node::CatalogEntries>) {
+    let Some(replication) = &node.replication else { return };
+    loop {
+        node.catalog_due.notified().await;
+        loop {
+            let Some((due, through)) = replication.borrow().catalog_due() else { break };
+            let (reply, answer) = flume::bounded(1);
+            let request = crate::replication::node::CatalogEntries { entries: due, through, reply };
+            if entries.send_async(request).await.is_err() {
+                return;
+            }
+            let Ok(applied) = answer.recv_async().await else { return };
+            replication.borrow_mut().catalog_applied(applied);
+            if applied < through {
+                glommio::timer::sleep(Duration::from_millis(CATALOG_RETRY_MS)).await;
+            }
         }
     }
 }

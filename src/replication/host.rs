@@ -273,6 +273,9 @@ pub struct ReplicaHost<S: LogStore> {
     stream_replication: BTreeMap<u32, usize>,
     /// Partitions of each stream part, for [`balanced_leaders`].
     stream_partitions: BTreeMap<u32, u32>,
+    /// Stream parts whose groups want every live member that is not a
+    /// voter as a learner ([`Self::set_learners_everywhere`]).
+    learners_everywhere: std::collections::BTreeSet<u32>,
     /// Per stream part, each partition's desired replicas with balanced
     /// leaders; recomputed when the members or the streams change.
     placements: HashMap<u32, Vec<DesiredReplicas>>,
@@ -303,6 +306,7 @@ impl<S: LogStore> ReplicaHost<S> {
             reconfig_budget: config.reconfig_steps_per_window_max,
             stream_replication: BTreeMap::new(),
             stream_partitions: BTreeMap::new(),
+            learners_everywhere: std::collections::BTreeSet::new(),
             placements: HashMap::new(),
             ticks: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
@@ -410,6 +414,13 @@ impl<S: LogStore> ReplicaHost<S> {
         if replication_changed || partitions_changed {
             self.place_streams();
         }
+    }
+
+    /// Makes the groups of stream part `stream_id` want every live member
+    /// that is not one of their voters as a learner, so every node applies
+    /// their entries (the catalog group, [`crate::replication::node`]).
+    pub fn set_learners_everywhere(&mut self, stream_id: u32) {
+        self.learners_everywhere.insert(stream_id);
     }
 
     /// Recomputes every stream's balanced placement for the current members.
@@ -968,10 +979,15 @@ impl<S: LogStore> ReplicaHost<S> {
         if self.members.is_empty() {
             return DesiredReplicas::default();
         }
-        if let Some(placed) = self.placements.get(&id.stream_id).and_then(|sets| sets.get(id.partition as usize)) {
-            return placed.clone();
+        let mut desired = match self.placements.get(&id.stream_id).and_then(|sets| sets.get(id.partition as usize)) {
+            Some(placed) => placed.clone(),
+            None => desired_replicas(id, &self.members, self.replication_factor_of(id)),
+        };
+        if self.learners_everywhere.contains(&id.stream_id) {
+            let others = self.members.iter().map(|member| member.replica).filter(|replica| !desired.contains(*replica));
+            desired.learners = others.collect();
         }
-        desired_replicas(id, &self.members, self.replication_factor_of(id))
+        desired
     }
 
     /// The reconfiguration step `id`'s leader (this node) would take, if any.

@@ -22,6 +22,9 @@
 //!   cluster thread, [`file_store::FileLogStore`] as its durable store, the
 //!   transport for its peer batches and forwarded proposals, and the shards'
 //!   proposals and committed records ([`crate::shard::replicated`]).
+//! - The cluster's catalog is one more group, [`CATALOG_GROUP`], whose
+//!   entries are stream creates and deletes that every node applies
+//!   ([`node`], "The catalog group"; [`crate::admin::replicated`]).
 //! - [`catchup`]: the records a replica's partition lacks before a
 //!   snapshot's point, fetched in bounded chunks from a peer's partition
 //!   log over the transport ([`crate::shard::gap_read`] reads them there).
@@ -94,6 +97,12 @@ pub struct GroupId {
     pub stream_id: u32,
     pub partition: u32,
 }
+
+/// The cluster's catalog: one Raft group whose entries are stream creates
+/// and deletes ([`node`], "The catalog group"). Its stream part is one no
+/// replicated stream may take ([`crate::stream::Catalog::create`] refuses a
+/// name hashing to it).
+pub const CATALOG_GROUP: GroupId = GroupId { stream_id: u32::MAX, partition: 0 };
 
 /// The Raft peer id of a node: the xor of its id's halves, or 1 if that is
 /// 0 (raft-rs reserves 0 for "none"). Two nodes colliding needs equal

@@ -151,11 +151,35 @@
 //! The groups are those of the streams with a replication factor above 1
 //! (the admin thread gives the catalog after every change). A group's id is
 //! (a hash of the stream's name, the stream's partition), the same on
-//! every node although the catalog is not replicated yet. A node with the
+//! every node (each allocates its own stream ids). A node with the
 //! stream that is in the group's desired replicas (placement over the live
 //! members, once at least that many are live) bootstraps the group with
 //! those replicas; a node the leader adds later gets the group from the
 //! leader's first append.
+//!
+//! # The catalog group
+//!
+//! One more group, [`CATALOG_GROUP`], holds the cluster's catalog: its
+//! entries are catalog commands (JSON, [`crate::admin::replicated`]) behind
+//! the same proposal header, proposed and forwarded like a shard's
+//! ([`ReplicationNode::propose_catalog`], under a shard number no shard
+//! has). Its placement: voters the top `min(`[`CATALOG_VOTERS_MAX`]`, live
+//! members)` by rendezvous hashing (re-set at every membership change),
+//! and every other live member a learner
+//! ([`ReplicaHost::set_learners_everywhere`]), so every node holds its log
+//! and the leader's usual reconfiguration steps keep it so as nodes join
+//! and leave. Only the node started without `--join` (the founder) creates
+//! it, alone, at its first start (never once it applied any entry): a node
+//! that joins never bootstraps one, so two catalogs cannot start apart.
+//! Its committed entries are not delivered to a shard: a task of the
+//! cluster thread hands them, in order, to the admin thread, which applies
+//! them to the node's catalog and says up to where ([`CatalogEntries`]).
+//! A proposal is answered at its commit, like a shard's; the admin thread
+//! answers its request once its own apply recorded the command's outcome
+//! (by the command's request id). The catalog saves
+//! the last applied index, from which a restarted node goes on. Its log is
+//! never compacted (an entry per create or delete), so a node that joins
+//! later replays it from index 1 and no snapshot has to carry a catalog.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -173,7 +197,7 @@ use crate::replication::host::{HostConfig, ProposeError, ReplicaHost};
 use crate::replication::placement::{Candidate, desired_replicas};
 use crate::replication::store::{Compacted, LogStore};
 use crate::replication::wire::PeerBatch;
-use crate::replication::{GroupId, ReplicaId, replica_id_of};
+use crate::replication::{CATALOG_GROUP, GroupId, ReplicaId, replica_id_of};
 use crate::runtime::log;
 use crate::stream::StreamSpec;
 use crate::transport::{Channel, SendError, TransportHandle};
@@ -210,6 +234,24 @@ const REFUSING_MAX: usize = 65_536;
 /// How long a shard may take to answer a delivery before the next round
 /// asks again, in ms.
 const DELIVERY_TIMEOUT_MS: u64 = 5_000;
+/// Most voters of the catalog group: `min(3, live members)`; every other
+/// live member is its learner (module doc, "The catalog group").
+pub const CATALOG_VOTERS_MAX: usize = 3;
+/// Catalog entries handed to the admin thread at once.
+pub const CATALOG_ENTRIES_PER_APPLY_MAX: usize = 64;
+/// The "shard" catalog proposals are numbered under (no real shard has it).
+const CATALOG_SHARD: u16 = u16::MAX;
+
+/// Committed entries of the catalog group for the admin thread to apply
+/// to this node's catalog, in log order: (Raft index, command). `through`
+/// is the last index they cover (configuration entries between them carry
+/// no command); the answer is the last index applied, `through` unless an
+/// entry could not be applied yet (it comes again).
+pub struct CatalogEntries {
+    pub entries: Vec<(u64, Bytes)>,
+    pub through: u64,
+    pub reply: flume::Sender<u64>,
+}
 
 /// A shard's request: replicate `records` (log-format records of one
 /// partition) through `group`; answered once committed here.
@@ -534,6 +576,11 @@ pub struct ReplicationNode {
     pub catchup: crate::replication::catchup::Catchup,
     pub stats: ReplicationStats,
     full_refusals: log::Episode,
+    /// The catalog group's next entry to apply to this node's catalog.
+    catalog_cursor: u64,
+    /// Started without `--join`: the node that creates the catalog group.
+    catalog_founder: bool,
+    catalog_sequence: u64,
     gap_warnings: log::Episode,
 }
 
@@ -572,7 +619,9 @@ impl ReplicationNode {
         let self_id = replica_id_of(node_id);
         let store = Rc::new(RefCell::new(store));
         let config = HostConfig::default();
-        let host = ReplicaHost::new(self_id, config, store.clone(), rand::random());
+        let mut host = ReplicaHost::new(self_id, config, store.clone(), rand::random());
+        host.set_learners_everywhere(CATALOG_GROUP.stream_id);
+        host.set_stream(CATALOG_GROUP.stream_id, 1, 1);
         ReplicationNode {
             host,
             store,
@@ -599,6 +648,9 @@ impl ReplicationNode {
             stats: ReplicationStats::default(),
             full_refusals: log::Episode::new("proposals refused: Raft log full"),
             gap_warnings: log::Episode::new("partitions behind their group's compaction point"),
+            catalog_cursor: 1,
+            catalog_founder: false,
+            catalog_sequence: 0,
         }
     }
 
@@ -638,6 +690,77 @@ impl ReplicationNode {
         );
     }
 
+    /// Where the catalog stands: `applied` is the last catalog entry this
+    /// node's catalog holds (its `replicated_index`); a `founder` (started
+    /// without `--join`) creates the catalog group if it has none and has
+    /// applied none (module doc, "The catalog group").
+    pub fn set_catalog(&mut self, applied: u64, founder: bool) {
+        self.catalog_cursor = applied + 1;
+        self.catalog_founder = founder;
+        if founder && applied == 0 && self.store.borrow().log(CATALOG_GROUP).is_none() {
+            self.host.bootstrap(CATALOG_GROUP, &[self.self_id]);
+        }
+    }
+
+    /// Proposes a catalog command (bytes the admin thread encodes): here if
+    /// this node leads the catalog group, else forwarded to its leader;
+    /// `reply` is answered once it is committed (the admin thread then
+    /// waits for its apply here), or refused.
+    pub fn propose_catalog(&mut self, command: Bytes, reply: flume::Sender<Result<(), ProposalRefused>>) {
+        self.catalog_sequence += 1;
+        let request = ProposalRequest {
+            group: CATALOG_GROUP,
+            shard: CATALOG_SHARD,
+            sequence: self.catalog_sequence,
+            resync: true,
+            records: command,
+            record_count: 0,
+            reply,
+        };
+        self.propose(request);
+    }
+
+    /// The committed catalog entries this node's catalog lacks, at most
+    /// [`CATALOG_ENTRIES_PER_APPLY_MAX`] commands; `None` when it has them all.
+    pub fn catalog_due(&self) -> Option<(Vec<(u64, Bytes)>, u64)> {
+        let store = self.store.borrow();
+        let log = store.log(CATALOG_GROUP)?;
+        let commit = self.host.commit_of(CATALOG_GROUP)?.min(log.last_index());
+        if commit < self.catalog_cursor {
+            return None;
+        }
+        if self.catalog_cursor < log.first_index() {
+            // Never compacted (module doc): a log that starts later is not
+            // one this node can apply from.
+            log::error!(
+                "replication: the catalog log starts at index {} but this node's catalog is at {}: not applied",
+                log.first_index(),
+                self.catalog_cursor - 1
+            );
+            return None;
+        }
+        let mut entries = Vec::new();
+        let mut through = self.catalog_cursor - 1;
+        while through < commit && entries.len() < CATALOG_ENTRIES_PER_APPLY_MAX {
+            let index = through + 1;
+            let Some(entry) = log.entry(index) else { break };
+            if entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal
+                && let Ok((_, command)) = decode_proposal(&entry.data)
+                && !command.is_empty()
+            {
+                entries.push((index, Bytes::copy_from_slice(command)));
+            }
+            through = index;
+        }
+        (through >= self.catalog_cursor).then_some((entries, through))
+    }
+
+    /// The admin thread applied the catalog up to `through`: the next
+    /// entries come from there.
+    pub fn catalog_applied(&mut self, through: u64) {
+        self.catalog_cursor = self.catalog_cursor.max(through + 1);
+    }
+
     /// Whether there is anything to run: a replicated stream or a group.
     pub fn is_active(&self) -> bool {
         !self.streams.is_empty() || self.host.groups().next().is_some()
@@ -675,6 +798,8 @@ impl ReplicationNode {
             }
         }
         self.live = live.clone();
+        let catalog_voters = live.len().clamp(1, CATALOG_VOTERS_MAX);
+        self.host.set_stream(CATALOG_GROUP.stream_id, catalog_voters, 1);
         self.host.set_members(live);
     }
 
@@ -792,7 +917,7 @@ impl ReplicationNode {
         if let Some(hint) = self.leader_hints.get(&group).filter(|hint| live(hint)) {
             return *hint;
         }
-        if !self.streams.contains_key(&group.stream_id) {
+        if !self.streams.contains_key(&group.stream_id) && group != CATALOG_GROUP {
             return 0;
         }
         self.host.desired_replicas(group).replicas.into_iter().find(live).unwrap_or(0)
@@ -1351,7 +1476,10 @@ impl ReplicationNode {
             .filter_map(|group| {
                 let status = self.host.status(group)?;
                 let stream = self.streams.get(&group.stream_id).map_or_else(
-                    || format!("(group stream {:08x}, not in this node's catalog)", group.stream_id),
+                    || match group == CATALOG_GROUP {
+                        true => "(catalog)".to_string(),
+                        false => format!("(group stream {:08x}, not in this node's catalog)", group.stream_id),
+                    },
                     |stream| stream.name.clone(),
                 );
                 let (preferred_leader, next_step) = self.host.placement_status(group);

@@ -58,6 +58,10 @@ pub struct Candidate {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredReplicas {
     pub replicas: Vec<ReplicaId>,
+    /// Members wanted as learners beyond the voters: every other live
+    /// member for a group that must reach every node (the catalog,
+    /// [`crate::replication::node`] "The catalog group"); empty otherwise.
+    pub learners: Vec<ReplicaId>,
 }
 
 impl DesiredReplicas {
@@ -68,6 +72,11 @@ impl DesiredReplicas {
 
     pub fn contains(&self, replica: ReplicaId) -> bool {
         self.replicas.contains(&replica)
+    }
+
+    /// Whether `replica` is wanted as a voter or as a learner.
+    pub fn wants(&self, replica: ReplicaId) -> bool {
+        self.replicas.contains(&replica) || self.learners.contains(&replica)
     }
 }
 
@@ -103,7 +112,7 @@ pub fn rank(group: GroupId, candidates: &[Candidate]) -> Vec<ReplicaId> {
 pub fn desired_replicas(group: GroupId, candidates: &[Candidate], replication_factor: usize) -> DesiredReplicas {
     let mut replicas = rank(group, candidates);
     replicas.truncate(replication_factor.clamp(1, REPLICATION_FACTOR_MAX));
-    DesiredReplicas { replicas }
+    DesiredReplicas { replicas, learners: Vec::new() }
 }
 
 /// Passes of [`balanced_leaders`] over a stream's groups; each move lowers

@@ -19,8 +19,10 @@
 //!    change that also removes an undesired voter, if there is one and the
 //!    group already has enough voters, so the group never has fewer than
 //!    it had;
-//! 5. remove undesired learners, then undesired voters beyond the desired
-//!    count (a dead or departed node);
+//! 5. add one wanted learner that is not a replica yet (only a group whose
+//!    placement wants learners beyond its voters: the catalog, which every
+//!    node applies), remove undesired learners, then undesired voters
+//!    beyond the desired count (a dead or departed node);
 //! 6. transfer leadership to the preferred leader once it is a caught-up
 //!    voter.
 
@@ -131,7 +133,11 @@ pub fn next_step(view: &LeaderView<'_>) -> Option<Step> {
     if let Some(missing) = missing {
         return Some(Step::AddLearner(missing));
     }
-    if let Some(learner) = view.membership.learners.iter().copied().find(|learner| !view.desired.contains(*learner)) {
+    let wanted = view.desired.learners.iter().copied();
+    if let Some(learner) = wanted.clone().find(|replica| !view.is_voter(*replica) && !view.is_learner(*replica)) {
+        return Some(Step::AddLearner(learner));
+    }
+    if let Some(learner) = view.membership.learners.iter().copied().find(|learner| !view.desired.wants(*learner)) {
         return Some(Step::RemoveLearner(learner));
     }
     if view.membership.voters.len() > view.desired.replicas.len()
@@ -147,7 +153,7 @@ mod tests {
     use super::*;
 
     fn decide(membership: &Membership, matched: &[(ReplicaId, u64)], desired: &[ReplicaId]) -> Option<Step> {
-        let desired = DesiredReplicas { replicas: desired.to_vec() };
+        let desired = DesiredReplicas { replicas: desired.to_vec(), learners: Vec::new() };
         let view =
             LeaderView { leader: 1, membership, matched, last_index: 100, change_pending: false, desired: &desired };
         next_step(&view)
@@ -173,7 +179,7 @@ mod tests {
     /// left first, and a settled group with its preferred leader is left alone.
     #[test]
     fn one_step_at_a_time() {
-        let desired = DesiredReplicas { replicas: vec![1, 2, 3] };
+        let desired = DesiredReplicas { replicas: vec![1, 2, 3], learners: Vec::new() };
         let settled = voters(&[1, 2, 3]);
         let mut view = LeaderView {
             leader: 1,
@@ -201,5 +207,32 @@ mod tests {
         assert_eq!(decide(&voters(&[1, 2]), &[], &[2]), None, "only the preferred leader may remove the leader");
         let extra = Membership { learners: vec![9], ..voters(&[1, 2, 3]) };
         assert_eq!(decide(&extra, &[], &[1, 2, 3]), Some(Step::RemoveLearner(9)));
+    }
+
+    /// A group that wants every other member as a learner (the catalog)
+    /// adds them one at a time once its voters are settled, keeps them
+    /// (never promotes them), and drops a learner no longer wanted.
+    #[test]
+    fn wanted_learners_are_added_after_the_voters_and_kept() {
+        let desired = DesiredReplicas { replicas: vec![1, 2, 3], learners: vec![4, 5] };
+        let decide_with = |membership: &Membership, matched: &[(ReplicaId, u64)]| {
+            let view = LeaderView {
+                leader: 1,
+                membership,
+                matched,
+                last_index: 100,
+                change_pending: false,
+                desired: &desired,
+            };
+            next_step(&view)
+        };
+        assert_eq!(decide_with(&voters(&[1, 2]), &[]), Some(Step::AddLearner(3)), "voters first");
+        assert_eq!(decide_with(&voters(&[1, 2, 3]), &[]), Some(Step::AddLearner(4)));
+        let one = Membership { learners: vec![4], ..voters(&[1, 2, 3]) };
+        assert_eq!(decide_with(&one, &[(4, 100)]), Some(Step::AddLearner(5)), "a wanted learner is not promoted");
+        let both = Membership { learners: vec![4, 5], ..voters(&[1, 2, 3]) };
+        assert_eq!(decide_with(&both, &[(4, 100), (5, 100)]), None, "settled");
+        let stale = Membership { learners: vec![4, 5, 6], ..voters(&[1, 2, 3]) };
+        assert_eq!(decide_with(&stale, &[]), Some(Step::RemoveLearner(6)));
     }
 }

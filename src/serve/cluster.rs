@@ -121,9 +121,16 @@ pub fn start(
     prepared: ClusterStart,
     controls: &[flume::Sender<ControlRequest>],
     streams: Vec<crate::stream::StreamSpec>,
+    (catalog_applied, catalog_entries): (u64, flume::Sender<crate::replication::node::CatalogEntries>),
 ) -> Result<ClusterHandle, ServeError> {
     let ClusterStart { identity, socket, listener, addresses, replication, proposals: _ } = prepared;
-    let replication = replication.map(|(store, proposals)| ReplicationSetup { store, proposals, streams });
+    let replication = replication.map(|(store, proposals)| ReplicationSetup {
+        store,
+        proposals,
+        streams,
+        catalog_applied,
+        catalog_entries,
+    });
     let transport = listener.map(|listener| TransportSetup {
         node_id: identity.node_id,
         listener,

@@ -194,9 +194,15 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let started = Instant::now();
     let startup = wait_for_start(&events, shard_count);
     let cluster_banner = cluster::describe(&config, &cluster_start);
+    // Committed catalog entries, from the cluster thread to the admin
+    // thread that applies them; one batch at a time (the cluster thread
+    // waits for each answer).
+    let (catalog_entries_sender, catalog_entries) = flume::bounded(1);
     let admin = startup.and_then(|read_only| {
-        let cluster = cluster::start(&config, cluster_start, &controls, catalog.streams().to_vec())?;
-        let catalog = (catalog, stream_commands);
+        let replicated_catalog = (catalog.replicated_index(), catalog_entries_sender);
+        let cluster =
+            cluster::start(&config, cluster_start, &controls, catalog.streams().to_vec(), replicated_catalog)?;
+        let catalog = (catalog, stream_commands, catalog_entries);
         match start_admin(&controls, &config, started, catalog, catalog_unsaved.clone(), cluster.requests()) {
             Ok(admin) => Ok((admin, cluster, read_only)),
             Err(error) => {
@@ -276,7 +282,11 @@ fn start_admin(
     controls: &[flume::Sender<ControlRequest>],
     config: &Arc<Config>,
     started: Instant,
-    (catalog, stream_commands): (crate::stream::Catalog, flume::Receiver<crate::admin::StreamCommand>),
+    (catalog, stream_commands, catalog_entries): (
+        crate::stream::Catalog,
+        flume::Receiver<crate::admin::StreamCommand>,
+        flume::Receiver<crate::replication::node::CatalogEntries>,
+    ),
     catalog_unsaved: crate::stream::UnsavedCatalog,
     cluster: flume::Sender<ClusterRequest>,
 ) -> Result<AdminServer, ServeError> {
@@ -291,6 +301,10 @@ fn start_admin(
         catalog_unsaved,
         stream_commands,
         cluster,
+        replicated: config
+            .cluster_address()
+            .is_some()
+            .then(|| crate::admin::replicated::Replicated::new(catalog_entries)),
     })
     .map_err(ServeError::Admin)
 }

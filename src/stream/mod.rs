@@ -103,7 +103,8 @@ impl StreamSpec {
 
     /// The Raft group id's stream part: a hash of the name, so every node
     /// names the group alike although each allocates its own stream ids
-    /// (the catalog is not replicated yet).
+    /// and partition ranges (the cluster's catalog replicates the streams'
+    /// settings, not those local numbers).
     pub fn group_stream_id(&self) -> u32 {
         group_stream_id(&self.name)
     }
@@ -345,9 +346,58 @@ pub struct Catalog {
     /// ([`Catalog::suspend_cycles`]). Found again at every start.
     #[serde(skip)]
     suspended: Vec<(String, crate::aggregate::Cycle)>,
+    /// In a cluster: the index of the last entry of the cluster's catalog
+    /// log ([`crate::admin::replicated`]) this catalog has applied, saved
+    /// with the change it made, so a restart applies the entries after it
+    /// and none twice. 0 (never written) on a node that applied none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    replicated_index: u64,
+    /// In a cluster: the request ids of the latest catalog-log commands
+    /// applied, oldest first, at most [`REPLICATED_REQUESTS_MAX`]: a command
+    /// proposed again (its first answer was lost) is applied once, on every
+    /// node alike, restarts included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    replicated_requests: Vec<u64>,
+}
+
+/// Request ids of applied catalog-log commands a catalog keeps (8 bytes
+/// each): a retry comes within seconds of its first proposal.
+pub const REPLICATED_REQUESTS_MAX: usize = 256;
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl Catalog {
+    /// The last entry of the cluster's catalog log applied here (0: none).
+    pub fn replicated_index(&self) -> u64 {
+        self.replicated_index
+    }
+
+    /// Marks the cluster's catalog log applied up to `index` (saved with
+    /// the catalog's next save).
+    pub fn set_replicated_index(&mut self, index: u64) {
+        self.replicated_index = index;
+    }
+
+    /// Notes catalog-log command `request_id` as applied; false if it was
+    /// already (a retry: not applied again).
+    pub fn note_replicated_request(&mut self, request_id: u64) -> bool {
+        if self.replicated_requests.contains(&request_id) {
+            return false;
+        }
+        if self.replicated_requests.len() >= REPLICATED_REQUESTS_MAX {
+            self.replicated_requests.remove(0);
+        }
+        self.replicated_requests.push(request_id);
+        true
+    }
+
+    /// Takes back [`Self::note_replicated_request`] (the change was not saved).
+    pub fn forget_replicated_request(&mut self, request_id: u64) {
+        self.replicated_requests.retain(|id| *id != request_id);
+    }
+
     pub fn streams(&self) -> &[StreamSpec] {
         &self.streams
     }
@@ -417,6 +467,10 @@ impl Catalog {
             return Err(CatalogError::ReplicationFactor { replication_factor, replication_factor_max });
         }
         let group = group_stream_id(&request.name);
+        if replication_factor > 1 && group == crate::replication::CATALOG_GROUP.stream_id {
+            let other = "(the cluster's catalog group)".to_string();
+            return Err(CatalogError::GroupIdTaken { name: request.name.clone(), other });
+        }
         if replication_factor > 1
             && let Some(other) =
                 self.streams.iter().find(|spec| spec.is_replicated() && spec.group_stream_id() == group)

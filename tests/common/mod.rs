@@ -593,6 +593,32 @@ pub fn start_cluster_node(seed: Option<SocketAddr>, partitions: &str, extra: &[&
     (Server::start(&args), cluster)
 }
 
+/// Creates a stream through the first of `servers`, nodes of one cluster
+/// (the cluster's catalog takes the create to every node), and waits up to
+/// `limit` until every one of them lists it.
+pub fn create_stream_in_cluster(servers: &[&Server], spec: serde_json::Value, limit: Duration) -> serde_json::Value {
+    let created = servers[0].create_stream(spec.clone());
+    let name = spec["name"].as_str().expect("a name");
+    wait_until_listed(servers, name, true, limit);
+    created
+}
+
+/// Waits up to `limit` until every one of `servers` lists stream `name`
+/// (`listed`) or none does (`!listed`).
+pub fn wait_until_listed(servers: &[&Server], name: &str, listed: bool, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let missing: Vec<usize> =
+            (0..servers.len()).filter(|index| servers[*index].streams().contains_key(name) != listed).collect();
+        if missing.is_empty() {
+            return;
+        }
+        let what = if listed { "lacks" } else { "still lists" };
+        assert!(started.elapsed() < limit, "nodes {missing:?} {what} stream {name} after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The next offset of every partition of `stream` on `server`.
 pub fn stream_ends(server: &Server, stream: &str) -> Vec<u64> {
     let streams = server.streams();
