@@ -11,13 +11,19 @@
 //!
 //! # A round
 //!
-//! [`process`](ReplicaHost::process) takes every group's `Ready`, queues the
-//! messages a leader may send before its own write, applies the committed
-//! entries, and writes every group's new entries and hard state to the
-//! store; then it syncs the store *once* for all groups, and only then
-//! queues the messages raft-rs holds until the write is durable (votes,
-//! append acknowledgements) and advances every group. So one fsync covers
-//! every group of the node, and nothing is promised before it is durable.
+//! [`process_unsynced`](ReplicaHost::process_unsynced) takes every group's
+//! `Ready`, queues the messages a leader may send before its own write,
+//! applies the committed entries, writes every group's new entries and hard
+//! state to the store and advances the `Ready` at once (raft-rs's
+//! `advance_append_async`); the messages raft-rs holds until the write is
+//! durable (votes, append acknowledgements) wait. Then one sync of the
+//! store covers every `Ready` since the last, and
+//! [`process_synced`](ReplicaHost::process_synced) tells raft-rs they are
+//! durable (`on_persist_ready`) and queues those messages. So one fsync
+//! covers every group of the node, nothing is promised before it is
+//! durable, and groups may be stepped while a sync runs (the real node
+//! syncs off its thread). [`process`](ReplicaHost::process) does both with
+//! the sync in between (the simulator).
 //!
 //! # Quiet groups (TiKV's hibernated regions)
 //!

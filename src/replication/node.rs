@@ -73,12 +73,15 @@
 //! - committed records go to the shards in waves ([`deliver`]): every due
 //!   group's delivery is sent before any answer is awaited, so a round
 //!   costs one wait for the shard, not one per group;
-//! - a round's Raft log write and fdatasync run on glommio's blocking
-//!   thread, between the round's two halves: the leaders' appends leave
-//!   before the sync (their followers write and sync meanwhile), and this
-//!   thread keeps sending, receiving bytes and delivering; what steps a
-//!   group waits for the second half (raft-rs takes nothing new between a
-//!   `Ready` and its advance);
+//! - each `Ready` is advanced as soon as its writes are in the store
+//!   (raft-rs's `advance_append_async`), and the Raft log's write and
+//!   fdatasync run on glommio's blocking thread in a sync task of their
+//!   own, one at a time, each covering every round since the last: the
+//!   leaders' appends leave before the sync (their followers write and
+//!   sync meanwhile), the messages that need the writes durable wait for
+//!   it (`on_persist_ready`), and this thread keeps stepping, proposing,
+//!   sending and delivering meanwhile, so a message that arrives during a
+//!   sync waits for it only if its answer needs it;
 //! - a shard never finds its queue to this thread full: it waits for room
 //!   among its own outstanding proposals
 //!   ([`crate::shard::replicated::PROPOSALS_OUTSTANDING_MAX`]), and the
