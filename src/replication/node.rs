@@ -1046,11 +1046,10 @@ impl ReplicationNode {
     /// when this node's own replica applies it, whichever comes first.
     pub fn receive_propose_ack(&mut self, payload: &[u8]) {
         let Some((group, sequence)) = decode_propose_ack(payload) else { return };
-        if self.pending.get(&sequence).is_none_or(|pending| pending.group != group) {
-            return;
-        }
-        if let Some(mut pending) = self.pending.remove(&sequence) {
-            pending.replies.answer(Ok(()));
+        if let std::collections::hash_map::Entry::Occupied(entry) = self.pending.entry(sequence)
+            && entry.get().group == group
+        {
+            entry.remove().replies.answer(Ok(()));
             self.leave_flight(group);
         }
     }
@@ -1123,8 +1122,8 @@ impl ReplicationNode {
     }
 
     /// Tells the proposers of entries this node applied as the leader, and
-    /// takes this node's own acknowledged proposals (answered once
-    /// delivered to its shard).
+    /// answers this node's own proposals that are committed (module doc,
+    /// step 4).
     fn take_acks(&mut self) {
         self.send_forwarded_acks();
         for ack in self.host.take_acks() {
@@ -1231,9 +1230,13 @@ impl ReplicationNode {
     /// more to deliver, because the full store refuses every proposal,
     /// the group would never compact and the node would refuse for ever.
     fn compaction_waits(&self, group: GroupId) -> bool {
+        self.store_half_full() && self.durable_points.get(&group).is_some_and(|points| !points.is_empty())
+    }
+
+    /// Whether the Raft store holds half its bound of entry bytes or more.
+    fn store_half_full(&self) -> bool {
         let store = self.store.borrow();
         store.entry_bytes() >= store.entry_bytes_max() / 2
-            && self.durable_points.get(&group).is_some_and(|points| !points.is_empty())
     }
 
     /// The next delivery to make: a group with committed entries this
@@ -1286,14 +1289,13 @@ impl ReplicationNode {
             count += 1;
         }
         let mut next = cursor;
-        let mut records = Vec::new();
+        let mut records = Vec::with_capacity(if count == 1 { 0 } else { size });
         let mut single = None;
         for (entry, frame) in frames().take(count) {
             if let Some((header, frame)) = frame {
                 if count == 1 {
                     single = Some(entry.data.slice_ref(frame));
                 } else {
-                    records.reserve_exact(size.saturating_sub(records.len()));
                     records.extend_from_slice(frame);
                 }
                 next.offset += u64::from(header.record_count);
@@ -1337,6 +1339,7 @@ impl ReplicationNode {
     /// [`Self::tail_bytes`] (module doc, "Compaction and snapshots").
     fn delivered(&mut self, group: GroupId, delivered: Cursor, durable_offset: u64) {
         let tail_bytes = self.tail_bytes();
+        let half_full = self.store_half_full();
         let points = self.durable_points.entry(group).or_default();
         if points.back().is_none_or(|last| last.index < delivered.index) {
             if points.len() >= DURABLE_POINTS_MAX {
@@ -1346,8 +1349,7 @@ impl ReplicationNode {
         }
         // A leader spares a live follower a snapshot (whose records it
         // would have to fetch) while the store is less than half full.
-        let store_bytes = (self.store.borrow().entry_bytes(), self.store.borrow().entry_bytes_max());
-        let spare = self.host.lowest_live_match(group).filter(|_| store_bytes.0 < store_bytes.1 / 2);
+        let spare = self.host.lowest_live_match(group).filter(|_| !half_full);
         let mut target = None;
         while let Some(front) = points.front()
             && front.offset <= durable_offset
@@ -1366,7 +1368,7 @@ impl ReplicationNode {
             // log's entries moved up): try again at a later delivery.
             let worth = index.saturating_sub(log.compacted.index) >= COMPACT_ENTRIES_MIN
                 || log.data_bytes_through(index) >= tail_bytes / 4
-                || store_bytes.0 >= store_bytes.1 / 2;
+                || half_full;
             if index > log.applied || index < log.conf_index || !worth {
                 points.push_front(target);
                 return;
@@ -1540,6 +1542,10 @@ struct InDelivery {
     shard: u16,
     records: Bytes,
     answer: flume::Receiver<Option<PartitionEnd>>,
+    /// Nothing new, sent only to learn how durable the partition is
+    /// ([`ReplicationNode::compaction_waits`]): its answer does not make
+    /// the group due again in this pass.
+    probe: bool,
 }
 
 /// One wave of deliveries (see [`deliver`]): the groups that may have
@@ -1560,16 +1566,18 @@ async fn deliver_wave(
         let first_index = node.borrow().store.borrow().log(group).map_or(1, |log| log.first_index());
         // A cursor before the compaction point (a snapshot came): learn again.
         let known = node.borrow().cursors.get(&group).copied().filter(|cursor| cursor.index >= first_index);
-        let (records, first_offset, after) = match known {
+        let (records, first_offset, after, probe) = match known {
             Some(cursor) => {
                 let (records, after) = node.borrow().committed_records(group, cursor);
+                // Nothing new: only a compaction that waits asks (an empty
+                // delivery, which does not make the group due again).
                 if after.index == cursor.index && !node.borrow().compaction_waits(group) {
                     continue;
                 }
-                (records, cursor.offset, Some(after))
+                (records, cursor.offset, Some(after), after.index == cursor.index)
             }
             // Learn where the shard's log ends first (an empty delivery).
-            None => (Bytes::new(), u64::MAX, None),
+            None => (Bytes::new(), u64::MAX, None, false),
         };
         wave_bytes += records.len();
         let shard = node.borrow().owners.get(&group).copied().unwrap_or(0);
@@ -1579,7 +1587,7 @@ async fn deliver_wave(
         if control.send_async(crate::shard::control::ControlRequest::Committed(request)).await.is_err() {
             continue;
         }
-        sent.push(InDelivery { group, partition, first_offset, after, shard, records, answer });
+        sent.push(InDelivery { group, partition, first_offset, after, shard, records, answer, probe });
     }
     {
         let stats = &mut node.borrow_mut().stats;
@@ -1588,8 +1596,6 @@ async fn deliver_wave(
     }
     let deadline = Instant::now() + Duration::from_millis(DELIVERY_TIMEOUT_MS);
     for delivery in sent {
-        let probe =
-            delivery.records.is_empty() && delivery.after.is_some_and(|after| after.offset == delivery.first_offset);
         let left = deadline.saturating_duration_since(Instant::now());
         let timeout = async {
             glommio::timer::sleep(left).await;
@@ -1608,7 +1614,9 @@ async fn deliver_wave(
             }
         };
         let Some(end) = end else { continue };
-        if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.partition, delivery.after, end) && !probe {
+        if settle_delivery(&mut node.borrow_mut(), delivery.group, delivery.partition, delivery.after, end)
+            && !delivery.probe
+        {
             more.push((delivery.group, delivery.partition));
         }
     }
