@@ -181,15 +181,7 @@ impl Replicated {
 
 /// `POST /streams` in a cluster (module doc, "A request").
 pub async fn create(state: &AdminState, request: NewStream) -> Result<String, Failure> {
-    let spec = check_create(state, &request).await?;
-    let stream = NewStream {
-        name: spec.name.clone(),
-        partitions: spec.partitions,
-        retention_bytes: Some(spec.retention_bytes),
-        retention_ms: Some(spec.retention_ms),
-        partitioner: Some(spec.partitioner),
-        replication_factor: Some(spec.replication_factor),
-    };
+    let stream = resolved(&check_create(state, &request).await?);
     propose(state, Command::Create { request_id: rand::random(), stream }).await
 }
 
@@ -357,8 +349,8 @@ async fn apply_new(
                      at catalog entry {index} asks ({}); this node keeps its own and does not apply the create \
                      (delete the stream through the cluster and create it again to make every node alike)",
                     stream.name,
-                    describe_spec(existing),
-                    describe_request(&stream),
+                    describe(&resolved(existing)),
+                    describe(&stream),
                 );
                 replicated.note_conflict(message.clone());
                 return Ok(Err(Failure { status: 409, message: format!("{message}\n") }));
@@ -402,18 +394,20 @@ fn same_settings(existing: &StreamSpec, stream: &NewStream) -> bool {
         && existing.replication_factor == stream.replication_factor.unwrap_or(1)
 }
 
-fn describe_spec(spec: &StreamSpec) -> String {
-    format!(
-        "partitions {}, retention_bytes {}, retention_ms {}, partitioner {}, replication_factor {}",
-        spec.partitions,
-        spec.retention_bytes,
-        spec.retention_ms,
-        spec.partitioner.as_str(),
-        spec.replication_factor
-    )
+/// The create that makes a stream with exactly `spec`'s settings (every one
+/// given, none left to a node's defaults).
+fn resolved(spec: &StreamSpec) -> NewStream {
+    NewStream {
+        name: spec.name.clone(),
+        partitions: spec.partitions,
+        retention_bytes: Some(spec.retention_bytes),
+        retention_ms: Some(spec.retention_ms),
+        partitioner: Some(spec.partitioner),
+        replication_factor: Some(spec.replication_factor),
+    }
 }
 
-fn describe_request(stream: &NewStream) -> String {
+fn describe(stream: &NewStream) -> String {
     format!(
         "partitions {}, retention_bytes {}, retention_ms {}, partitioner {}, replication_factor {}",
         stream.partitions,

@@ -178,15 +178,34 @@ impl ChangeError {
 /// settings it resolves to here (retention defaults of this node).
 pub(crate) async fn check_create(state: &AdminState, request: &NewStream) -> Result<StreamSpec, Failure> {
     let mut catalog = state.catalog.lock().await;
-    release_fenced(state, &mut catalog, false).await;
     let limits = state.config.catalog_limits();
-    let spec = match catalog.clone().create(request, &limits) {
-        Err(CatalogError::NoRoom { .. }) if release_fenced(state, &mut catalog, true).await => {
-            catalog.clone().create(request, &limits)?
-        }
-        created => created?,
-    };
-    Ok(spec)
+    Ok(making_room(state, &mut catalog, |catalog| catalog.clone().create(request, &limits)).await?)
+}
+
+/// Runs `create` on the catalog once the deletes whose fences are down are
+/// released, and once more, after waiting for the others, if it found no
+/// room.
+async fn making_room(
+    state: &AdminState,
+    catalog: &mut Catalog,
+    create: impl Fn(&mut Catalog) -> Result<StreamSpec, CatalogError>,
+) -> Result<StreamSpec, CatalogError> {
+    release_fenced(state, catalog, false).await;
+    match create(catalog) {
+        Err(CatalogError::NoRoom { .. }) if release_fenced(state, catalog, true).await => create(catalog),
+        created => created,
+    }
+}
+
+/// Saves the catalog as having applied catalog-log entry `replicated_index`
+/// (in a cluster; `None` keeps its index); on a failed save the index is
+/// as it was, and the caller takes its change back.
+fn save_at(state: &AdminState, catalog: &mut Catalog, replicated_index: Option<u64>) -> Result<(), CatalogError> {
+    let index_before = catalog.replicated_index();
+    if let Some(index) = replicated_index {
+        catalog.set_replicated_index(index);
+    }
+    save(state, catalog).inspect_err(|_| catalog.set_replicated_index(index_before))
 }
 
 /// Creates a stream with the catalog lock held: adds it, saves the catalog
@@ -199,22 +218,11 @@ pub(crate) async fn create_locked(
     request: &NewStream,
     replicated_index: Option<u64>,
 ) -> Result<StreamSpec, ChangeError> {
-    release_fenced(state, catalog, false).await;
     let limits = state.config.catalog_limits();
-    let created = match catalog.create(request, &limits) {
-        Err(CatalogError::NoRoom { .. }) if release_fenced(state, catalog, true).await => {
-            catalog.create(request, &limits)
-        }
-        created => created,
-    };
+    let created = making_room(state, catalog, |catalog| catalog.create(request, &limits)).await;
     let spec = created.map_err(|error| ChangeError::Failed(error.into()))?;
-    let index_before = catalog.replicated_index();
-    if let Some(index) = replicated_index {
-        catalog.set_replicated_index(index);
-    }
-    if let Err(error) = save(state, catalog) {
+    if let Err(error) = save_at(state, catalog, replicated_index) {
         catalog.undo_create(spec.id);
-        catalog.set_replicated_index(index_before);
         return Err(ChangeError::NotSaved(error.into()));
     }
     if let Err(failure) = install(state, &spec).await {
@@ -279,13 +287,8 @@ pub(crate) async fn delete_locked(
 ) -> Result<StreamSpec, ChangeError> {
     let aggregates: Vec<_> = catalog.aggregates_of(name).cloned().collect();
     let spec = catalog.begin_delete(name).map_err(|error| ChangeError::Failed(error.into()))?;
-    let index_before = catalog.replicated_index();
-    if let Some(index) = replicated_index {
-        catalog.set_replicated_index(index);
-    }
-    if let Err(error) = save(state, catalog) {
+    if let Err(error) = save_at(state, catalog, replicated_index) {
         catalog.undo_begin_delete(&spec);
-        catalog.set_replicated_index(index_before);
         aggregates.into_iter().for_each(|declaration| catalog.add_aggregate(declaration));
         return Err(ChangeError::NotSaved(error.into()));
     }
