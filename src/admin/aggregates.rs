@@ -235,14 +235,17 @@ async fn key_view(state: &AdminState, name: &str, query: Option<&str>) -> Result
 /// the owner's, not the slowest shard's.
 async fn ask_owner(state: &AdminState, name: &str, key: &[u8]) -> Result<Option<KeyView>, Failure> {
     let (reply, replies) = flume::bounded(state.controls.len());
+    let deadline = tokio::time::Instant::now() + QUERY_TIMEOUT;
     for (shard, control) in state.controls.iter().enumerate() {
         let request = AggregateRequest::Query { name: name.to_string(), key: key.to_vec(), reply: reply.clone() };
-        if control.try_send(ControlRequest::Aggregate(request)).is_err() {
-            return Err(ShardUnavailable::Timeout { shard }.into());
+        // A full control queue is a busy shard: wait for room until the deadline.
+        match tokio::time::timeout_at(deadline, control.send_async(ControlRequest::Aggregate(request))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }.into()),
+            Err(_) => return Err(ShardUnavailable::Timeout { shard }.into()),
         }
     }
     drop(reply);
-    let deadline = tokio::time::Instant::now() + QUERY_TIMEOUT;
     for shard in 0..state.controls.len() {
         match tokio::time::timeout_at(deadline, replies.recv_async()).await {
             Ok(Ok(Some(view))) => return Ok(Some(view)),

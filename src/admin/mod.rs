@@ -232,23 +232,19 @@ async fn ask_all_within<T>(
     make: impl Fn(flume::Sender<T>) -> ControlRequest,
     timeout: Duration,
 ) -> Result<Vec<T>, ShardUnavailable> {
-    let replies: Vec<_> = state
-        .controls
-        .iter()
-        .map(|control| {
-            let (sender, receiver) = flume::bounded(1);
-            // Never block the admin thread: a full control queue is a busy shard.
-            let sent = control.try_send(make(sender));
-            (sent.map_err(|error| matches!(error, flume::TrySendError::Full(_))), receiver)
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(replies.len());
-    for (shard, (sent, receiver)) in replies.into_iter().enumerate() {
-        match sent {
-            Ok(()) => {}
-            Err(true) => return Err(ShardUnavailable::Timeout { shard }),
-            Err(false) => return Err(ShardUnavailable::NotRunning { shard }),
+    let mut replies = Vec::with_capacity(state.controls.len());
+    for (shard, control) in state.controls.iter().enumerate() {
+        let (sender, receiver) = flume::bounded(1);
+        // A full control queue is a busy shard: wait for room (the admin
+        // thread's runtime goes on meanwhile), within the same timeout.
+        match tokio::time::timeout(timeout, control.send_async(make(sender))).await {
+            Ok(Ok(())) => replies.push(receiver),
+            Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }),
+            Err(_) => return Err(ShardUnavailable::Timeout { shard }),
         }
+    }
+    let mut answers = Vec::with_capacity(replies.len());
+    for (shard, receiver) in replies.into_iter().enumerate() {
         match tokio::time::timeout(timeout, receiver.recv_async()).await {
             Ok(Ok(answer)) => answers.push(answer),
             Ok(Err(_)) => return Err(ShardUnavailable::NotRunning { shard }),

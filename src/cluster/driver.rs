@@ -130,6 +130,10 @@ pub struct ReplicationSetup {
     pub catalog_applied: u64,
     /// Where committed catalog entries go to be applied (the admin thread).
     pub catalog_entries: flume::Sender<crate::replication::node::CatalogEntries>,
+    /// Each shard's delivery queue (committed records and catch-up reads),
+    /// by shard id: apart from the control queues, so a wave of deliveries
+    /// never keeps an admin request or a load refresh out.
+    pub deliveries: Vec<flume::Sender<ControlRequest>>,
 }
 
 /// The running cluster thread.
@@ -241,14 +245,15 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
     let seed = rand::random::<u64>();
     let node_id = setup.identity.node_id;
     let transport = setup.transport.map(Transport::start);
-    let (replication, proposals, catalog_entries) = match (setup.replication, &transport) {
+    let (replication, proposals, catalog_entries, deliveries) = match (setup.replication, &transport) {
         (Some(replication), Some(transport)) => {
             let mut state = ReplicationNode::new(node_id, replication.store, transport.handle());
             state.set_streams(&replication.streams);
             state.set_catalog(replication.catalog_applied, setup.join.is_empty());
-            (Some(RefCell::new(state)), Some(replication.proposals), Some(replication.catalog_entries))
+            let queues = (Some(replication.proposals), Some(replication.catalog_entries), replication.deliveries);
+            (Some(RefCell::new(state)), queues.0, queues.1, queues.2)
         }
-        _ => (None, None, None),
+        _ => (None, None, None, Vec::new()),
     };
     let node = Rc::new(Node {
         membership: RefCell::new(Membership::new(setup.identity, seed)),
@@ -279,8 +284,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_rounds(node.clone())).detach();
             glommio::spawn_local(replication_syncs(node.clone())).detach();
             glommio::spawn_local(replication_flush(node.clone())).detach();
-            glommio::spawn_local(replication_delivery(node.clone(), setup.controls.clone())).detach();
-            glommio::spawn_local(replication_catchup(node.clone(), setup.controls.clone())).detach();
+            glommio::spawn_local(replication_delivery(node.clone(), deliveries.clone())).detach();
+            glommio::spawn_local(replication_catchup(node.clone(), deliveries)).detach();
             if let Some(catalog_entries) = catalog_entries {
                 glommio::spawn_local(replication_catalog(node.clone(), catalog_entries)).detach();
             }

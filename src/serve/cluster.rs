@@ -119,7 +119,7 @@ fn bind_socket(address: SocketAddr) -> Result<std::net::UdpSocket, ServeError> {
 pub fn start(
     config: &Config,
     prepared: ClusterStart,
-    controls: &[flume::Sender<ControlRequest>],
+    (controls, deliveries): (&[flume::Sender<ControlRequest>], &[flume::Sender<ControlRequest>]),
     streams: Vec<crate::stream::StreamSpec>,
     (catalog_applied, catalog_entries): (u64, flume::Sender<crate::replication::node::CatalogEntries>),
 ) -> Result<ClusterHandle, ServeError> {
@@ -130,6 +130,7 @@ pub fn start(
         streams,
         catalog_applied,
         catalog_entries,
+        deliveries: deliveries.to_vec(),
     });
     let transport = listener.map(|listener| TransportSetup {
         node_id: identity.node_id,

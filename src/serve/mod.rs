@@ -29,6 +29,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Control requests queued per shard (admin and signal threads to a shard):
 /// the admin thread waits for each answer, so a handful is plenty.
 const CONTROL_CHANNEL_CAPACITY: usize = 64;
+/// Deliveries queued per shard (the cluster thread's committed records and
+/// catch-up reads), on a queue of their own: a wave sends one per group it
+/// delivers, often more than the control queue holds, and an admin request
+/// behind them would wait for the whole wave. What they hold is bounded by
+/// the wave's bytes (`DELIVERY_WAVE_BYTES_MAX`), which the cluster thread
+/// waits on before it sends more.
+const DELIVERY_CHANNEL_CAPACITY: usize = 64;
 /// Life-cycle events each shard sends `main` (started or failed, drained).
 const SHARD_EVENTS_PER_SHARD_MAX: usize = 3;
 /// How long the first SIGINT/SIGTERM waits for the cluster thread to put
@@ -173,6 +180,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let (events_sender, events) = flume::bounded(shard_count * SHARD_EVENTS_PER_SHARD_MAX);
     let (controls, control_receivers): (Vec<_>, Vec<_>) =
         (0..shard_count).map(|_| flume::bounded(CONTROL_CHANNEL_CAPACITY)).unzip();
+    let (deliveries, delivery_receivers): (Vec<_>, Vec<_>) =
+        (0..shard_count).map(|_| flume::bounded(DELIVERY_CHANNEL_CAPACITY)).unzip();
     // Each Kafka connection waits for its command's answer before it sends
     // another: at most one command per connection is queued.
     let (stream_commands_sender, stream_commands) = flume::bounded(shard_count * config.connections_per_shard_max);
@@ -180,6 +189,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         config: config.clone(),
         mesh: MeshBuilder::full(shard_count, config.mesh_channel_frames()),
         control: Arc::new(control_receivers),
+        deliveries: Arc::new(delivery_receivers),
         events: events_sender.clone(),
         admission: Arc::new(Admission::new(&config)),
         catalog: Arc::new(catalog.running()),
@@ -200,8 +210,13 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let (catalog_entries_sender, catalog_entries) = flume::bounded(1);
     let admin = startup.and_then(|read_only| {
         let replicated_catalog = (catalog.replicated_index(), catalog_entries_sender);
-        let cluster =
-            cluster::start(&config, cluster_start, &controls, catalog.streams().to_vec(), replicated_catalog)?;
+        let cluster = cluster::start(
+            &config,
+            cluster_start,
+            (&controls, &deliveries),
+            catalog.streams().to_vec(),
+            replicated_catalog,
+        )?;
         let catalog = (catalog, stream_commands, catalog_entries);
         match start_admin(&controls, &config, started, catalog, catalog_unsaved.clone(), cluster.requests()) {
             Ok(admin) => Ok((admin, cluster, read_only)),

@@ -25,6 +25,9 @@ pub struct ShardContext {
     pub mesh: FullMesh<MeshFrame>,
     /// Control receivers, indexed by shard id (known only after the mesh join).
     pub control: Arc<Vec<flume::Receiver<ControlRequest>>>,
+    /// Delivery receivers (the cluster thread's committed records and
+    /// catch-up reads), indexed by shard id.
+    pub deliveries: Arc<Vec<flume::Receiver<ControlRequest>>>,
     pub events: flume::Sender<ShardEvent>,
     /// The process-wide connection limits, shared by every shard.
     pub admission: Arc<Admission>,
@@ -109,6 +112,9 @@ pub async fn run_shard(context: ShardContext) {
     }
     let read_only = shard.read_only_reason();
     let _ = context.events.send(ShardEvent::Started { shard: id, read_only });
+    let (delivering, deliveries) = (shard.clone(), context.deliveries[usize::from(id)].clone());
+    let events = context.events.clone();
+    glommio::spawn_local(async move { serve_control(&delivering, &deliveries, &events).await }).detach();
     serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
     outbox.close();
 }

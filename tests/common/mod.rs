@@ -225,8 +225,13 @@ impl Server {
         }
     }
 
+    /// Waits until /stats answers, at most 60 s. In CI a cluster test's node
+    /// twice did not answer within 30 s, its log stopped right after the
+    /// file-descriptor line (before the first shard opened), on a box that
+    /// ran the cluster tests at half this machine's speed; the cause is not
+    /// known, so a start that does not finish prints every thread's stack.
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("spate exited early ({status}): {}", self.log());
@@ -236,7 +241,42 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("spate did not become ready: {}", self.log());
+        panic!("spate did not become ready: {}\n{}", self.log(), self.threads());
+    }
+
+    /// What every thread of the running server is doing: its name, state
+    /// and kernel wait channel from /proc, then its stack from gdb where
+    /// gdb is installed. Printed when a server stalls, so that a hang seen
+    /// once (in CI) can be read rather than guessed at.
+    pub fn threads(&self) -> String {
+        let Some(child) = self.child.as_ref() else { return String::new() };
+        let pid = child.id();
+        let mut report = format!("threads of spate pid {pid}:\n");
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map(|dir| dir.flatten().collect::<Vec<_>>());
+        for task in tasks.unwrap_or_default() {
+            let path = task.path();
+            let read = |name: &str| std::fs::read_to_string(path.join(name)).unwrap_or_default();
+            let stat = read("stat");
+            // The state is the field after the parenthesised name.
+            let state = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).unwrap_or("?");
+            report += &format!(
+                "  {} {:<16} state {state} wchan {}\n",
+                task.file_name().to_string_lossy(),
+                read("comm").trim(),
+                read("wchan").trim()
+            );
+            for frame in read("stack").lines().take(12) {
+                report += &format!("      {frame}\n");
+            }
+        }
+        let gdb = Command::new("timeout")
+            .args(["60", "gdb", "-batch", "-nx", "-p", &pid.to_string(), "-ex", "thread apply all bt 30"])
+            .stdin(Stdio::null())
+            .output();
+        if let Ok(output) = gdb {
+            report += &String::from_utf8_lossy(&output.stdout);
+        }
+        report
     }
 
     pub fn log(&self) -> String {
@@ -249,12 +289,19 @@ impl Server {
 
     fn try_get(&self, path: &str) -> Result<String, String> {
         let url = format!("http://{}{}", self.admin, path);
-        let mut response = ureq::get(&url).call().map_err(|error| error.to_string())?;
-        response.body_mut().read_to_string().map_err(|error| error.to_string())
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut response = agent.get(&url).call().map_err(|error| error.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.body_mut().read_to_string().map_err(|error| error.to_string())?;
+        match status {
+            200..=299 => Ok(body),
+            // The body says why (which shard did not answer, say).
+            _ => Err(format!("http status {status}: {}", body.trim_end())),
+        }
     }
 
     pub fn get(&self, path: &str) -> String {
-        self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}", self.log()))
+        self.try_get(path).unwrap_or_else(|error| panic!("GET {path}: {error}\n{}\n{}", self.log(), self.threads()))
     }
 
     /// Sends an HTTP request with `method` (and a JSON `body`, if any) to the
