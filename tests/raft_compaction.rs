@@ -276,9 +276,17 @@ fn a_gap_the_peers_retention_deleted_is_counted_and_logged() {
         wait_until_stream_holds(node, STREAM, &stream_ends(&nodes[0], STREAM), index, CATCH_UP_WITHIN);
     }
     let victim = 2;
+    let victim_ends = stream_ends(&nodes[victim], STREAM);
     nodes[victim].crash();
     wait_until_removed(&nodes[..victim]);
     produce(nodes[0].ingest, first_batch, EVENTS);
+    // Retention runs once a second: restarted before it deleted what the
+    // victim lacks, the victim would fetch it and never hear "lacked".
+    let started = Instant::now();
+    while !nodes[..victim].iter().all(|node| deleted_through(node, &victim_ends)) {
+        assert!(started.elapsed() < CATCH_UP_WITHIN, "the peers' retention did not delete the victim's gap");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     nodes[victim].spawn();
     let started = Instant::now();
     let lacked = loop {
@@ -293,4 +301,18 @@ fn a_gap_the_peers_retention_deleted_is_counted_and_logged() {
     assert!(log.contains("(retention deleted them)"), "logged: {log}");
     assert!(nodes[victim].metric("spate_raft_gaps_open") > 0.0, "the gap stays open");
     eprintln!("the victim's peers lacked the records {lacked} times");
+}
+
+/// Whether every partition of [`STREAM`] on `node` starts past `ends` (its
+/// retention deleted everything before them).
+fn deleted_through(node: &Server, ends: &[u64]) -> bool {
+    let listed: serde_json::Value = serde_json::from_str(&node.get("/partitions")).unwrap();
+    let partitions = listed["partitions"].as_array().unwrap();
+    ends.iter().enumerate().all(|(index, end)| {
+        partitions.iter().any(|info| {
+            info["stream"] == STREAM
+                && info["stream_partition"] == index as u64
+                && info["earliest_offset"].as_u64().is_some_and(|earliest| earliest > *end)
+        })
+    })
 }

@@ -151,7 +151,7 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
         (
             "spate_raft_log_rewrites_total",
             "counter",
-            "Rewrites of raft.log with the live state only.",
+            "Bases of the Raft log written (the live state, after which older files are deleted).",
             stats.store_rewrites,
         ),
         (

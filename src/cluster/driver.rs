@@ -534,9 +534,8 @@ async fn replication_syncs(node: Rc<Node>) {
         node.sync_due.notified().await;
         let Some((job, covered)) = replication.borrow_mut().take_sync() else { continue };
         if let Some(job) = job {
-            let written = job.bytes();
             let result = glommio::executor().spawn_blocking(move || job.run()).await;
-            replication.borrow().finish_sync(written, result);
+            replication.borrow().finish_sync(result);
         }
         replication.borrow_mut().round_synced(covered);
         node.delivery_due.notify();

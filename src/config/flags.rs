@@ -418,7 +418,7 @@ pub struct Config {
     pub transport_test_receive_us_per_kib: u64,
 
     /// With `--cluster`: bytes of Raft log entries (every replicated
-    /// group's, memory and `replication/raft.log` alike) the node holds
+    /// group's, memory and `replication/raft-*` files alike) the node holds
     /// before it refuses proposals. Entries leave once applied and durable
     /// in their partition's log (compaction), so this is reached only when
     /// compaction falls behind; it is in the memory formula.

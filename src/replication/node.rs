@@ -1108,8 +1108,8 @@ impl ReplicationNode {
     }
 
     /// Counts a sync job of [`Self::take_sync`] done.
-    pub fn finish_sync(&self, written: u64, result: std::io::Result<()>) {
-        self.store.borrow_mut().finish_sync(written, result);
+    pub fn finish_sync(&self, result: std::io::Result<()>) {
+        self.store.borrow_mut().finish_sync(result);
     }
 
     /// The second half of a round, once the sync covering the first

@@ -98,7 +98,7 @@ pub enum ServeError {
     },
     /// The node identity in the data directory cannot be read or saved.
     Identity(crate::cluster::identity::IdentityError),
-    /// The Raft store (`<data-dir>/replication/raft.log`) cannot be read.
+    /// The Raft store (`<data-dir>/replication/raft-*`) cannot be read.
     ReplicationStore(std::io::Error),
     /// A helper thread (signals) could not start.
     Thread {
