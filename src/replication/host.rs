@@ -592,9 +592,14 @@ impl<S: LogStore> ReplicaHost<S> {
         );
         let Some(group) = self.groups.get(&id) else { return };
         let raft = &group.raw.raft;
+        // Every message comes here: the cheap tests first (a group with a
+        // leader returns at once), the log's last term (a store lookup)
+        // last. In that order it cost 4.5 % of the cluster thread.
+        if !from_leader || message.term <= 1 || raft.vote != 0 || raft.leader_id != 0 {
+            return;
+        }
         let log = &raft.raft_log;
-        let bootstrap_only = log.last_index() > 0 && log.last_term() == 1 && log.applied == log.last_index();
-        if !from_leader || message.term <= 1 || !bootstrap_only || raft.vote != 0 || raft.leader_id != 0 {
+        if !(log.last_index() > 0 && log.last_term() == 1 && log.applied == log.last_index()) {
             return;
         }
         let term = raft.term;
