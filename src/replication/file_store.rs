@@ -552,12 +552,20 @@ fn next_record(bytes: &[u8]) -> Option<(&[u8], usize)> {
     (crc32c::crc32c(body) == crc).then_some((body, 8 + body_bytes))
 }
 
+/// The entries' count, then each as its length and its protobuf bytes,
+/// encoded in place (no buffer of its own per entry: this runs for every
+/// append on every replica).
 fn encode_entries(out: &mut Vec<u8>, entries: &[Entry]) {
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for entry in entries {
-        let encoded = entry.write_to_bytes().unwrap_or_default();
-        out.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
-        out.extend_from_slice(&encoded);
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        if entry.write_to_vec(out).is_err() {
+            // As before: an entry that does not encode is written empty.
+            out.truncate(at + 4);
+        }
+        let length = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&length.to_le_bytes());
     }
 }
 
