@@ -112,7 +112,7 @@ impl SyncJob {
         file.write_all(&self.bytes)?;
         file.sync_data()?;
         match self.new_file_in {
-            Some(dir) => File::open(dir)?.sync_all(),
+            Some(dir) => sync_dir(&dir),
             None => Ok(()),
         }
     }
@@ -150,14 +150,19 @@ impl BaseWrite {
         }
         file.sync_all()?;
         std::fs::rename(&new_path, self.dir.join(base_name(self.seq)))?;
-        File::open(&self.dir)?.sync_all()?;
+        sync_dir(&self.dir)?;
         for (seq, path, _) in list_files(&self.dir)? {
             if seq < self.seq {
                 std::fs::remove_file(path)?;
             }
         }
-        File::open(&self.dir)?.sync_all()
+        sync_dir(&self.dir)
     }
+}
+
+/// Makes `dir`'s entries (a file created, renamed or removed) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 fn tail_name(seq: u64) -> String {
@@ -252,7 +257,7 @@ impl FileLogStore {
         let legacy = dir.join(LEGACY_FILE_NAME);
         if legacy.exists() {
             std::fs::rename(&legacy, dir.join(tail_name(0)))?;
-            File::open(&dir)?.sync_all()?;
+            sync_dir(&dir)?;
         }
         let files = list_files(&dir)?;
         // The newest complete base, and the tails after it.
@@ -316,8 +321,8 @@ impl FileLogStore {
         (self.entry_bytes_max / 2).max(self.entry_bytes.saturating_mul(4))
     }
 
-    /// Whether the tails since the last base passed the threshold, with
-    /// no base being written.
+    /// Whether the tails since the last base (the records just taken for a
+    /// sync included) passed the threshold, with no base being written.
     fn roll_due(&mut self) -> bool {
         if let Some(done) = &self.base_in_flight {
             match done.try_recv() {
@@ -329,23 +334,23 @@ impl FileLogStore {
                 Err(flume::TryRecvError::Disconnected) => self.base_in_flight = None,
             }
         }
-        self.dir.is_some() && self.file_bytes + self.pending.len() as u64 > self.rewrite_threshold_bytes()
+        self.file_bytes > self.rewrite_threshold_bytes()
     }
 
     /// Rolls to a new tail once the pending records are taken for the
     /// current one (module doc); returns the base to write, the live state
     /// now.
-    fn roll(&mut self) -> std::io::Result<Option<BaseWrite>> {
-        let Some(dir) = self.dir.clone() else { return Ok(None) };
+    fn roll(&mut self, dir: PathBuf) -> std::io::Result<BaseWrite> {
         let groups =
             self.memory.groups().into_iter().filter_map(|group| Some((group, self.memory.log(group)?.clone())));
-        let base =
-            BaseWrite { dir: dir.clone(), seq: self.seq + 1, groups: groups.collect(), entry_bytes: self.entry_bytes };
+        let groups = groups.collect();
+        self.file =
+            Some(std::fs::OpenOptions::new().append(true).create(true).open(dir.join(tail_name(self.seq + 2)))?);
+        let base = BaseWrite { dir, seq: self.seq + 1, groups, entry_bytes: self.entry_bytes };
         self.seq += 2;
-        self.file = Some(std::fs::OpenOptions::new().append(true).create(true).open(dir.join(tail_name(self.seq)))?);
         self.new_tail = true;
         self.file_bytes = 0;
-        Ok(Some(base))
+        Ok(base)
     }
 
     /// Counts a base written; a failed one is logged and left (the tails
@@ -423,9 +428,9 @@ impl FileLogStore {
         let new_file_in = std::mem::take(&mut self.new_tail).then(|| self.dir.clone()).flatten();
         let job = SyncJob { file, bytes: std::mem::take(&mut self.pending), new_file_in };
         self.file_bytes += job.bytes();
-        if self.roll_due() {
-            match self.roll() {
-                Ok(Some(base)) => {
+        if let Some(dir) = self.dir.clone().filter(|_| self.roll_due()) {
+            match self.roll(dir) {
+                Ok(base) => {
                     let (done, receiver) = flume::bounded(1);
                     let spawned = std::thread::Builder::new()
                         .name("spate-raft-base".into())
@@ -435,7 +440,6 @@ impl FileLogStore {
                         Err(error) => self.finish_base(Err(error)),
                     }
                 }
-                Ok(None) => {}
                 Err(error) => self.exit_on_failed_write(&error),
             }
         }
@@ -462,17 +466,19 @@ impl FileLogStore {
 
     /// [`Self::take_sync_job`] and its base run on the calling thread.
     fn write_pending(&mut self) -> std::io::Result<()> {
-        if let Some(done) = self.base_in_flight.take() {
-            let result = done.recv().unwrap_or(Ok(()));
-            self.finish_base(result);
-        }
+        self.wait_for_base();
         let Some(job) = self.take_sync_job() else { return Ok(()) };
         job.run()?;
+        self.wait_for_base();
+        Ok(())
+    }
+
+    /// Waits for the base being written, if any, and counts it.
+    fn wait_for_base(&mut self) {
         if let Some(done) = self.base_in_flight.take() {
             let result = done.recv().unwrap_or(Ok(()));
             self.finish_base(result);
         }
-        Ok(())
     }
 
     /// Bytes of entry data of `group` from `index` on.
