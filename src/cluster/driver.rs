@@ -250,8 +250,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             let mut state = ReplicationNode::new(node_id, replication.store, transport.handle());
             state.set_streams(&replication.streams);
             state.set_catalog(replication.catalog_applied, setup.join.is_empty());
-            let queues = (Some(replication.proposals), Some(replication.catalog_entries), replication.deliveries);
-            (Some(RefCell::new(state)), queues.0, queues.1, queues.2)
+            let ReplicationSetup { proposals, catalog_entries, deliveries, .. } = replication;
+            (Some(RefCell::new(state)), Some(proposals), Some(catalog_entries), deliveries)
         }
         _ => (None, None, None, Vec::new()),
     };

@@ -261,7 +261,7 @@ pub struct ReplicaHost<S: LogStore> {
     /// Groups that may have a `Ready` (a message, a proposal, a sync came
     /// for them): a round asks only these (`has_ready` on every group of
     /// every round was 4 – 7 % of the cluster thread). Anything rarer (a
-    /// tick, members or streams changing) sets `scan_all`, and the next
+    /// tick, members or streams that change) sets `scan_all`, and the next
     /// round asks every group, as every round did before.
     touched: std::collections::BTreeSet<GroupId>,
     scan_all: bool,
@@ -397,7 +397,6 @@ impl<S: LogStore> ReplicaHost<S> {
     /// is live). A change wakes every group: its leader may have to move
     /// replicas, its followers may have lost their leader.
     pub fn set_members(&mut self, mut members: Vec<Candidate>) {
-        self.scan_all = true;
         members.sort_by_key(|member| member.replica);
         let changed = members.len() != self.members.len()
             || members
@@ -405,6 +404,7 @@ impl<S: LogStore> ReplicaHost<S> {
                 .zip(&self.members)
                 .any(|(new, old)| new.replica != old.replica || new.weight != old.weight);
         if changed {
+            self.scan_all = true;
             self.counters.member_changes += 1;
             self.members = members;
             self.place_streams();
@@ -418,11 +418,11 @@ impl<S: LogStore> ReplicaHost<S> {
     /// its groups' leaders are then balanced by count
     /// ([`balanced_leaders`]) instead of being each group's first place.
     pub fn set_stream(&mut self, stream_id: u32, replication_factor: usize, partitions: u32) {
-        self.scan_all = true;
         let replication_changed =
             self.stream_replication.insert(stream_id, replication_factor) != Some(replication_factor);
         let partitions_changed = self.stream_partitions.insert(stream_id, partitions) != Some(partitions);
         if replication_changed || partitions_changed {
+            self.scan_all = true;
             self.place_streams();
         }
     }
