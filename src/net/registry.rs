@@ -8,7 +8,9 @@
 //! it tells the handle what it is doing (greeted or not, waiting on its
 //! socket or busy, holding an incomplete line) with plain `Cell` writes, no
 //! syscalls. The shard's sweeper ([`Connections::run_sweeper`]) looks at
-//! every entry each [`CONNECTION_SWEEP_INTERVAL_MS`] and asks a connection to
+//! every entry when the soonest deadline it knows of comes (at most
+//! [`CONNECTION_SWEEP_INTERVAL_MS`] late, and at least every
+//! [`Connections::sweep_interval_max`]) and asks a connection to
 //! close (with a [`CloseReason`]) or to trim its buffers; the task races its
 //! work against [`Connection::close_requested`] and its socket reads against
 //! [`Connection::trim_requested`]. The decisions ([`Connections::sweep`],
@@ -21,13 +23,20 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, IDLE_TRIM_MS};
 use crate::net::admission::SubscriberSlot;
-use crate::runtime::notify::{Notify, WaitList};
+use crate::runtime::notify::{Notify, WaitList, first};
 use crate::shard::lifecycle::Lifecycle;
 
-/// How often each shard's connection sweeper checks the idle and line
-/// timeouts, idle buffers and the shutdown deadline, in ms: they fire up to
-/// this late.
+/// The shortest time between two sweeps of a shard's connections, in ms: a
+/// timeout, a buffer trim or the shutdown deadline fires up to this late.
 pub const CONNECTION_SWEEP_INTERVAL_MS: u64 = 100;
+
+/// The longest time between two sweeps while connections are open, in ms.
+/// A deadline that starts between sweeps (a line left incomplete while the
+/// connection waits on its socket) is written in a `Cell` that wakes no one,
+/// so it is noticed at the next sweep: up to this late, or a quarter of the
+/// shortest timeout if that is less. A shard whose connections all idle
+/// wakes once a second for them, not ten times (tests/park_path).
+pub const CONNECTION_SWEEP_INTERVAL_MAX_MS: u64 = 1000;
 
 /// Which port a connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +104,9 @@ pub struct Sweep {
     pub line_timeouts: usize,
     pub deadline_cuts: usize,
     pub trims: usize,
+    /// The soonest instant a connection still open may need the sweeper:
+    /// a timeout or a trim that is due then, as things stand.
+    pub next_due: Option<Instant>,
 }
 
 /// One shard's open connections.
@@ -163,13 +175,16 @@ impl Connections {
     /// all, past the shutdown `deadline`) to close, and idle ones holding
     /// spare memory to trim it.
     pub fn sweep(&self, now: Instant, deadline: Option<Instant>) -> Sweep {
-        let mut sweep = Sweep::default();
+        let mut sweep = Sweep { next_due: deadline.filter(|&deadline| now < deadline), ..Sweep::default() };
         let past_deadline = deadline.is_some_and(|deadline| now >= deadline);
         for entry in self.entries.borrow().iter().flatten() {
             if entry.close.get().is_some() {
                 continue;
             }
             let waited = |since: Instant| now.saturating_duration_since(since);
+            if let Some(due) = self.next_due(entry) {
+                sweep.next_due = Some(sweep.next_due.map_or(due, |soonest| soonest.min(due)));
+            }
             if past_deadline {
                 entry.request_close(CloseReason::ShutdownDeadline);
                 sweep.deadline_cuts += 1;
@@ -195,6 +210,34 @@ impl Connections {
             }
         }
         sweep
+    }
+
+    /// When `entry` may next need the sweeper, as it stands: its time to
+    /// greet, its incomplete line's timeout, or its buffers' trim.
+    fn next_due(&self, entry: &Entry) -> Option<Instant> {
+        if !entry.greeted.get() {
+            let timeout = match entry.face {
+                Face::Ingest => self.idle_timeout,
+                Face::Subscribe => self.request_timeout,
+            };
+            return Some(entry.accepted_at + timeout);
+        }
+        let reading_since = entry.reading_since.get()?;
+        let line = entry.partial.get().map(|(_, partial_since)| partial_since + self.line_timeout);
+        let trim = (entry.holds_spare_memory.get() && !entry.trim_requested.get())
+            .then(|| reading_since + Duration::from_millis(IDLE_TRIM_MS));
+        line.into_iter().chain(trim).min()
+    }
+
+    /// The longest the sweeper sleeps while connections are open:
+    /// [`CONNECTION_SWEEP_INTERVAL_MAX_MS`], or a quarter of the shortest
+    /// timeout, whichever is less (never under the minimum interval).
+    pub fn sweep_interval_max(&self) -> Duration {
+        let shortest = self.idle_timeout.min(self.request_timeout).min(self.line_timeout);
+        (shortest / 4).clamp(
+            Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS),
+            Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MAX_MS),
+        )
     }
 
     /// Why a connection that has not sent its first line (ingest) or its
@@ -247,20 +290,32 @@ impl Connections {
         Some(entry.face)
     }
 
-    /// The sweeper: runs [`Connections::sweep`] every
-    /// [`CONNECTION_SWEEP_INTERVAL_MS`] while any connection is open, until
-    /// the executor exits. With none open there is nothing to time out or
-    /// trim, so it waits for the next registration instead of waking an
-    /// idle shard ten times a second.
+    /// The sweeper: runs [`Connections::sweep`] while any connection is
+    /// open, until the executor exits, each time at the soonest deadline the
+    /// last sweep saw, kept between [`CONNECTION_SWEEP_INTERVAL_MS`] and
+    /// [`Connections::sweep_interval_max`] from now, and at once when
+    /// shutdown is asked for (its deadline is then one of those it sees).
+    /// With none open there is nothing to time out or trim, so it waits for
+    /// the next registration.
     pub async fn run_sweeper(&self, lifecycle: &Lifecycle) {
-        let interval = Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS);
+        let interval_min = Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS);
+        let interval_max = self.sweep_interval_max();
+        let mut next = Instant::now() + interval_min;
         loop {
             if self.count() == 0 {
                 self.registered.notified().await;
+                next = Instant::now() + interval_min;
                 continue;
             }
-            glommio::timer::sleep(interval).await;
-            self.sweep(Instant::now(), lifecycle.shutdown_deadline());
+            let sleep = glommio::timer::sleep(next.saturating_duration_since(Instant::now()));
+            if lifecycle.shutdown_deadline().is_none() {
+                first(sleep, lifecycle.shutdown_requested()).await;
+            } else {
+                sleep.await;
+            }
+            let now = Instant::now();
+            let sweep = self.sweep(now, lifecycle.shutdown_deadline());
+            next = sweep.next_due.map_or(now + interval_max, |due| due.clamp(now + interval_min, now + interval_max));
         }
     }
 }
@@ -371,7 +426,9 @@ mod tests {
         let greeted = registry.register(Face::Ingest);
         greeted.greet();
         let start = silent.entry.accepted_at;
-        assert_eq!(registry.sweep(start + Duration::from_millis(499), None), Sweep::default());
+        let request_due = silent_subscriber.entry.accepted_at + Duration::from_millis(500);
+        let sweep = registry.sweep(start + Duration::from_millis(499), None);
+        assert_eq!(sweep, Sweep { next_due: Some(request_due), ..Sweep::default() });
         let sweep = registry.sweep(start + Duration::from_millis(999), None);
         assert_eq!((sweep.request_timeouts, sweep.idle_timeouts), (1, 0));
         assert_eq!(reason(&silent_subscriber), Some(CloseReason::RequestTimeout));
@@ -427,6 +484,37 @@ mod tests {
         assert_eq!(registry.sweep(start + Duration::from_millis(3000), None).line_timeouts, 0, "a new line");
         assert_eq!(registry.sweep(start + Duration::from_millis(3900), None).line_timeouts, 1);
         assert_eq!(reason(&slow), Some(CloseReason::LineTimeout));
+    }
+
+    /// A sweep says when it may next be needed: the soonest greeting
+    /// deadline, incomplete line's timeout, buffer trim or shutdown
+    /// deadline among the connections still open; nothing for connections
+    /// that only idle. The sweeper waits between the floor and its ceiling.
+    #[test]
+    fn a_sweep_names_the_soonest_deadline() {
+        let registry = connections(4000, 2000);
+        let idle = registry.register(Face::Ingest);
+        idle.greet();
+        let now = Instant::now();
+        idle.set_reading(Some(now));
+        assert_eq!(registry.sweep(now, None).next_due, None, "an idle connection needs no sweep");
+        let shutdown = now + Duration::from_secs(30);
+        assert_eq!(registry.sweep(now, Some(shutdown)).next_due, Some(shutdown));
+        idle.set_holds_spare_memory(true);
+        let trim = now + Duration::from_millis(IDLE_TRIM_MS);
+        assert_eq!(registry.sweep(now, None).next_due, Some(trim));
+        idle.set_partial_line(Some(2), now - Duration::from_millis(1500));
+        let line = now + Duration::from_millis(500);
+        assert_eq!(registry.sweep(now, None).next_due, Some(line.min(trim)));
+        let silent = registry.register(Face::Subscribe);
+        let greeting = silent.entry.accepted_at + Duration::from_millis(2000);
+        assert_eq!(registry.sweep(now, None).next_due, Some(greeting.min(line).min(trim)));
+        assert_eq!(registry.sweep_interval_max(), Duration::from_millis(500), "a quarter of the 2 s timeouts");
+        assert_eq!(
+            connections(60_000, 60_000).sweep_interval_max(),
+            Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MAX_MS)
+        );
+        assert_eq!(connections(100, 100).sweep_interval_max(), Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS));
     }
 
     /// Shedding picks the oldest silent connection first, then the ingest

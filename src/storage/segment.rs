@@ -1374,7 +1374,9 @@ pub(crate) mod tests {
         assert!(failure.is_storage_full() && failed_dir == partition, "{failure}");
         assert!(check_writable(&partition).unwrap_err().is_storage_full());
         assert_eq!(probes(&partition), 0);
-        let _ = std::process::Command::new("umount").arg(&dir).status();
+        // Lazily: the probe's stand-in may still be open in the test's
+        // executor thread, and a plain unmount would leave the tmpfs behind.
+        let _ = std::process::Command::new("umount").arg("-l").arg(&dir).status();
         let _ = std::fs::remove_dir_all(&dir);
     }
 
