@@ -552,6 +552,15 @@ impl DiskLog {
         files
     }
 
+    /// When age retention may next drop a segment of this log (ms since the
+    /// Unix epoch): its oldest sealed segment's age limit, or `None` when it
+    /// has no sealed segment or no age limit. Size retention needs no clock:
+    /// only a write grows the log, and every commit round checks after it.
+    pub fn next_age_expiry_ms(&self) -> Option<u64> {
+        let oldest = self.sealed.front()?;
+        (self.config.retention_ms > 0).then(|| oldest.modified_ms.saturating_add(self.config.retention_ms))
+    }
+
     /// Takes the files apart for a move: the writer must be out and closed
     /// (everything written and durable first).
     pub fn into_moved(self, active_index: SegmentIndex) -> MovedDisk {

@@ -82,6 +82,11 @@ pub(super) async fn run_checkpoints(shard: Rc<Shard>) {
     let state = &committer.wal;
     let mut failing = false;
     loop {
+        // Nothing logged since the last checkpoint: no timer, so an idle
+        // shard is not woken every interval for nothing.
+        while state.logged_lsn.get() <= state.checkpoint_lsn.get() {
+            state.logged.notified().await;
+        }
         let timer = glommio::timer::sleep(state.interval);
         let _ = crate::runtime::notify::first(state.notify.notified(), timer).await;
         if state.checkpointing.get() || state.logged_lsn.get() <= state.checkpoint_lsn.get() {

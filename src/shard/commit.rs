@@ -56,8 +56,16 @@ use crate::storage::format::parse_header;
 use crate::storage::segment::{SegmentError, SegmentWriter, check_writable};
 use crate::storage::wal::{CheckpointFile, LogFrames, ReplayProgress, Wal, WalError, WalGeometry, WalReplay, wal_dir};
 
-/// How often the committer applies retention (deletes expired segments), in ms.
+/// How often the committer applies retention (deletes expired segments)
+/// after commit rounds, in ms.
 const RETENTION_CHECK_MS: u64 = 1000;
+/// The longest an idle committer sleeps between retention checks, in ms:
+/// it wakes when the oldest sealed segment's age limit comes
+/// ([`next_age_expiry`]), at least [`RETENTION_CHECK_MS`] apart and at most
+/// this. A consumer group's `hold` that moves lets a segment go at the next
+/// check, up to this late on a stream nobody writes to. (A fixed check every
+/// second woke every idle shard once a second for nothing.)
+const RETENTION_IDLE_CHECK_MS_MAX: u64 = 10_000;
 /// How often a shard waiting for the others to replay the write-ahead
 /// logs at start-up looks again, in ms.
 const REPLAY_WAIT_POLL_MS: u64 = 2;
@@ -95,7 +103,11 @@ pub(super) struct WalState {
     /// only what follows ([`crate::storage::wal::POSITIONS_FILE_NAME`]).
     pub(super) positions: RefCell<std::collections::HashMap<u64, crate::storage::index::SegmentIndex>>,
     pub(super) ended: WaitList,
+    /// Asks the checkpointer for a checkpoint now (half the log is used).
     pub(super) notify: Notify,
+    /// A round logged frames: the checkpointer, which sleeps without a
+    /// timer while nothing waits to be checkpointed, has work again.
+    pub(super) logged: Notify,
     pub(super) interval: Duration,
     /// The start-up replay, until this shard has done its part.
     replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
@@ -330,9 +342,9 @@ pub async fn run_committer(shard: Rc<Shard>) {
                 let interval = glommio::timer::sleep(committer.interval);
                 let _ = crate::runtime::notify::first(committer.notify.notified(), interval).await;
             } else {
-                // Idle: wake once per retention check, so segments expire by
-                // age on a stream nobody writes to.
-                let check = glommio::timer::sleep(Duration::from_millis(RETENTION_CHECK_MS));
+                // Idle: wake for the next retention check, so segments
+                // expire by age on a stream nobody writes to.
+                let check = glommio::timer::sleep(next_age_expiry(&shard));
                 let _ = crate::runtime::notify::first(committer.notify.notified(), check).await;
                 if !has_work(&shard) {
                     expire_if_due(&shard);
@@ -618,6 +630,7 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
     let used_bytes = wal.end_lsn() - state.checkpoint_lsn.get();
     let capacity_bytes = wal.geometry().file_bytes * wal.geometry().file_count;
     state.logged_lsn.set(wal.end_lsn());
+    state.logged.notify();
     state.wal.replace(Some(wal));
     let synced = outcome?;
     if used_bytes > capacity_bytes / 2 {
@@ -1080,6 +1093,17 @@ fn expire_if_due(shard: &Shard) {
         committer.last_expiry.set(Instant::now());
         expire_segments(shard);
     }
+}
+
+/// How long an idle committer may sleep before retention has work: until
+/// the soonest age limit of a sealed segment on this shard, kept between
+/// [`RETENTION_CHECK_MS`] and [`RETENTION_IDLE_CHECK_MS_MAX`].
+fn next_age_expiry(shard: &Shard) -> Duration {
+    let soonest =
+        shard.partitions.borrow().iter().filter_map(|(_, partition)| partition.log.disk()?.next_age_expiry_ms()).min();
+    let wait_ms =
+        soonest.map_or(RETENTION_IDLE_CHECK_MS_MAX, |due_ms| due_ms.saturating_sub(now_unix_ms()).saturating_add(1));
+    Duration::from_millis(wait_ms.clamp(RETENTION_CHECK_MS, RETENTION_IDLE_CHECK_MS_MAX))
 }
 
 /// Retention: deletes the sealed segments no partition keeps any more.
