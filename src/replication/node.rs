@@ -321,7 +321,24 @@ pub struct CommittedRecords {
     pub partition: u32,
     pub first_offset: u64,
     pub records: Bytes,
-    pub reply: flume::Sender<Option<PartitionEnd>>,
+    pub reply: DeliveryReply,
+}
+
+/// Where a shard answers one delivery: a slot of its wave's one answer
+/// queue (a queue per delivery cost an allocation each, 256 a wave with
+/// as many busy partitions).
+pub struct DeliveryReply {
+    answers: flume::Sender<(usize, Option<PartitionEnd>)>,
+    slot: usize,
+}
+
+impl DeliveryReply {
+    /// Answers the delivery: where the partition's log ends now, or `None`
+    /// when this shard does not own it. Fails only when nobody waits any
+    /// more (the wave timed out).
+    pub fn send(self, end: Option<PartitionEnd>) -> Result<(), flume::SendError<(usize, Option<PartitionEnd>)>> {
+        self.answers.send((self.slot, end))
+    }
 }
 
 /// Where a partition's log ends, as its shard answers a delivery.
@@ -1541,7 +1558,6 @@ struct InDelivery {
     after: Option<Cursor>,
     shard: u16,
     records: Bytes,
-    answer: flume::Receiver<Option<PartitionEnd>>,
     /// Nothing new, sent only to learn how durable the partition is
     /// ([`ReplicationNode::compaction_waits`]): its answer does not make
     /// the group due again in this pass.
@@ -1558,6 +1574,7 @@ async fn deliver_wave(
     let mut more = Vec::new();
     let mut sent = Vec::new();
     let mut wave_bytes = 0;
+    let (answer_sender, answers) = flume::bounded(due.len());
     for &(group, partition) in due {
         if wave_bytes >= DELIVERY_WAVE_BYTES_MAX {
             more.push((group, partition));
@@ -1582,33 +1599,31 @@ async fn deliver_wave(
         wave_bytes += records.len();
         let shard = node.borrow().owners.get(&group).copied().unwrap_or(0);
         let Some(control) = controls.get(usize::from(shard)) else { continue };
-        let (reply, answer) = flume::bounded(1);
+        let reply = DeliveryReply { answers: answer_sender.clone(), slot: sent.len() };
         let request = CommittedRecords { partition, first_offset, records: records.clone(), reply };
         if control.send_async(crate::shard::control::ControlRequest::Committed(request)).await.is_err() {
             continue;
         }
-        sent.push(InDelivery { group, partition, first_offset, after, shard, records, answer, probe });
+        sent.push(InDelivery { group, partition, first_offset, after, shard, records, probe });
     }
+    // Only the requests hold senders now: once every shard answered or
+    // dropped its request, the queue says so and nothing waits longer.
+    drop(answer_sender);
     {
         let stats = &mut node.borrow_mut().stats;
         stats.delivery_waves += 1;
         stats.deliveries += sent.len() as u64;
     }
-    let deadline = Instant::now() + Duration::from_millis(DELIVERY_TIMEOUT_MS);
-    for delivery in sent {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = async {
-            glommio::timer::sleep(left).await;
-            Ok(None)
-        };
-        let end = match futures_lite::future::or(delivery.answer.recv_async(), timeout).await {
-            Ok(Some(end)) => {
+    let answered = take_answers(&answers, sent.len()).await;
+    for (delivery, answer) in sent.into_iter().zip(answered) {
+        let end = match answer {
+            Some(Some(end)) => {
                 node.borrow_mut().owners.insert(delivery.group, delivery.shard);
                 Some(end)
             }
             // Not this shard's (the partition moved) or no answer in time:
             // the other shards in turn (which records the one that answers).
-            Ok(None) | Err(_) => {
+            Some(None) | None => {
                 ask_owner(node, controls, delivery.group, delivery.partition, delivery.first_offset, delivery.records)
                     .await
             }
@@ -1621,6 +1636,42 @@ async fn deliver_wave(
         }
     }
     more
+}
+
+/// The answers to a wave's `count` deliveries, by slot, as they come within
+/// [`DELIVERY_TIMEOUT_MS`] (one timer for the wave, and none at all for
+/// what is already there): `None` for a delivery not answered in time or
+/// dropped unanswered.
+async fn take_answers(
+    answers: &flume::Receiver<(usize, Option<PartitionEnd>)>,
+    count: usize,
+) -> Vec<Option<Option<PartitionEnd>>> {
+    let mut taken = vec![None; count];
+    let mut timeout = std::pin::pin!(glommio::timer::sleep(Duration::from_millis(DELIVERY_TIMEOUT_MS)));
+    let mut left = count;
+    while left > 0 {
+        let answer = match answers.try_recv() {
+            Ok(answer) => answer,
+            Err(flume::TryRecvError::Disconnected) => break,
+            Err(flume::TryRecvError::Empty) => {
+                let next = async { answers.recv_async().await.ok() };
+                let expired = async {
+                    (&mut timeout).await;
+                    None
+                };
+                match futures_lite::future::or(next, expired).await {
+                    Some(answer) => answer,
+                    None => break,
+                }
+            }
+        };
+        let (slot, end) = answer;
+        if let Some(taken) = taken.get_mut(slot).filter(|taken| taken.is_none()) {
+            *taken = Some(end);
+            left -= 1;
+        }
+    }
+    taken
 }
 
 /// Takes a shard's answer to a delivery: moves the group's cursor and
@@ -1670,22 +1721,16 @@ pub(crate) async fn ask_owner(
     let count = controls.len() as u16;
     for step in 0..count {
         let shard = (first + step) % count;
-        let (reply, answer) = flume::bounded(1);
+        let (answers, answer) = flume::bounded(1);
+        let reply = DeliveryReply { answers, slot: 0 };
         let request = CommittedRecords { partition, first_offset, records: records.clone(), reply };
         let control = &controls[usize::from(shard)];
         if control.send_async(crate::shard::control::ControlRequest::Committed(request)).await.is_err() {
             return None;
         }
-        let timeout = async {
-            glommio::timer::sleep(Duration::from_millis(DELIVERY_TIMEOUT_MS)).await;
-            Ok(None)
-        };
-        match futures_lite::future::or(answer.recv_async(), timeout).await {
-            Ok(Some(end)) => {
-                node.borrow_mut().owners.insert(group, shard);
-                return Some(end);
-            }
-            Ok(None) | Err(_) => continue,
+        if let [Some(Some(end))] = take_answers(&answer, 1).await[..] {
+            node.borrow_mut().owners.insert(group, shard);
+            return Some(end);
         }
     }
     None
