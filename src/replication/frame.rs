@@ -41,12 +41,22 @@ impl std::error::Error for FrameError {}
 /// The entry data for `records` proposed by `header`.
 pub fn encode_proposal(header: ProposalHeader, records: &[u8]) -> Vec<u8> {
     let mut data = Vec::with_capacity(PROPOSAL_HEADER_BYTES + records.len());
-    data.push(PROPOSAL_VERSION);
-    data.extend_from_slice(&header.source_node.to_le_bytes());
-    data.extend_from_slice(&header.source_sequence.to_le_bytes());
-    data.extend_from_slice(&header.record_count.to_le_bytes());
-    data.extend_from_slice(records);
+    encode_proposal_into(&mut data, header, &[records]);
     data
+}
+
+/// Appends to `out` the entry data for the records of `parts`, one after
+/// the other, proposed by `header`: a run of several proposals is copied
+/// once, into the entry, rather than joined first.
+pub fn encode_proposal_into<T: AsRef<[u8]>>(out: &mut Vec<u8>, header: ProposalHeader, parts: &[T]) {
+    out.reserve(PROPOSAL_HEADER_BYTES + parts.iter().map(|part| part.as_ref().len()).sum::<usize>());
+    out.push(PROPOSAL_VERSION);
+    out.extend_from_slice(&header.source_node.to_le_bytes());
+    out.extend_from_slice(&header.source_sequence.to_le_bytes());
+    out.extend_from_slice(&header.record_count.to_le_bytes());
+    for part in parts {
+        out.extend_from_slice(part.as_ref());
+    }
 }
 
 /// The header and the records of an entry's data.

@@ -77,7 +77,7 @@ use raft::eraftpb::{
 use raft::{RawNode, StateRole};
 
 use crate::cluster::rng::SeededRng;
-use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
+use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal_into};
 use crate::replication::placement::{Candidate, DesiredReplicas, balanced_leaders, desired_replicas};
 use crate::replication::reconfig::{self, LeaderView, Step};
 use crate::replication::store::{Compacted, GroupLog, GroupStorage, LogStore};
@@ -655,14 +655,21 @@ impl<S: LogStore> ReplicaHost<S> {
 
     /// Proposes `records` (a spate frame) to `group`, as `header` says; the
     /// [`Ack`] comes once it is committed and applied here.
-    pub fn propose(&mut self, group: GroupId, header: ProposalHeader, records: &[u8]) -> Result<(), ProposeError> {
+    pub fn propose<T: AsRef<[u8]>>(
+        &mut self,
+        group: GroupId,
+        header: ProposalHeader,
+        records: &[T],
+    ) -> Result<(), ProposeError> {
         let Some(state) = self.groups.get_mut(&group) else { return Err(ProposeError::UnknownGroup { group }) };
         if state.raw.raft.state != StateRole::Leader {
             let leader = Some(state.raw.raft.leader_id).filter(|leader| *leader != 0);
             return Err(ProposeError::NotLeader { group, leader });
         }
         wake(state);
-        state.raw.propose(Vec::new(), encode_proposal(header, records)).map_err(ProposeError::Raft)?;
+        let mut data = Vec::new();
+        encode_proposal_into(&mut data, header, records);
+        state.raw.propose(Vec::new(), data).map_err(ProposeError::Raft)?;
         self.touched.insert(group);
         self.counters.proposals += 1;
         Ok(())
@@ -1278,7 +1285,7 @@ mod tests {
         }
         let Some(leader) = leader(&hosts) else { panic!("no leader after 4 s") };
         let header = ProposalHeader { source_node: hosts[leader].id(), source_sequence: 0, record_count: 1 };
-        hosts[leader].propose(GROUP, header, b"record").expect("the leader takes it");
+        hosts[leader].propose(GROUP, header, &[b"record"]).expect("the leader takes it");
         for _ in 0..3 {
             round(&mut hosts);
         }
@@ -1293,7 +1300,7 @@ mod tests {
         assert_eq!(hosts.iter().map(|host| host.quiet_groups()).sum::<usize>(), 3);
         assert_eq!(round(&mut hosts), 0, "a quiet group sends nothing");
         let follower = (leader + 1) % 3;
-        let refused = hosts[follower].propose(GROUP, header, b"x");
+        let refused = hosts[follower].propose(GROUP, header, &[b"x"]);
         assert!(matches!(refused, Err(ProposeError::NotLeader { leader: Some(_), .. })), "{refused:?}");
     }
 
@@ -1311,7 +1318,7 @@ mod tests {
         let cut = hosts[(leader + 1) % 3].id();
         for sequence in 0..20 {
             let header = ProposalHeader { source_node: hosts[leader].id(), source_sequence: sequence, record_count: 1 };
-            hosts[leader].propose(GROUP, header, b"record").expect("the leader takes it");
+            hosts[leader].propose(GROUP, header, &[b"record"]).expect("the leader takes it");
             lossy_round(&mut hosts, |batch| batch.to != cut && batch.from != cut);
         }
         for _ in 0..5 {

@@ -195,7 +195,7 @@ use crate::cluster::NodeId;
 use crate::cluster::membership::{MemberState, MemberView};
 use crate::protocol::record::decode_log_record;
 use crate::replication::file_store::{FileLogStore, SyncJob};
-use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
+use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal_into};
 use crate::replication::host::{HostConfig, ProposeError, ReplicaHost};
 use crate::replication::placement::{Candidate, desired_replicas};
 use crate::replication::store::{Compacted, LogStore};
@@ -495,13 +495,6 @@ fn runs_of(requests: impl IntoIterator<Item = ProposalRequest>) -> Vec<Run> {
 }
 
 /// A run's records as one frame (the records of log format concatenate).
-fn joined(parts: &[Bytes]) -> std::borrow::Cow<'_, [u8]> {
-    match parts {
-        [one] => std::borrow::Cow::Borrowed(&one[..]),
-        parts => std::borrow::Cow::Owned(parts.concat()),
-    }
-}
-
 struct Pending {
     group: GroupId,
     /// The proposing shard and its sequence ([`ProposalRequest`]).
@@ -906,13 +899,13 @@ impl ReplicationNode {
         let header =
             ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: run.record_count };
         let sent_to = if leader == self.self_id {
-            if self.host.propose(run.group, header, &joined(&run.records)).is_err() {
+            if self.host.propose(run.group, header, &run.records).is_err() {
                 return Err(ProposalRefused::NoLeader);
             }
             None
         } else if let Some(leader) = self.node_ids.get(&leader).filter(|_| leader != 0) {
             let leader = *leader;
-            if !self.forward(leader, run.group, header, &joined(&run.records)) {
+            if !self.forward(leader, run.group, header, &run.records) {
                 return Err(ProposalRefused::NoLeader);
             }
             Some(leader)
@@ -945,11 +938,11 @@ impl ReplicationNode {
 
     /// Sends a proposal to `leader`: the first of `group` since one was
     /// refused as [`Channel::ProposeAfterRefusal`]; whether it was sent.
-    fn forward(&mut self, leader: NodeId, group: GroupId, header: ProposalHeader, records: &[u8]) -> bool {
-        let mut payload = Vec::with_capacity(8 + records.len() + 32);
+    fn forward(&mut self, leader: NodeId, group: GroupId, header: ProposalHeader, records: &[Bytes]) -> bool {
+        let mut payload = Vec::new();
         payload.extend_from_slice(&group.stream_id.to_le_bytes());
         payload.extend_from_slice(&group.partition.to_le_bytes());
-        payload.extend_from_slice(&encode_proposal(header, records));
+        encode_proposal_into(&mut payload, header, records);
         let after_refusal = self.restart.contains(&group);
         let channel = if after_refusal { Channel::ProposeAfterRefusal } else { Channel::Propose };
         let sent = self.send_to_peer(leader, channel, Bytes::from(payload));
@@ -985,7 +978,7 @@ impl ReplicationNode {
             self.note_full();
             return self.refuse_forwarded(group, header, leader_known(self));
         }
-        match self.host.propose(group, header, records) {
+        match self.host.propose(group, header, &[records]) {
             Ok(()) => {}
             Err(ProposeError::NotLeader { leader: Some(leader), .. })
                 if self.node_ids.get(&header.source_node) == Some(&from) && leader != self.self_id =>
@@ -1792,7 +1785,7 @@ mod tests {
     fn shape(runs: &[Run]) -> Vec<(u16, u32, u64, u64, u32, Vec<u8>)> {
         runs.iter()
             .map(|run| {
-                let records = joined(&run.records).into_owned();
+                let records = run.records.concat();
                 (run.shard, run.group.partition, run.first_sequence, run.last_sequence, run.record_count, records)
             })
             .collect()

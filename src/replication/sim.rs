@@ -619,7 +619,7 @@ impl ClusterSim {
             }
             let sequence = self.next_sequence.get(&(node.replica, group)).copied().unwrap_or(0);
             let header = ProposalHeader { source_node: node.replica, source_sequence: sequence, record_count: 1 };
-            if node.host.propose(group, header, &sequence.to_le_bytes()).is_ok() {
+            if node.host.propose(group, header, &[sequence.to_le_bytes()]).is_ok() {
                 self.next_sequence.insert((node.replica, group), sequence + 1);
                 self.report.proposals += 1;
             }
