@@ -190,8 +190,18 @@ fn an_idle_server_sleeps_before_and_after_traffic() {
     }
     producer.sync();
     assert_eq!(subscriber.take(200 * 50).len(), 200 * 50);
-    // Gossip slows to its idle pace 2 s after the last event stored.
-    std::thread::sleep(Duration::from_secs(3));
+    // Gossip slows to its idle pace once every shard's average rate is
+    // below 1 event/s (about 7 s after this traffic, a 500 ms half-life).
+    let started = Instant::now();
+    let busiest = |stats: serde_json::Value| {
+        let shards = stats["shards"].as_array().cloned().unwrap_or_default();
+        shards.iter().filter_map(|shard| shard["load_events_per_s"].as_f64()).fold(0.0, f64::max)
+    };
+    while busiest(server.stats()) >= 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the load average never fell below 1 event/s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     assert_idle(pid, Duration::from_secs(3), "after traffic, with a producer and a subscriber connected");
     drop(producer);
     drop(subscriber);

@@ -22,33 +22,13 @@ use crate::partition::PartitionManager;
 use crate::runtime::notify::{Notify, first};
 
 /// The gossip interval while the whole process is idle (no shard reports
-/// traffic, nothing migrates), in ms: an idle server wakes once every five
-/// seconds per shard for gossip instead of ten times a second. The first
-/// batch applied, or the first report of traffic from a peer, brings the
-/// normal interval back at once; the balancer's rates in /stats are as old
-/// as the last tick.
-const GOSSIP_IDLE_INTERVAL_MS: u64 = 5000;
+/// traffic, nothing migrates), in ms: an idle server wakes once a second per
+/// shard for gossip instead of ten times. The first batch applied, or the
+/// first report of traffic from a peer, brings the normal interval back at once.
+const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
 /// Below this rate (events/s, the balancer's average) a shard counts as
 /// idle for the gossip pace: no traffic at all, not merely little.
-const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
-
-/// How long a shard that stores nothing keeps gossiping at the normal pace,
-/// at least, in ms (and at least three report intervals): the balancer may
-/// still even out the load that just stopped, while a move costs least.
-/// After that the shard is quiet whatever its average says. The average
-/// alone took about 7 s to fall below 1 event/s after a burst at 20 k
-/// events/s (a 500 ms half-life), and every shard gossiped ten times a
-/// second all that while, each report waking its peers.
-const GOSSIP_QUIET_AFTER_MS: u64 = 2000;
-
-/// A peer's report says it is quiet, for the gossip pace: its average is
-/// below [`GOSSIP_IDLE_EVENTS_PER_S`], or it stored no event over its last
-/// interval (it keeps reporting at the normal pace until it is quiet by its
-/// own measure, [`Balancer::is_idle`], so a steal it takes part in still
-/// sees fresh reports).
-pub(super) fn report_is_quiet(report: &LoadReport) -> bool {
-    report.events_per_s < GOSSIP_IDLE_EVENTS_PER_S || report.recent_events_per_s == 0.0
-}
+pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
 
 /// What the balancer takes from the flags (here rather than in `config`,
 /// which knows no balancer types).
@@ -105,8 +85,6 @@ pub struct Balancer {
     /// This shard's partition loads at the last sample, for `pick_partition`.
     loads: Vec<PartitionLoad>,
     pub events_per_s: f64,
-    /// When this shard last stored an event, as seen by a sample.
-    last_traffic_ms: Option<u64>,
     pub bytes_per_s: f64,
     /// Share of the last interval the executor spent running tasks.
     pub busy_ratio: f64,
@@ -158,34 +136,25 @@ impl Balancer {
             last_runtime: None,
             loads: Vec::new(),
             events_per_s: 0.0,
-            last_traffic_ms: None,
             bytes_per_s: 0.0,
             busy_ratio: 0.0,
             counters: BalanceCounters::default(),
         }
     }
 
-    /// No traffic anywhere this shard can see: its average is below
-    /// [`GOSSIP_IDLE_EVENTS_PER_S`] or it stored nothing for
-    /// [`Balancer::quiet_after_ms`], every peer's last report is quiet
-    /// ([`report_is_quiet`]), and nothing migrates or waits for an answer.
+    /// No traffic anywhere this shard can see: its own rate and every
+    /// peer's last reported rate are below [`GOSSIP_IDLE_EVENTS_PER_S`], and
+    /// nothing migrates or waits for an answer.
     pub fn is_idle(&self) -> bool {
+        let quiet = |events_per_s: f64| events_per_s < GOSSIP_IDLE_EVENTS_PER_S;
         let peers_quiet = (0..self.view.shard_count())
             .filter(|&shard| shard != self.me)
             .filter_map(|shard| self.view.report(shard))
-            .all(|report| report_is_quiet(report) && !report.migrating);
-        let quiet_since =
-            |last_ms: u64| self.last_sample_ms.unwrap_or(0).saturating_sub(last_ms) >= self.quiet_after_ms();
-        (self.events_per_s < GOSSIP_IDLE_EVENTS_PER_S || self.last_traffic_ms.is_none_or(quiet_since))
+            .all(|report| quiet(report.events_per_s) && !report.migrating);
+        quiet(self.events_per_s)
             && peers_quiet
             && self.ledger.pending_request.is_none()
             && !self.ledger.state.is_migrating()
-    }
-
-    /// How long this shard stores nothing before it counts as quiet:
-    /// [`GOSSIP_QUIET_AFTER_MS`], or three report intervals if longer.
-    fn quiet_after_ms(&self) -> u64 {
-        GOSSIP_QUIET_AFTER_MS.max(self.config.report_interval_ms.saturating_mul(3))
     }
 
     /// Consolidation is on and the process is not gathered yet: an idle
@@ -260,9 +229,6 @@ impl Balancer {
         self.last_sample_ms = Some(now_ms);
         self.last_runtime = Some(sample.runtime);
         self.events_per_s = self.loads.iter().map(|load| load.events_per_s).sum();
-        if recent_events_per_s > 0.0 {
-            self.last_traffic_ms = Some(now_ms);
-        }
         self.bytes_per_s = self.loads.iter().map(|load| load.bytes_per_s).sum();
         self.report_sequence += 1;
         LoadReport {

@@ -320,7 +320,7 @@ impl Shard {
             MeshFrame::FetchCancel { subscription_id } => self.subscriptions.cancel(source, subscription_id),
             MeshFrame::FetchWake { subscription_id } => self.wake_fetch(source, subscription_id),
             MeshFrame::Load(report) => {
-                if !balancer::report_is_quiet(&report) || report.migrating {
+                if report.events_per_s >= balancer::GOSSIP_IDLE_EVENTS_PER_S || report.migrating {
                     self.gossip_pace.traffic();
                 }
                 self.balancer.borrow_mut().view.update(report);
