@@ -109,6 +109,35 @@ pub struct Sweep {
     pub next_due: Option<Instant>,
 }
 
+/// When each deadline of one connection comes, as it stands
+/// ([`Connections::dues`]).
+struct Dues {
+    /// Not greeted yet: when its time to send its first line (ingest) or
+    /// its request line (subscribe) is up, and the reason it then closes.
+    greeting: Option<(Instant, CloseReason)>,
+    /// Waiting on its socket with an incomplete line: the line's timeout.
+    line: Option<Instant>,
+    /// Waiting on its socket with spare buffer memory: when to trim it.
+    trim: Option<Instant>,
+}
+
+impl Dues {
+    fn soonest(&self) -> Option<Instant> {
+        self.greeting.map(|(at, _)| at).into_iter().chain(self.line).chain(self.trim).min()
+    }
+}
+
+/// Why a connection that has not sent its first line (ingest) or its
+/// request line (subscribe) must close at `now`, if it must: its subscriber
+/// slot was taken over, or its time to send it is up.
+fn before_request_close(entry: &Entry, dues: &Dues, now: Instant) -> Option<CloseReason> {
+    let (at, reason) = dues.greeting?;
+    if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
+        return Some(CloseReason::ShedAtLimit);
+    }
+    (now >= at).then_some(reason)
+}
+
 /// One shard's open connections.
 pub struct Connections {
     entries: RefCell<Vec<Option<Rc<Entry>>>>,
@@ -181,29 +210,25 @@ impl Connections {
             if entry.close.get().is_some() {
                 continue;
             }
-            let waited = |since: Instant| now.saturating_duration_since(since);
-            if let Some(due) = self.next_due(entry) {
+            let dues = self.dues(entry);
+            if let Some(due) = dues.soonest() {
                 sweep.next_due = Some(sweep.next_due.map_or(due, |soonest| soonest.min(due)));
             }
+            let reached = |due: Option<Instant>| due.is_some_and(|due| now >= due);
             if past_deadline {
                 entry.request_close(CloseReason::ShutdownDeadline);
                 sweep.deadline_cuts += 1;
-            } else if let Some(reason) = self.before_request_close(entry, now) {
+            } else if let Some(reason) = before_request_close(entry, &dues, now) {
                 entry.request_close(reason);
                 match reason {
                     CloseReason::ShedAtLimit => sweep.sheds_at_limit += 1,
                     CloseReason::RequestTimeout => sweep.request_timeouts += 1,
                     _ => sweep.idle_timeouts += 1,
                 }
-            } else if let (Some((_, since)), Some(_)) = (entry.partial.get(), entry.reading_since.get())
-                && waited(since) >= self.line_timeout
-            {
+            } else if reached(dues.line) {
                 entry.request_close(CloseReason::LineTimeout);
                 sweep.line_timeouts += 1;
-            } else if entry.holds_spare_memory.get()
-                && !entry.trim_requested.get()
-                && entry.reading_since.get().is_some_and(|since| waited(since) >= Duration::from_millis(IDLE_TRIM_MS))
-            {
+            } else if reached(dues.trim) {
                 entry.trim_requested.set(true);
                 entry.waiters.wake_all();
                 sweep.trims += 1;
@@ -212,21 +237,21 @@ impl Connections {
         sweep
     }
 
-    /// When `entry` may next need the sweeper, as it stands: its time to
-    /// greet, its incomplete line's timeout, or its buffers' trim.
-    fn next_due(&self, entry: &Entry) -> Option<Instant> {
-        if !entry.greeted.get() {
-            let timeout = match entry.face {
-                Face::Ingest => self.idle_timeout,
-                Face::Subscribe => self.request_timeout,
-            };
-            return Some(entry.accepted_at + timeout);
-        }
-        let reading_since = entry.reading_since.get()?;
-        let line = entry.partial.get().map(|(_, partial_since)| partial_since + self.line_timeout);
-        let trim = (entry.holds_spare_memory.get() && !entry.trim_requested.get())
-            .then(|| reading_since + Duration::from_millis(IDLE_TRIM_MS));
-        line.into_iter().chain(trim).min()
+    /// What comes due for `entry`, and when, as it stands: the sweep acts
+    /// on those reached and sleeps until the soonest of the others.
+    fn dues(&self, entry: &Entry) -> Dues {
+        let greeting = (!entry.greeted.get()).then(|| match entry.face {
+            Face::Ingest => (entry.accepted_at + self.idle_timeout, CloseReason::IdleTimeout),
+            Face::Subscribe => (entry.accepted_at + self.request_timeout, CloseReason::RequestTimeout),
+        });
+        // The line timeout runs, and idle buffers wait for their trim, only
+        // while spate waits on the socket.
+        let reading_since = entry.reading_since.get();
+        let line = entry.partial.get().filter(|_| reading_since.is_some()).map(|(_, since)| since + self.line_timeout);
+        let trim = reading_since
+            .filter(|_| entry.holds_spare_memory.get() && !entry.trim_requested.get())
+            .map(|since| since + Duration::from_millis(IDLE_TRIM_MS));
+        Dues { greeting, line, trim }
     }
 
     /// The longest the sweeper sleeps while connections are open:
@@ -238,23 +263,6 @@ impl Connections {
             Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS),
             Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MAX_MS),
         )
-    }
-
-    /// Why a connection that has not sent its first line (ingest) or its
-    /// request line (subscribe) must close at `now`, if it must: its
-    /// subscriber slot was taken over, or its time to send it is up.
-    fn before_request_close(&self, entry: &Entry, now: Instant) -> Option<CloseReason> {
-        if entry.greeted.get() {
-            return None;
-        }
-        if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
-            return Some(CloseReason::ShedAtLimit);
-        }
-        let (timeout, reason) = match entry.face {
-            Face::Ingest => (self.idle_timeout, CloseReason::IdleTimeout),
-            Face::Subscribe => (self.request_timeout, CloseReason::RequestTimeout),
-        };
-        (now.saturating_duration_since(entry.accepted_at) >= timeout).then_some(reason)
     }
 
     /// Asks this shard's subscribe connections whose slot a newcomer took
