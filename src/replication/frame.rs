@@ -38,10 +38,11 @@ impl std::fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
-/// The entry data for `records` proposed by `header`.
-pub fn encode_proposal(header: ProposalHeader, records: &[u8]) -> Vec<u8> {
-    let mut data = Vec::with_capacity(PROPOSAL_HEADER_BYTES + records.len());
-    encode_proposal_into(&mut data, header, &[records]);
+/// The entry data for the records of `parts` (their log format
+/// concatenates) proposed by `header`.
+pub fn encode_proposal<T: AsRef<[u8]>>(header: ProposalHeader, parts: &[T]) -> Vec<u8> {
+    let mut data = Vec::new();
+    encode_proposal_into(&mut data, header, parts);
     data
 }
 
@@ -86,7 +87,7 @@ mod tests {
     #[test]
     fn proposal_round_trips_and_rejects_garbage() {
         let header = ProposalHeader { source_node: 7, source_sequence: u64::MAX, record_count: 3 };
-        let data = encode_proposal(header, b"abc");
+        let data = encode_proposal(header, &[b"abc"]);
         assert_eq!(decode_proposal(&data), Ok((header, &b"abc"[..])));
         assert!(matches!(decode_proposal(&data[..5]), Err(FrameError::TooShort { .. })));
         let mut foreign = data.clone();

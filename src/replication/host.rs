@@ -77,7 +77,7 @@ use raft::eraftpb::{
 use raft::{RawNode, StateRole};
 
 use crate::cluster::rng::SeededRng;
-use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal_into};
+use crate::replication::frame::{ProposalHeader, decode_proposal, encode_proposal};
 use crate::replication::placement::{Candidate, DesiredReplicas, balanced_leaders, desired_replicas};
 use crate::replication::reconfig::{self, LeaderView, Step};
 use crate::replication::store::{Compacted, GroupLog, GroupStorage, LogStore};
@@ -667,9 +667,7 @@ impl<S: LogStore> ReplicaHost<S> {
             return Err(ProposeError::NotLeader { group, leader });
         }
         wake(state);
-        let mut data = Vec::new();
-        encode_proposal_into(&mut data, header, records);
-        state.raw.propose(Vec::new(), data).map_err(ProposeError::Raft)?;
+        state.raw.propose(Vec::new(), encode_proposal(header, records)).map_err(ProposeError::Raft)?;
         self.touched.insert(group);
         self.counters.proposals += 1;
         Ok(())

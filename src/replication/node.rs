@@ -494,7 +494,6 @@ fn runs_of(requests: impl IntoIterator<Item = ProposalRequest>) -> Vec<Run> {
     runs
 }
 
-/// A run's records as one frame (the records of log format concatenate).
 struct Pending {
     group: GroupId,
     /// The proposing shard and its sequence ([`ProposalRequest`]).

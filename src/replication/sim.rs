@@ -936,7 +936,7 @@ mod tests {
             index: 1,
             data: crate::replication::frame::encode_proposal(
                 ProposalHeader { source_node: 7, source_sequence, record_count: 1 },
-                b"x",
+                &[b"x"],
             )
             .into(),
             ..raft::eraftpb::Entry::default()

@@ -412,7 +412,7 @@ mod tests {
         use crate::replication::frame::{ProposalHeader, encode_proposal};
         let proposal = |index, term, record_count| {
             let header = ProposalHeader { source_node: 1, source_sequence: index, record_count };
-            Entry { index, term, data: encode_proposal(header, b"records").into(), ..Entry::default() }
+            Entry { index, term, data: encode_proposal(header, &[b"records"]).into(), ..Entry::default() }
         };
         let voters = ConfState { voters: vec![1, 2], ..ConfState::default() };
         let mut log = GroupLog {
