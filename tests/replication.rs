@@ -310,9 +310,13 @@ const PARTIAL_EVENTS: u64 = 3_000;
 /// of the partitions, yet a producer on any node gets `OK` for every
 /// `#SYNC` within seconds (its proposals go to the group's leader on
 /// another node), and every partition's log, read from a node holding it,
-/// has each connection's events once and in per-key order.
+/// has each connection's events once and in per-key order. A live
+/// `SUB * earliest` subscriber on every node, started before the
+/// producers, receives every partition's log whole, at its offsets, also
+/// the partitions its node holds no replica of (its node mirrors them:
+/// `replication::mirror`).
 #[test]
-fn a_producer_on_a_node_without_a_replica_reaches_the_partition() {
+fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition() {
     let (first, seed) = start_node(None);
     let (second, _) = start_node(Some(seed));
     let (third, _) = start_node(Some(seed));
@@ -344,6 +348,14 @@ fn a_producer_on_a_node_without_a_replica_reaches_the_partition() {
         assert!(started.elapsed() < READY_WITHIN, "groups with 2 voters and a leader: not within {READY_WITHIN:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (subscribers, targets): (Vec<_>, Vec<_>) = nodes
+        .iter()
+        .map(|node| {
+            let (target, targets) = mpsc::channel();
+            let subscribe = node.server.subscribe;
+            (std::thread::spawn(move || subscribe_until(subscribe, targets)), target)
+        })
+        .unzip();
     let producers: Vec<_> = nodes
         .iter()
         .enumerate()
@@ -371,20 +383,47 @@ fn a_producer_on_a_node_without_a_replica_reaches_the_partition() {
     }
     let mut last_by_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     let mut stored = 0;
+    let mut logs = BTreeMap::new();
     for partition in 0..PARTIAL_PARTITIONS {
         let holder = &nodes[holders(partition)[0]].server;
         let end = stream_ends(holder, STREAM)[partition as usize];
-        let mut subscriber = Subscriber::connect(holder.subscribe, &format!("SUB {STREAM} {partition} 0"));
-        subscriber.set_timeout(Duration::from_secs(10));
-        for event in subscriber.take(end as usize) {
+        let log = read_partition(holder, partition, end);
+        for event in &log {
             let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
             if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
                 assert!(sequence > last, "key {:?}: {sequence} after {last}", String::from_utf8_lossy(&event.key));
             }
             stored += 1;
         }
+        logs.insert(partition, log);
     }
     assert_eq!(stored, 3 * PARTIAL_EVENTS, "events stored once each over every partition");
+    let ends: BTreeMap<u32, u64> = logs.iter().map(|(partition, log)| (*partition, log.len() as u64)).collect();
+    let waited = Instant::now();
+    for target in &targets {
+        let _ = target.send(ends.clone());
+    }
+    for (index, subscriber) in subscribers.into_iter().enumerate() {
+        let events = subscriber.join().expect("a subscriber");
+        for (partition, log) in &logs {
+            let held = holders(*partition).contains(&index);
+            let got: Vec<&Delivered> = events.iter().filter(|event| event.partition == *partition).collect();
+            assert_eq!(
+                got.len(),
+                log.len(),
+                "subscriber on node {index}, partition {partition} (a replica here: {held}): events"
+            );
+            assert!(
+                got.iter().zip(log).all(|(got, want)| *got == want),
+                "subscriber on node {index}, partition {partition} (a replica here: {held}): not the log"
+            );
+        }
+    }
+    eprintln!("every subscriber had every partition {:?} after the producers ended", waited.elapsed());
+    for (index, node) in nodes.iter().enumerate() {
+        let mirrors = &cluster_of(&node.server)["replication"]["mirrors"];
+        eprintln!("node {index} mirrors: {mirrors}");
+    }
 }
 
 /// Partitions of the join test's stream (the goal is for 256;
@@ -521,8 +560,9 @@ fn read_partition(server: &Server, partition: u32, end: u64) -> Vec<Delivered> {
 /// event is in the log once, in per-(connection, key) order; every voter
 /// of a partition holds the same log at the same offsets; and what each
 /// live subscriber saw of a partition is a prefix of that log, all of it
-/// where its node is still a voter (a node that stopped being a replica
-/// stops receiving the partition: README, "Joining and leaving").
+/// where its node is still a voter (a node that is not reads a partition
+/// through a mirror only while a subscriber waits on it, so a prefix is
+/// all that is promised there once the subscriber stops asking).
 fn check_after_change(
     nodes: &[&Node],
     views: &BTreeMap<u32, (usize, Value)>,

@@ -208,6 +208,38 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
             "Gap reads this node served for peers.",
             stats.gap_fetches.reads_served,
         ),
+        (
+            "spate_raft_mirrors_open",
+            "gauge",
+            "Partitions mirrored now: a subscriber here reads them and this node holds no replica.",
+            stats.mirrors.open,
+        ),
+        (
+            "spate_raft_mirror_records_total",
+            "counter",
+            "Records read from replicas into mirrored partitions.",
+            stats.mirrors.records,
+        ),
+        ("spate_raft_mirror_bytes_total", "counter", "Bytes of those records (log format).", stats.mirrors.bytes),
+        ("spate_raft_mirror_requests_total", "counter", "Mirror reads sent to replicas.", stats.mirrors.requests),
+        (
+            "spate_raft_mirror_request_failures_total",
+            "counter",
+            "Mirror reads that timed out or a replica could not serve (retried on the next replica).",
+            stats.mirrors.request_failures,
+        ),
+        (
+            "spate_raft_mirror_peer_lacked_total",
+            "counter",
+            "Mirror reads a replica answered without the records (its retention deleted them).",
+            stats.mirrors.peer_lacked,
+        ),
+        (
+            "spate_raft_mirror_reads_served_total",
+            "counter",
+            "Mirror reads this node served for peers.",
+            stats.mirrors.reads_served,
+        ),
     ];
     for (name, kind, help, value) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");

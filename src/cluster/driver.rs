@@ -124,6 +124,8 @@ pub struct ClusterSetup {
 pub struct ReplicationSetup {
     pub store: crate::replication::file_store::FileLogStore,
     pub proposals: flume::Receiver<crate::replication::node::ProposalRequest>,
+    /// The replicated partitions the shards' subscribers wait on.
+    pub readers: flume::Receiver<crate::replication::mirror::Reader>,
     /// The catalog's streams at start.
     pub streams: Vec<crate::stream::StreamSpec>,
     /// The last catalog-log entry the catalog applied (its `replicated_index`).
@@ -195,6 +197,8 @@ struct Node {
     replication_wake: Notify,
     /// Wakes the gap fetches: a gap message came from a peer.
     catchup_due: Notify,
+    /// Wakes the mirrors: a mirror message came from a peer.
+    mirror_due: Notify,
     /// Wakes the sync task: `Ready`s wait for the Raft log's sync.
     sync_due: Notify,
     /// Wakes the catalog's apply: its commit may have advanced.
@@ -250,8 +254,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             let mut state = ReplicationNode::new(node_id, replication.store, transport.handle());
             state.set_streams(&replication.streams);
             state.set_catalog(replication.catalog_applied, setup.join.is_empty());
-            let ReplicationSetup { proposals, catalog_entries, deliveries, .. } = replication;
-            (Some(RefCell::new(state)), Some(proposals), Some(catalog_entries), deliveries)
+            let ReplicationSetup { proposals, readers, catalog_entries, deliveries, .. } = replication;
+            (Some(RefCell::new(state)), Some((proposals, readers)), Some(catalog_entries), deliveries)
         }
         _ => (None, None, None, Vec::new()),
     };
@@ -268,6 +272,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         flush_due: Notify::default(),
         replication_wake: Notify::default(),
         catchup_due: Notify::default(),
+        mirror_due: Notify::default(),
         sync_due: Notify::default(),
         catalog_due: Notify::default(),
     });
@@ -277,7 +282,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         glommio::spawn_local(fire_timers(node.clone())).detach();
         glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
         glommio::spawn_local(sync_links(node.clone())).detach();
-        if let Some(proposals) = proposals {
+        if let Some((proposals, readers)) = proposals {
             glommio::spawn_local(replication_ticks(node.clone())).detach();
             glommio::spawn_local(replication_inbox(node.clone())).detach();
             glommio::spawn_local(replication_proposals(node.clone(), proposals)).detach();
@@ -285,7 +290,8 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
             glommio::spawn_local(replication_syncs(node.clone())).detach();
             glommio::spawn_local(replication_flush(node.clone())).detach();
             glommio::spawn_local(replication_delivery(node.clone(), deliveries.clone())).detach();
-            glommio::spawn_local(replication_catchup(node.clone(), deliveries)).detach();
+            glommio::spawn_local(replication_catchup(node.clone(), deliveries.clone())).detach();
+            glommio::spawn_local(replication_mirrors(node.clone(), deliveries, readers)).detach();
             if let Some(catalog_entries) = catalog_entries {
                 glommio::spawn_local(replication_catalog(node.clone(), catalog_entries)).detach();
             }
@@ -483,6 +489,10 @@ async fn replication_inbox(node: Rc<Node>) {
                     state.catchup.receive(inbound);
                     node.catchup_due.notify();
                 }
+                Some(Channel::MirrorRead | Channel::MirrorRecords) => {
+                    state.mirrors.receive(inbound);
+                    node.mirror_due.notify();
+                }
                 _ => {}
             }
         }
@@ -607,6 +617,17 @@ async fn replication_catalog(node: Rc<Node>, entries: flume::Sender<crate::repli
 async fn replication_catchup(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
     let Some(replication) = &node.replication else { return };
     crate::replication::catchup::run(replication, &controls, &node.catchup_due, &node.delivery_due).await;
+}
+
+/// Mirrors the partitions subscribers here read and no replica here holds,
+/// and serves the peers' mirror reads ([`crate::replication::mirror`]).
+async fn replication_mirrors(
+    node: Rc<Node>,
+    controls: Vec<flume::Sender<ControlRequest>>,
+    readers: flume::Receiver<crate::replication::mirror::Reader>,
+) {
+    let Some(replication) = &node.replication else { return };
+    crate::replication::mirror::run(replication, &controls, readers, &node.mirror_due).await;
 }
 
 async fn refresh_load(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {

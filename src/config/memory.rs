@@ -390,6 +390,23 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::Fixed,
         storage: None,
+        expression: || {
+            use crate::replication::mirror::{MIRROR_CHUNK_BYTES, MIRROR_SERVES_MAX};
+            let header = crate::replication::catchup::ANSWER_HEADER_BYTES;
+            format!("cluster * {MIRROR_SERVES_MAX} * 2 * ({} + {header} + line_size_max)", size(MIRROR_CHUNK_BYTES))
+        },
+        what: "replication: mirrors (partitions a subscriber reads on a node holding no replica of them, read \
+               from a replica): per read served for a peer, its records twice, a chunk and one record each",
+        bytes: |config| {
+            if config.cluster_address().is_none() {
+                return 0;
+            }
+            crate::replication::mirror::memory_bytes(config.line_size_max)
+        },
+    },
+    FormulaLine {
+        term: Term::Fixed,
+        storage: None,
         expression: || "cluster * raft_log_bytes_max".to_string(),
         what: "replication: the Raft log entries of every group, held in memory as well as in the file; \
                compacted once applied and durable in their partition, so full only when compaction is behind \

@@ -445,6 +445,16 @@ impl ParkedFetches {
         self.parked.is_empty()
     }
 
+    /// Calls `each` with every partition a parked fetch waits on (once per
+    /// fetch that carries it).
+    pub fn partitions(&self, each: &mut impl FnMut(u32)) {
+        for (_, request) in &self.parked {
+            for (partition, _) in &request.cursors {
+                each(*partition);
+            }
+        }
+    }
+
     /// Whether any parked fetch may be served now.
     pub fn any_servable(&self) -> bool {
         self.parked.iter().any(|(_, request)| request.is_servable())

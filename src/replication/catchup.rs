@@ -107,6 +107,13 @@ pub struct GapRead {
     pub from_offset: u64,
     pub below: u64,
     pub bytes_max: usize,
+    /// How long the shard may wait, in ms, for a record at `from_offset`
+    /// to become readable when there is none yet (a mirror's long poll,
+    /// [`crate::replication::mirror`]); 0 answers at once.
+    pub wait_ms: u64,
+    /// Whether the read may go to the segment files; if not, a read that
+    /// needs them is answered [`GapReadAnswer::NeedsFiles`].
+    pub files: bool,
     pub reply: flume::Sender<GapReadAnswer>,
 }
 
@@ -120,6 +127,9 @@ pub enum GapReadAnswer {
     /// Records in log format, back to back, the first at `from_offset`;
     /// none when the log has nothing readable there yet.
     Records { record_count: u32, records: Vec<u8> },
+    /// The records at `from_offset` are only in the segment files, and the
+    /// read was not allowed there ([`GapRead::files`]).
+    NeedsFiles,
 }
 
 /// The gap fetch counters (`/metrics`, `GET /cluster`).
@@ -221,6 +231,13 @@ impl Catchup {
         }
     }
 
+    /// The reads being served for peers' gaps: a mirror's read that needs
+    /// the segment files takes one of their [`GAP_SERVES_MAX`] places
+    /// ([`crate::replication::mirror`]).
+    pub(crate) fn serving(&self) -> Rc<Cell<usize>> {
+        self.serving.clone()
+    }
+
     /// Groups whose partition waits for a gap's records now.
     pub fn open_count(&self) -> usize {
         self.fetches.len() + self.waiting.len()
@@ -248,17 +265,17 @@ impl Catchup {
 
 /// A [`Channel::GapRead`]'s payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ReadRequest {
-    group: GroupId,
-    id: u64,
-    from_offset: u64,
-    below: u64,
+pub(crate) struct ReadRequest {
+    pub group: GroupId,
+    pub id: u64,
+    pub from_offset: u64,
+    pub below: u64,
 }
 
 const REQUEST_BYTES: usize = 32;
 
 impl ReadRequest {
-    fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         let mut payload = Vec::with_capacity(REQUEST_BYTES);
         payload.extend_from_slice(&self.group.stream_id.to_le_bytes());
         payload.extend_from_slice(&self.group.partition.to_le_bytes());
@@ -268,7 +285,7 @@ impl ReadRequest {
         Bytes::from(payload)
     }
 
-    fn decode(payload: &[u8]) -> Option<ReadRequest> {
+    pub fn decode(payload: &[u8]) -> Option<ReadRequest> {
         let group = GroupId { stream_id: u32_at(payload, 0)?, partition: u32_at(payload, 4)? };
         Some(ReadRequest {
             group,
@@ -281,7 +298,7 @@ impl ReadRequest {
 
 /// What a [`Channel::GapRecords`] says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
+pub(crate) enum Status {
     /// Records follow (none: the peer has nothing there yet).
     Records = 0,
     /// The peer's log starts at `earliest`, after the requested offset.
@@ -293,21 +310,21 @@ enum Status {
 
 /// A [`Channel::GapRecords`]'s header: group, request id, status, first
 /// offset, earliest, record count; the records follow.
-const ANSWER_HEADER_BYTES: usize = 37;
+pub(crate) const ANSWER_HEADER_BYTES: usize = 37;
 
 #[derive(Debug, PartialEq, Eq)]
-struct Answer<'a> {
-    group: GroupId,
-    id: u64,
-    status: Status,
-    first_offset: u64,
-    earliest: u64,
-    record_count: u32,
-    records: &'a [u8],
+pub(crate) struct Answer<'a> {
+    pub group: GroupId,
+    pub id: u64,
+    pub status: Status,
+    pub first_offset: u64,
+    pub earliest: u64,
+    pub record_count: u32,
+    pub records: &'a [u8],
 }
 
 impl Answer<'_> {
-    fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         let mut payload = Vec::with_capacity(ANSWER_HEADER_BYTES + self.records.len());
         payload.extend_from_slice(&self.group.stream_id.to_le_bytes());
         payload.extend_from_slice(&self.group.partition.to_le_bytes());
@@ -320,7 +337,7 @@ impl Answer<'_> {
         Bytes::from(payload)
     }
 
-    fn decode(payload: &[u8]) -> Option<Answer<'_>> {
+    pub fn decode(payload: &[u8]) -> Option<Answer<'_>> {
         let status = match *payload.get(16)? {
             0 => Status::Records,
             1 => Status::Lacks,
@@ -413,12 +430,9 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
     serving.set(serving.get() + 1);
     let controls = controls.to_vec();
     glommio::spawn_local(async move {
-        let answer = read_from_owner(&controls, partition, request).await;
-        let (status, earliest, record_count, records) = match &answer {
-            Some(GapReadAnswer::Records { record_count, records }) => (Status::Records, 0, *record_count, &records[..]),
-            Some(GapReadAnswer::Lacks { earliest }) => (Status::Lacks, *earliest, 0, &[][..]),
-            Some(GapReadAnswer::NotOwned) | None => (Status::Unavailable, 0, 0, &[][..]),
-        };
+        let read = OwnerRead { partition, request, bytes_max: GAP_CHUNK_BYTES_MAX, wait_ms: 0, files: true };
+        let answer = read_from_owner(&controls, read).await;
+        let (status, earliest, record_count, records) = answer_parts(answer.as_ref());
         let payload = Answer {
             group: request.group,
             id: request.id,
@@ -443,25 +457,46 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
     .detach();
 }
 
-/// Reads a gap's records on the shard owning `partition`, trying every
+/// The parts of an [`Answer`] that a shard's read gives.
+pub(crate) fn answer_parts(answer: Option<&GapReadAnswer>) -> (Status, u64, u32, &[u8]) {
+    match answer {
+        Some(GapReadAnswer::Records { record_count, records }) => (Status::Records, 0, *record_count, &records[..]),
+        Some(GapReadAnswer::Lacks { earliest }) => (Status::Lacks, *earliest, 0, &[][..]),
+        Some(GapReadAnswer::NotOwned | GapReadAnswer::NeedsFiles) | None => (Status::Unavailable, 0, 0, &[][..]),
+    }
+}
+
+/// A read of a peer's request on the shard owning the partition.
+#[derive(Clone, Copy)]
+pub(crate) struct OwnerRead {
+    /// The global partition id.
+    pub partition: u32,
+    pub request: ReadRequest,
+    pub bytes_max: usize,
+    pub wait_ms: u64,
+    pub files: bool,
+}
+
+/// Reads a peer's records on the shard owning the partition, trying every
 /// shard (it may have moved); `None` when none answered.
-async fn read_from_owner(
+pub(crate) async fn read_from_owner(
     controls: &[flume::Sender<ControlRequest>],
-    partition: u32,
-    request: ReadRequest,
+    read: OwnerRead,
 ) -> Option<GapReadAnswer> {
     for control in controls {
         let (reply, answer) = flume::bounded(1);
-        let read = GapRead {
-            partition,
-            from_offset: request.from_offset,
-            below: request.below,
-            bytes_max: GAP_CHUNK_BYTES_MAX,
+        let request = GapRead {
+            partition: read.partition,
+            from_offset: read.request.from_offset,
+            below: read.request.below,
+            bytes_max: read.bytes_max,
+            wait_ms: read.wait_ms,
+            files: read.files,
             reply,
         };
-        control.send_async(ControlRequest::GapRead(read)).await.ok()?;
+        control.send_async(ControlRequest::GapRead(request)).await.ok()?;
         let timeout = async {
-            glommio::timer::sleep(Duration::from_millis(GAP_READ_TIMEOUT_MS)).await;
+            glommio::timer::sleep(Duration::from_millis(GAP_READ_TIMEOUT_MS + read.wait_ms)).await;
             Err(flume::RecvError::Disconnected)
         };
         match futures_lite::future::or(answer.recv_async(), timeout).await {

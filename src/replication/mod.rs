@@ -78,6 +78,7 @@ pub mod catchup;
 pub mod file_store;
 pub mod frame;
 pub mod host;
+pub mod mirror;
 pub mod node;
 pub mod placement;
 pub mod reconfig;

@@ -586,6 +586,9 @@ pub struct ReplicationNode {
     gaps: HashMap<GroupId, Instant>,
     /// The fetches of the records those partitions lack, from peers.
     pub catchup: crate::replication::catchup::Catchup,
+    /// The partitions mirrored for subscribers here, and the reads served
+    /// for peers' mirrors ([`crate::replication::mirror`]).
+    pub mirrors: crate::replication::mirror::Mirrors,
     pub stats: ReplicationStats,
     full_refusals: log::Episode,
     /// The catalog group's next entry to apply to this node's catalog.
@@ -614,6 +617,9 @@ pub struct ReplicationStats {
     /// The fetches of those records from peers
     /// ([`crate::replication::catchup`]).
     pub gap_fetches: crate::replication::catchup::GapStats,
+    /// The partitions mirrored for subscribers of a node holding no
+    /// replica ([`crate::replication::mirror`]).
+    pub mirrors: crate::replication::mirror::MirrorStats,
     /// Raft store syncs (one per round that wrote), Raft messages and peer
     /// batches sent, entries proposed here and applied.
     pub syncs: u64,
@@ -657,6 +663,7 @@ impl ReplicationNode {
             durable_points: HashMap::new(),
             gaps: HashMap::new(),
             catchup: crate::replication::catchup::Catchup::default(),
+            mirrors: crate::replication::mirror::Mirrors::default(),
             stats: ReplicationStats::default(),
             full_refusals: log::Episode::new("proposals refused: Raft log full"),
             gap_warnings: log::Episode::new("partitions behind their group's compaction point"),
@@ -676,6 +683,7 @@ impl ReplicationNode {
             store_rewrites: store.rewrites,
             gaps_open: self.gaps.len() as u64,
             gap_fetches: self.catchup.stats,
+            mirrors: self.mirrors.stats(),
             syncs: self.host.counters.syncs,
             messages_sent: self.host.counters.messages_sent,
             batches_sent: self.host.counters.batches_sent,
@@ -1442,6 +1450,34 @@ impl ReplicationNode {
             .filter(|replica| **replica != 0 && **replica != self.self_id)
             .filter_map(|replica| self.node_ids.get(replica).copied())
             .collect()
+    }
+
+    /// Whether this node holds a replica of `group` (voter or learner).
+    pub(crate) fn holds(&self, group: GroupId) -> bool {
+        self.host.commit_of(group).is_some()
+    }
+
+    /// Whether this node is a voter of `group` (its partition log is then
+    /// the committed log up to a recent point).
+    pub(crate) fn is_voter(&self, group: GroupId) -> bool {
+        self.host.status(group).is_some_and(|status| status.voters.contains(&self.self_id))
+    }
+
+    /// The replicas a mirror of `group` (held nowhere here) may read from:
+    /// the leader a refusal last named, then the placement's replicas, all
+    /// live and other than this node.
+    pub(crate) fn mirror_sources(&self, group: GroupId) -> Vec<NodeId> {
+        let live = |replica: &ReplicaId| *replica != self.self_id && self.live.iter().any(|c| c.replica == *replica);
+        let mut replicas: Vec<ReplicaId> =
+            self.leader_hints.get(&group).filter(|hint| live(hint)).copied().into_iter().collect();
+        if self.streams.contains_key(&group.stream_id) {
+            for replica in self.host.desired_replicas(group).replicas {
+                if live(&replica) && !replicas.contains(&replica) {
+                    replicas.push(replica);
+                }
+            }
+        }
+        replicas.iter().filter_map(|replica| self.node_ids.get(replica).copied()).collect()
     }
 
     /// The gap of `group` is filled (or the group is no longer held here):

@@ -25,9 +25,24 @@ pub struct ClusterStart {
     pub addresses: MemberAddresses,
     /// The Raft store, read back, and the way shards propose to the groups
     /// (a clustered node only).
-    replication: Option<(FileLogStore, flume::Receiver<ProposalRequest>)>,
-    /// What shards hand their proposals to.
-    pub proposals: Option<flume::Sender<ProposalRequest>>,
+    replication: Option<(FileLogStore, ClusterReceivers)>,
+    /// What shards hand their proposals (and readers) to.
+    pub proposals: Option<ShardSenders>,
+}
+
+/// How a shard reaches the cluster thread: its proposals for replicated
+/// partitions, and the replicated partitions its subscribers wait on
+/// ([`crate::replication::mirror`]).
+#[derive(Clone)]
+pub struct ShardSenders {
+    pub proposals: flume::Sender<ProposalRequest>,
+    pub readers: flume::Sender<crate::replication::mirror::Reader>,
+}
+
+/// The cluster thread's ends of [`ShardSenders`].
+pub struct ClusterReceivers {
+    proposals: flume::Receiver<ProposalRequest>,
+    readers: flume::Receiver<crate::replication::mirror::Reader>,
 }
 
 /// Reads (or creates) the node identity and binds the cluster socket.
@@ -71,13 +86,14 @@ pub fn prepare(config: &Config) -> Result<ClusterStart, ServeError> {
     }
     .with_entry_bytes_max(config.raft_log_bytes_max);
     let (proposals, receiver) = flume::bounded(crate::shard::replicated::proposal_queue_capacity(config.shard_count()));
+    let (readers, readers_receiver) = flume::bounded(crate::replication::mirror::READERS_QUEUE_MAX);
     Ok(ClusterStart {
         identity,
         socket: Some(socket),
         listener: Some(listener),
         addresses,
-        replication: Some((store, receiver)),
-        proposals: Some(proposals),
+        replication: Some((store, ClusterReceivers { proposals: receiver, readers: readers_receiver })),
+        proposals: Some(ShardSenders { proposals, readers }),
     })
 }
 
@@ -124,9 +140,10 @@ pub fn start(
     (catalog_applied, catalog_entries): (u64, flume::Sender<crate::replication::node::CatalogEntries>),
 ) -> Result<ClusterHandle, ServeError> {
     let ClusterStart { identity, socket, listener, addresses, replication, proposals: _ } = prepared;
-    let replication = replication.map(|(store, proposals)| ReplicationSetup {
+    let replication = replication.map(|(store, receivers)| ReplicationSetup {
         store,
-        proposals,
+        proposals: receivers.proposals,
+        readers: receivers.readers,
         streams,
         catalog_applied,
         catalog_entries,

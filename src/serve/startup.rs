@@ -45,7 +45,7 @@ pub struct ShardContext {
     pub kafka_groups: Arc<crate::kafka::KafkaGroups>,
     /// Where shards propose the records of replicated partitions (the
     /// cluster thread; `None` for a cluster of one).
-    pub proposals: Option<flume::Sender<crate::replication::node::ProposalRequest>>,
+    pub proposals: Option<crate::serve::cluster::ShardSenders>,
 }
 
 /// The body of one shard's executor.
@@ -58,8 +58,9 @@ pub async fn run_shard(context: ShardContext) {
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));
-    if let Some(proposals) = &context.proposals {
-        shard.set_replication_sender(proposals.clone());
+    if let Some(senders) = &context.proposals {
+        shard.set_replication_sender(senders.proposals.clone());
+        shard.set_replication_readers(senders.readers.clone());
     }
     prefault_and_load_groups(&context.config, &shard);
     if shard.stores_on_disk() {

@@ -25,7 +25,7 @@ use crate::runtime::notify::{Notify, first};
 /// traffic, nothing migrates), in ms: an idle server wakes once a second per
 /// shard for gossip instead of ten times. The first batch applied, or the
 /// first report of traffic from a peer, brings the normal interval back at once.
-const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+pub const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
 /// Below this rate (events/s, the balancer's average) a shard counts as
 /// idle for the gossip pace: no traffic at all, not merely little.
 pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;

@@ -40,7 +40,9 @@ enum Plan {
 }
 
 /// Answers a [`GapRead`]: at once from the tail cache, or from the files in
-/// a task of its own.
+/// a task of its own; one with [`GapRead::wait_ms`] that finds nothing
+/// readable yet waits in a task of its own until something is (or the
+/// wait ends) and is then answered as one without.
 pub fn handle(shard: &Rc<Shard>, read: GapRead) {
     let plan = {
         let partitions = shard.partitions.borrow();
@@ -54,6 +56,11 @@ pub fn handle(shard: &Rc<Shard>, read: GapRead) {
             let _ = read.reply.send(GapReadAnswer::Lacks { earliest: log.earliest_offset() });
             return;
         }
+        if read.from_offset >= below && read.wait_ms > 0 && read.from_offset < read.below {
+            drop(partitions);
+            wait_then_handle(shard, read);
+            return;
+        }
         if read.from_offset >= below {
             Plan::Answered
         } else if read.from_offset >= log.cached_from() {
@@ -63,6 +70,9 @@ pub fn handle(shard: &Rc<Shard>, read: GapRead) {
                 record_count += count;
             });
             let _ = read.reply.send(GapReadAnswer::Records { record_count, records });
+            return;
+        } else if !read.files {
+            let _ = read.reply.send(GapReadAnswer::NeedsFiles);
             return;
         } else {
             match log.disk() {
@@ -91,6 +101,32 @@ pub fn handle(shard: &Rc<Shard>, read: GapRead) {
             }
         };
         let _ = read.reply.send(answer);
+    })
+    .detach();
+}
+
+/// Waits until the partition of `read` has a readable record at its
+/// offset (or is no longer here), at most `read.wait_ms`, then answers it
+/// without waiting. The wait holds no buffer; it is woken after every
+/// commit round of the shard ([`crate::shard::subscriptions`]).
+fn wait_then_handle(shard: &Rc<Shard>, mut read: GapRead) {
+    let shard = shard.clone();
+    glommio::spawn_local(async move {
+        let readable = {
+            let shard = shard.clone();
+            let (partition, from_offset) = (read.partition, read.from_offset);
+            move || {
+                shard
+                    .partitions
+                    .borrow()
+                    .get(partition)
+                    .is_none_or(|partition| partition.log.visible_offset() > from_offset)
+            }
+        };
+        let limit = glommio::timer::sleep(std::time::Duration::from_millis(read.wait_ms));
+        crate::runtime::notify::first(shard.subscriptions.appended(readable), limit).await;
+        read.wait_ms = 0;
+        handle(&shard, read);
     })
     .detach();
 }

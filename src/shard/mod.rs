@@ -117,6 +117,12 @@ impl Shard {
         self.replication.set_sender(sender);
     }
 
+    /// Where the replicated partitions subscribers wait on are said (the
+    /// cluster thread).
+    pub fn set_replication_readers(&self, readers: flume::Sender<crate::replication::mirror::Reader>) {
+        self.replication.set_readers(readers);
+    }
+
     /// This shard's mesh peer id.
     pub fn id(&self) -> u16 {
         self.id
@@ -588,6 +594,7 @@ impl Shard {
                     if let Some(window) = request.window.as_mut() {
                         window.spend(reply.records.size_bytes());
                     }
+                    self.note_readers(&request);
                     self.subscriptions.park(origin, request);
                     if reply.more {
                         // A backlog: serve it again soon, not only when
@@ -597,7 +604,18 @@ impl Shard {
                 }
                 self.reply_after_disk_reads(origin, reply, budget);
             }
-            None => self.subscriptions.park(origin, request),
+            None => {
+                self.note_readers(&request);
+                self.subscriptions.park(origin, request);
+            }
+        }
+    }
+
+    /// A fetch parks here: its replicated partitions have a reader on this
+    /// node (what the cluster thread mirrors when it holds no replica).
+    fn note_readers(&self, request: &FetchRequest) {
+        if self.replication.is_active() {
+            self.replication.note_readers(|each| request.cursors.iter().for_each(|(partition, _)| each(*partition)));
         }
     }
 
@@ -684,6 +702,10 @@ impl Shard {
             }
             if self.balancer.borrow().consolidation_due() {
                 self.consolidation_wake.notify();
+            }
+            // Fetches parked for long keep their partitions' mirrors alive.
+            if self.replication.is_active() {
+                self.replication.note_readers(|each| self.subscriptions.parked_partitions(each));
             }
             let balancer = self.balancer.borrow();
             let idle = balancer.is_idle() && !balancer.gather_pending() && !self.is_migrating();

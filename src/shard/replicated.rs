@@ -43,6 +43,7 @@ use bytes::Bytes;
 
 use crate::protocol::record::BatchIter;
 use crate::replication::GroupId;
+use crate::replication::mirror::{READER_NOTE_MS, Reader};
 use crate::replication::node::{CommittedRecords, PartitionEnd, ProposalRefused, ProposalRequest, append_committed};
 use crate::routing::DataBatch;
 use crate::runtime::log;
@@ -105,6 +106,13 @@ pub struct ShardReplication {
     completer_running: Cell<bool>,
     /// Wakes the applier waiting for room in the queue.
     room: Notify,
+    /// Where this shard says which replicated partitions its subscribers
+    /// wait on (the cluster thread mirrors those of which the node holds
+    /// no replica: [`crate::replication::mirror`]).
+    readers: RefCell<Option<flume::Sender<Reader>>>,
+    /// When each partition's readers were last said, to say it at most
+    /// once per [`READER_NOTE_MS`].
+    readers_noted: RefCell<HashMap<u32, Instant>>,
 }
 
 impl Default for ShardReplication {
@@ -120,6 +128,8 @@ impl Default for ShardReplication {
             outstanding: Cell::new(0),
             completer_running: Cell::new(false),
             room: Notify::default(),
+            readers: RefCell::default(),
+            readers_noted: RefCell::default(),
         }
     }
 }
@@ -134,6 +144,32 @@ impl ShardReplication {
     /// Where proposals go (the cluster thread), set once at start.
     pub fn set_sender(&self, proposals: flume::Sender<ProposalRequest>) {
         *self.proposals.borrow_mut() = Some(proposals);
+    }
+
+    /// Where the partitions subscribers wait on are said, set once at start.
+    pub fn set_readers(&self, readers: flume::Sender<Reader>) {
+        *self.readers.borrow_mut() = Some(readers);
+    }
+
+    /// Subscribers wait on `partitions` here: says so to the cluster
+    /// thread for each replicated one, at most once per
+    /// [`READER_NOTE_MS`] each (a full queue drops it: said again later).
+    pub fn note_readers(&self, partitions: impl FnOnce(&mut dyn FnMut(u32))) {
+        if !self.is_active() {
+            return;
+        }
+        let readers = self.readers.borrow();
+        let Some(readers) = readers.as_ref() else { return };
+        let now = Instant::now();
+        let mut noted = self.readers_noted.borrow_mut();
+        partitions(&mut |partition| {
+            let Some(group) = self.group_of(partition) else { return };
+            let due =
+                noted.get(&partition).is_none_or(|at| now.duration_since(*at).as_millis() >= READER_NOTE_MS.into());
+            if due && readers.try_send(Reader { group, partition }).is_ok() {
+                noted.insert(partition, now);
+            }
+        });
     }
 
     /// Re-reads which partitions are replicated, after a catalog change.
@@ -152,6 +188,9 @@ impl ShardReplication {
             }
         }
         self.active.set(!groups.is_empty());
+        self.readers_noted
+            .borrow_mut()
+            .retain(|partition, _| groups.get(*partition as usize).is_some_and(Option::is_some));
     }
 
     /// Batches proposed and not yet applied.

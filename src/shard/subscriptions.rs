@@ -8,7 +8,7 @@ use ahash::AHashMap;
 use glommio::channels::local_channel::LocalSender;
 
 use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, ParkedFetches};
-use crate::runtime::notify::Notify;
+use crate::runtime::notify::{Notify, WaitList};
 
 pub use crate::config::limits::DELETION_NOTICE_SLOTS;
 
@@ -26,6 +26,9 @@ pub struct Subscriptions {
     parked: RefCell<ParkedFetches>,
     /// Wakes the fetch servicer: parked fetches may have news.
     parked_notify: Notify,
+    /// Peers' reads waiting for records to become readable
+    /// ([`crate::shard::gap_read`]): woken with the parked fetches.
+    appended: WaitList,
 }
 
 impl Subscriptions {
@@ -36,6 +39,7 @@ impl Subscriptions {
             next_id: Cell::new(u64::from(shard_id) << 48),
             parked: RefCell::default(),
             parked_notify: Notify::default(),
+            appended: WaitList::default(),
         }
     }
 
@@ -113,6 +117,18 @@ impl Subscriptions {
         if self.parked.borrow().any_servable() {
             self.parked_notify.notify();
         }
+        self.appended.wake_all();
+    }
+
+    /// Resolves once `ready()` is true, re-checked whenever parked fetches
+    /// may have news (after commit rounds and appends).
+    pub fn appended<F: FnMut() -> bool + Unpin>(&self, ready: F) -> crate::runtime::notify::WaitUntil<'_, F> {
+        self.appended.wait_until(ready)
+    }
+
+    /// The partitions the fetches parked here wait on.
+    pub fn parked_partitions(&self, mut each: impl FnMut(u32)) {
+        self.parked.borrow().partitions(&mut each);
     }
 
     /// Waits for [`Subscriptions::wake_parked`], then takes every parked

@@ -95,6 +95,13 @@ pub enum Channel {
     /// The answer to a [`Channel::GapRead`]: a bounded chunk of records, or
     /// why not ([`crate::replication::catchup`]).
     GapRecords = 10,
+    /// A node's long poll for a partition of which it holds no replica
+    /// and a local subscriber reads: the records of a peer's partition log
+    /// from an offset on ([`crate::replication::mirror`]).
+    MirrorRead = 11,
+    /// The answer to a [`Channel::MirrorRead`], encoded as a
+    /// [`Channel::GapRecords`].
+    MirrorRecords = 12,
 }
 
 impl Channel {
@@ -110,6 +117,8 @@ impl Channel {
             8 => Some(Channel::ProposeAfterRefusal),
             9 => Some(Channel::GapRead),
             10 => Some(Channel::GapRecords),
+            11 => Some(Channel::MirrorRead),
+            12 => Some(Channel::MirrorRecords),
             _ => None,
         }
     }

@@ -726,7 +726,9 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
             | Channel::ProposeRefused
             | Channel::ProposeAfterRefusal
             | Channel::GapRead
-            | Channel::GapRecords,
+            | Channel::GapRecords
+            | Channel::MirrorRead
+            | Channel::MirrorRecords,
         ) => {
             transport.replication.borrow_mut().push_back(inbound);
             transport.replication_ready.notify();
