@@ -424,6 +424,18 @@ fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition()
         let mirrors = &cluster_of(&node.server)["replication"]["mirrors"];
         eprintln!("node {index} mirrors: {mirrors}");
     }
+    // Consumer groups and aggregates are kept per node: on a replicated
+    // stream they are refused with the reason, rather than run apart on
+    // each node.
+    let server = &nodes[1].server;
+    let mut member = Subscriber::connect(server.subscribe, &format!("GROUP {STREAM} g earliest"));
+    member.set_timeout(Duration::from_secs(5));
+    let line = String::from_utf8_lossy(&member.next_line().expect("an answer to GROUP")).to_string();
+    assert!(line.starts_with("ERR replicated_stream"), "{line}");
+    let body = json!({"name": "n", "kind": "count", "window": {"type": "none"}});
+    let (status, answer) = server.http("POST", &format!("/streams/{STREAM}/aggregates"), Some(&body));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.starts_with("replicated_stream"), "{answer}");
 }
 
 /// Partitions of the join test's stream (the goal is for 256;

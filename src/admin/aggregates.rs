@@ -90,8 +90,15 @@ async fn create(state: &AdminState, stream: &str, body: &[u8]) -> Result<String,
     let declaration =
         AggregateDeclaration::from_value(value).map_err(|error| bad_request(format!("bad_declaration: {error}")))?;
     let mut catalog = state.catalog.lock().await;
-    if catalog.get(stream).is_none() {
+    let Some(spec) = catalog.get(stream) else {
         return Err(Failure { status: 404, message: format!("unknown_stream: {stream}\n") });
+    };
+    if spec.is_replicated() {
+        return Err(bad_request(format!(
+            "replicated_stream: {stream:?} is replicated over the cluster, and aggregates run per node on the \
+             events it stores, not on a replicated stream's committed events yet; declare it on a stream with \
+             replication_factor 1"
+        )));
     }
     if let Some(output) = &declaration.output
         && catalog.get(output).is_none()

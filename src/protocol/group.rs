@@ -360,6 +360,9 @@ pub enum GroupError<'a> {
     AlreadyJoined,
     /// The `GROUP` line names a stream the server does not have.
     UnknownStream { stream: &'a str },
+    /// The `GROUP` line names a replicated stream: groups are kept per node
+    /// and are not cluster-wide yet (README, "Cluster").
+    ReplicatedStream { stream: &'a str },
     /// The coordinator's shard has `groups_max` groups already.
     GroupLimit { groups_max: usize },
     /// The group has `members_max` members already (live ones and expelled
@@ -390,6 +393,7 @@ impl GroupError<'_> {
             GroupError::BadRequest(_) => "bad_request",
             GroupError::AlreadyJoined => "bad_request",
             GroupError::UnknownStream { .. } => "unknown_stream",
+            GroupError::ReplicatedStream { .. } => "replicated_stream",
             GroupError::GroupLimit { .. } => "group_limit",
             GroupError::MemberLimit { .. } => "member_limit",
             GroupError::HoldMismatch { .. } => "hold_mismatch",
@@ -422,6 +426,11 @@ impl fmt::Display for GroupError<'_> {
             GroupError::BadRequest(error) => write!(f, "{error}"),
             GroupError::AlreadyJoined => write!(f, "bad_request: this connection already joined a group"),
             GroupError::UnknownStream { stream } => write!(f, "unknown_stream: no stream named {stream:?}"),
+            GroupError::ReplicatedStream { stream } => write!(
+                f,
+                "replicated_stream: {stream:?} is replicated over the cluster, and consumer groups are kept per \
+                 node, not cluster-wide yet; read it with SUB"
+            ),
             GroupError::GroupLimit { groups_max } => {
                 write!(f, "group_limit: the coordinator shard has {groups_max} groups, its limit")
             }
@@ -673,9 +682,10 @@ mod tests {
     /// keep the connection open.
     #[test]
     fn errors_name_reasons_and_closing() {
-        let cases: [(GroupError<'_>, &str, bool); 10] = [
+        let cases: [(GroupError<'_>, &str, bool); 11] = [
             (GroupError::AlreadyJoined, "bad_request", false),
             (GroupError::UnknownStream { stream: "s" }, "unknown_stream", true),
+            (GroupError::ReplicatedStream { stream: "s" }, "replicated_stream", true),
             (GroupError::GroupLimit { groups_max: 4 }, "group_limit", true),
             (GroupError::MemberLimit { members_max: 4 }, "member_limit", true),
             (GroupError::HoldMismatch { group_hold: true }, "hold_mismatch", true),

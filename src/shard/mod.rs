@@ -173,6 +173,13 @@ impl Shard {
         active.map(|spec| spec.name.clone()).collect()
     }
 
+    /// Whether a stream (by id) is replicated over the cluster (its
+    /// partitions are Raft groups).
+    pub fn stream_is_replicated(&self, stream_id: u32) -> bool {
+        let streams = self.streams.borrow();
+        streams.catalog().streams().iter().any(|spec| spec.id == stream_id && spec.is_replicated())
+    }
+
     /// Whether a stream (by id) is still active: not deleted or being deleted.
     pub fn stream_is_active(&self, stream_id: u32) -> bool {
         self.streams.borrow().is_active(stream_id)

@@ -61,6 +61,12 @@ pub async fn serve_member(
         write_goodbye(stream, &message).await;
         return;
     };
+    if shard.stream_is_replicated(route.id) {
+        let mut message = Vec::new();
+        write_group_error(&mut message, &GroupError::ReplicatedStream { stream: join.stream });
+        write_goodbye(stream, &message).await;
+        return;
+    }
     if !connection.greet_subscriber() {
         return;
     }
