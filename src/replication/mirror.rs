@@ -85,7 +85,7 @@ use crate::transport::{Channel, Inbound};
 pub const READER_NOTE_MS: u64 = 1_000;
 /// How long a mirror lasts after its partition's readers were last said,
 /// in ms: well past a shard's slowest gossip tick, which says them again.
-pub const READER_TTL_MS: u64 = 10_000;
+pub const READER_TTL_MS: u64 = 20_000;
 const _: () = assert!(READER_TTL_MS >= 4 * crate::shard::balancer::GOSSIP_IDLE_INTERVAL_MS);
 /// Readers said by the shards and not yet taken by the cluster thread;
 /// past it one is dropped (said again a second later).

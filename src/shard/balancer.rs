@@ -22,10 +22,15 @@ use crate::partition::PartitionManager;
 use crate::runtime::notify::{Notify, first};
 
 /// The gossip interval while the whole process is idle (no shard reports
-/// traffic, nothing migrates), in ms: an idle server wakes once a second per
-/// shard for gossip instead of ten times. The first batch applied, or the
-/// first report of traffic from a peer, brings the normal interval back at once.
-pub const GOSSIP_IDLE_INTERVAL_MS: u64 = 1000;
+/// traffic, nothing migrates), in ms: an idle server wakes once every 5 s
+/// per shard for gossip instead of ten times a second. The first batch
+/// applied, or the first report of traffic from a peer, brings the normal
+/// interval back at once, and the rates' window starts then
+/// ([`Balancer::restart_window`]).
+pub const GOSSIP_IDLE_INTERVAL_MS: u64 = 5000;
+/// The window of the first sample after traffic ended an idle sleep, in
+/// ms (at most the report interval).
+pub const GOSSIP_WAKE_SAMPLE_MS: u64 = 100;
 /// Below this rate (events/s, the balancer's average) a shard counts as
 /// idle for the gossip pace: no traffic at all, not merely little.
 pub(super) const GOSSIP_IDLE_EVENTS_PER_S: f64 = 1.0;
@@ -203,6 +208,19 @@ impl Balancer {
             self.counters.steal_requests_sent += 1;
         }
         (report, request)
+    }
+
+    /// Traffic woke the shard from its idle pace: the next sample measures
+    /// from now, not from the last idle tick. Idle means the events since
+    /// that tick are about none but the waking batch's, so dividing a burst
+    /// that follows by the whole idle gap (up to [`GOSSIP_IDLE_INTERVAL_MS`])
+    /// would report a fraction of its rate: a thief would then find the
+    /// owner's rate below its own and the steal refused.
+    pub fn restart_window(&mut self, now_ms: u64, runtime: std::time::Duration) {
+        if self.last_sample_ms.is_some() {
+            self.last_sample_ms = Some(now_ms);
+            self.last_runtime = Some(runtime);
+        }
     }
 
     fn sample_load(&mut self, partitions: &mut PartitionManager, sample: &LoadSample) -> LoadReport {
@@ -387,30 +405,39 @@ impl Balancer {
 #[derive(Default)]
 pub struct GossipPace {
     idle: Cell<bool>,
+    /// Traffic was seen since the last tick.
+    seen: Cell<bool>,
     wake: Notify,
 }
 
 impl GossipPace {
+    /// Sets the pace after a tick: idle only if `idle` and no traffic came
+    /// since the previous tick (a burst the tick's sample did not count yet,
+    /// such as one before the first sample, keeps the normal pace, so the
+    /// next sample counts it over one interval).
     pub fn set_idle(&self, idle: bool) {
-        self.idle.set(idle);
+        self.idle.set(idle && !self.seen.replace(false));
     }
 
     /// Traffic was seen (a batch applied, a peer's report of load): a loop
     /// sleeping its idle interval ticks now.
     #[inline]
     pub fn traffic(&self) {
+        self.seen.set(true);
         if self.idle.replace(false) {
             self.wake.notify();
         }
     }
 
-    /// Sleeps until the next tick: `interval`, or the idle interval.
-    pub async fn sleep(&self, interval: Duration) {
+    /// Sleeps until the next tick: `interval`, or the idle interval;
+    /// returns whether traffic ended an idle sleep.
+    pub async fn sleep(&self, interval: Duration) -> bool {
         if self.idle.get() {
             let idle_interval = glommio::timer::sleep(Duration::from_millis(GOSSIP_IDLE_INTERVAL_MS));
-            first(idle_interval, self.wake.notified()).await;
+            matches!(first(idle_interval, self.wake.notified()).await, crate::runtime::notify::Either::Right(()))
         } else {
             glommio::timer::sleep(interval).await;
+            false
         }
     }
 }

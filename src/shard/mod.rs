@@ -692,7 +692,14 @@ impl Shard {
     pub async fn run_balancer(&self) {
         let interval = Duration::from_millis(self.balancer.borrow().config.report_interval_ms);
         loop {
-            self.gossip_pace.sleep(interval).await;
+            if self.gossip_pace.sleep(interval).await {
+                // Traffic after an idle gap: sample it over a short window
+                // of its own, then tick at once (a thief woken by a peer's
+                // report asks while the burst is still fresh).
+                let runtime = glommio::executor().executor_stats().total_runtime();
+                self.balancer.borrow_mut().restart_window(now_ms(), runtime);
+                glommio::timer::sleep(interval.min(Duration::from_millis(balancer::GOSSIP_WAKE_SAMPLE_MS))).await;
+            }
             let sample = LoadSample {
                 now_ms: now_ms(),
                 runtime: glommio::executor().executor_stats().total_runtime(),
