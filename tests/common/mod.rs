@@ -401,6 +401,12 @@ impl Drop for Server {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            // A test that ends with the server still running has read what
+            // it wanted of the log; a failing one keeps it for the reader.
+            // (After terminate() or kill9() the test may still read it.)
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_file(&self.log_path);
+            }
         }
         if self.owns_data_dir {
             let _ = std::fs::remove_dir_all(&self.data_dir);
