@@ -258,8 +258,7 @@ impl Catchup {
         fetch.outstanding = None;
         fetch.turn += 1;
         fetch.failures = fetch.failures.saturating_add(1);
-        let backoff = GAP_BACKOFF_MS_MIN.saturating_mul(1 << fetch.failures.min(16)).min(GAP_BACKOFF_MS_MAX);
-        fetch.retry_at = Instant::now() + Duration::from_millis(backoff);
+        fetch.retry_at = Instant::now() + backoff(fetch.failures, GAP_BACKOFF_MS_MIN, GAP_BACKOFF_MS_MAX);
     }
 }
 
@@ -444,17 +443,33 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
         }
         .encode();
         drop(answer);
-        // Waits for room in the peer's queue (its backpressure), bounded:
-        // past the timeout the peer asks again.
-        let send = async { transport.send(peer, Channel::GapRecords, payload).await.is_ok() };
-        let timeout = async {
-            glommio::timer::sleep(Duration::from_millis(GAP_REQUEST_TIMEOUT_MS)).await;
-            false
-        };
-        futures_lite::future::or(send, timeout).await;
+        send_answer(&transport, peer, Channel::GapRecords, payload, GAP_REQUEST_TIMEOUT_MS).await;
         serving.set(serving.get() - 1);
     })
     .detach();
+}
+
+/// Sends a peer the answer to its read, waiting for room in its queue
+/// (its backpressure) at most `limit_ms`: past it the peer asks again.
+pub(crate) async fn send_answer(
+    transport: &crate::transport::TransportHandle,
+    peer: NodeId,
+    channel: Channel,
+    payload: Bytes,
+    limit_ms: u64,
+) {
+    let send = async { transport.send(peer, channel, payload).await.is_ok() };
+    let timeout = async {
+        glommio::timer::sleep(Duration::from_millis(limit_ms)).await;
+        false
+    };
+    futures_lite::future::or(send, timeout).await;
+}
+
+/// The wait after `failures` failed requests in a row: `min_ms` doubling
+/// per failure, at most `max_ms`.
+pub(crate) fn backoff(failures: u32, min_ms: u64, max_ms: u64) -> Duration {
+    Duration::from_millis(min_ms.saturating_mul(1 << failures.min(16)).min(max_ms))
 }
 
 /// The parts of an [`Answer`] that a shard's read gives.

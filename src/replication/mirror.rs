@@ -72,8 +72,8 @@ use bytes::Bytes;
 use crate::cluster::NodeId;
 use crate::replication::GroupId;
 use crate::replication::catchup::{
-    ANSWER_HEADER_BYTES, Answer, GAP_SERVES_MAX, GapReadAnswer, OwnerRead, ReadRequest, Status, answer_parts,
-    read_from_owner,
+    ANSWER_HEADER_BYTES, Answer, GAP_SERVES_MAX, GapReadAnswer, OwnerRead, ReadRequest, Status, answer_parts, backoff,
+    read_from_owner, send_answer,
 };
 use crate::replication::node::{ReplicationNode, ask_owner};
 use crate::runtime::log;
@@ -202,8 +202,7 @@ impl Mirrors {
         mirror.outstanding = None;
         mirror.turn += 1;
         mirror.failures = mirror.failures.saturating_add(1);
-        let backoff = BACKOFF_MS_MIN.saturating_mul(1 << mirror.failures.min(16)).min(BACKOFF_MS_MAX);
-        mirror.next_at = now + Duration::from_millis(backoff);
+        mirror.next_at = now + backoff(mirror.failures, BACKOFF_MS_MIN, BACKOFF_MS_MAX);
     }
 }
 
@@ -469,14 +468,7 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
         let (status, earliest, record_count, records) = answer_parts(answer.as_ref());
         let payload = encode_answer(&request, status, earliest, record_count, records);
         drop(answer);
-        // Waits for room in the peer's queue (its backpressure), bounded:
-        // past the timeout the peer asks again.
-        let send = async { transport.send(peer, Channel::MirrorRecords, payload).await.is_ok() };
-        let timeout = async {
-            glommio::timer::sleep(Duration::from_millis(MIRROR_REQUEST_TIMEOUT_MS)).await;
-            false
-        };
-        futures_lite::future::or(send, timeout).await;
+        send_answer(&transport, peer, Channel::MirrorRecords, payload, MIRROR_REQUEST_TIMEOUT_MS).await;
         serving.set(serving.get() - 1);
     })
     .detach();
