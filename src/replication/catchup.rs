@@ -284,6 +284,27 @@ impl ReadRequest {
         Bytes::from(payload)
     }
 
+    /// The answer to this request (a [`Channel::GapRecords`], also what a
+    /// [`Channel::MirrorRecords`] carries) from what the shard's read gave:
+    /// "unavailable" when it gave nothing usable (`None`: no shard answered).
+    pub fn answer(&self, read: Option<&GapReadAnswer>) -> Bytes {
+        let (status, earliest, record_count, records) = match read {
+            Some(GapReadAnswer::Records { record_count, records }) => (Status::Records, 0, *record_count, &records[..]),
+            Some(GapReadAnswer::Lacks { earliest }) => (Status::Lacks, *earliest, 0, &[][..]),
+            Some(GapReadAnswer::NotOwned | GapReadAnswer::NeedsFiles) | None => (Status::Unavailable, 0, 0, &[][..]),
+        };
+        let answer = Answer {
+            group: self.group,
+            id: self.id,
+            status,
+            first_offset: self.from_offset,
+            earliest,
+            record_count,
+            records,
+        };
+        answer.encode()
+    }
+
     pub fn decode(payload: &[u8]) -> Option<ReadRequest> {
         let group = GroupId { stream_id: u32_at(payload, 0)?, partition: u32_at(payload, 4)? };
         Some(ReadRequest {
@@ -408,21 +429,10 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
     let transport = state.transport_handle();
     let serving = state.catchup.serving.clone();
     let peer = inbound.from;
-    let unavailable = |state: &ReplicationNode| {
-        let answer = Answer {
-            group: request.group,
-            id: request.id,
-            status: Status::Unavailable,
-            first_offset: request.from_offset,
-            earliest: 0,
-            record_count: 0,
-            records: &[],
-        };
-        // Lost: the peer times out and asks again.
-        let _ = state.transport_handle().try_send(peer, Channel::GapRecords, answer.encode());
-    };
     let Some(partition) = partition.filter(|_| serving.get() < GAP_SERVES_MAX) else {
-        return unavailable(&state);
+        // Lost: the peer times out and asks again.
+        let _ = transport.try_send(peer, Channel::GapRecords, request.answer(None));
+        return;
     };
     state.catchup.stats.reads_served += 1;
     drop(state);
@@ -431,17 +441,7 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
     glommio::spawn_local(async move {
         let read = OwnerRead { partition, request, bytes_max: GAP_CHUNK_BYTES_MAX, wait_ms: 0, files: true };
         let answer = read_from_owner(&controls, read).await;
-        let (status, earliest, record_count, records) = answer_parts(answer.as_ref());
-        let payload = Answer {
-            group: request.group,
-            id: request.id,
-            status,
-            first_offset: request.from_offset,
-            earliest,
-            record_count,
-            records,
-        }
-        .encode();
+        let payload = request.answer(answer.as_ref());
         drop(answer);
         send_answer(&transport, peer, Channel::GapRecords, payload, GAP_REQUEST_TIMEOUT_MS).await;
         serving.set(serving.get() - 1);
@@ -470,15 +470,6 @@ pub(crate) async fn send_answer(
 /// per failure, at most `max_ms`.
 pub(crate) fn backoff(failures: u32, min_ms: u64, max_ms: u64) -> Duration {
     Duration::from_millis(min_ms.saturating_mul(1 << failures.min(16)).min(max_ms))
-}
-
-/// The parts of an [`Answer`] that a shard's read gives.
-pub(crate) fn answer_parts(answer: Option<&GapReadAnswer>) -> (Status, u64, u32, &[u8]) {
-    match answer {
-        Some(GapReadAnswer::Records { record_count, records }) => (Status::Records, 0, *record_count, &records[..]),
-        Some(GapReadAnswer::Lacks { earliest }) => (Status::Lacks, *earliest, 0, &[][..]),
-        Some(GapReadAnswer::NotOwned | GapReadAnswer::NeedsFiles) | None => (Status::Unavailable, 0, 0, &[][..]),
-    }
 }
 
 /// A read of a peer's request on the shard owning the partition.

@@ -72,7 +72,7 @@ use bytes::Bytes;
 use crate::cluster::NodeId;
 use crate::replication::GroupId;
 use crate::replication::catchup::{
-    ANSWER_HEADER_BYTES, Answer, GAP_SERVES_MAX, GapReadAnswer, OwnerRead, ReadRequest, Status, answer_parts, backoff,
+    ANSWER_HEADER_BYTES, Answer, GAP_SERVES_MAX, GapReadAnswer, OwnerRead, ReadRequest, Status, backoff,
     read_from_owner, send_answer,
 };
 use crate::replication::node::{ReplicationNode, ask_owner};
@@ -446,8 +446,7 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
     let peer = inbound.from;
     let Some(partition) = partition.filter(|_| serving.get() < MIRROR_SERVES_MAX) else {
         // Lost: the peer times out and asks again.
-        let _ =
-            transport.try_send(peer, Channel::MirrorRecords, encode_answer(&request, Status::Unavailable, 0, 0, &[]));
+        let _ = transport.try_send(peer, Channel::MirrorRecords, request.answer(None));
         return;
     };
     state.mirrors.stats.reads_served += 1;
@@ -465,25 +464,10 @@ fn serve(node: &RefCell<ReplicationNode>, controls: &[flume::Sender<ControlReque
             answer = read_from_owner(&controls, OwnerRead { wait_ms: 0, files: true, ..read }).await;
             files.set(files.get() - 1);
         }
-        let (status, earliest, record_count, records) = answer_parts(answer.as_ref());
-        let payload = encode_answer(&request, status, earliest, record_count, records);
+        let payload = request.answer(answer.as_ref());
         drop(answer);
         send_answer(&transport, peer, Channel::MirrorRecords, payload, MIRROR_REQUEST_TIMEOUT_MS).await;
         serving.set(serving.get() - 1);
     })
     .detach();
-}
-
-/// The [`Channel::MirrorRecords`] answering `request`.
-fn encode_answer(request: &ReadRequest, status: Status, earliest: u64, record_count: u32, records: &[u8]) -> Bytes {
-    let answer = Answer {
-        group: request.group,
-        id: request.id,
-        status,
-        first_offset: request.from_offset,
-        earliest,
-        record_count,
-        records,
-    };
-    answer.encode()
 }
