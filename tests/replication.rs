@@ -805,6 +805,19 @@ fn a_leader_killed_under_load_loses_nothing_acknowledged() {
         eprintln!("connection {connection}: {sent} events acknowledged, the longest #SYNC wait {longest:?}");
     }
     eprintln!("producers stopped {:?} after the kill", killed.elapsed());
+    for index in &survivors {
+        let server = &nodes[*index].server;
+        eprintln!(
+            "node {index}: {} proposals retried, {} found already in the leader's log",
+            server.metric("spate_raft_proposals_retried_total"),
+            server.metric("spate_raft_proposals_deduplicated_total")
+        );
+    }
+    // Proposals the dead leader took are sent again once the election
+    // names another (module doc of replication::node, "Retries"), not
+    // after the 10 s proposal timeout.
+    let longest = produced.iter().map(|(_, _, longest)| *longest).max().unwrap_or_default();
+    assert!(longest < Duration::from_secs(5), "a #SYNC waited {longest:?} through the leader's death");
     let all: Vec<&Node> = nodes.iter().collect();
     let started = Instant::now();
     let views = loop {

@@ -140,6 +140,18 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
         ("spate_raft_messages_sent_total", "counter", "Raft messages sent to peers.", stats.messages_sent),
         ("spate_raft_batches_sent_total", "counter", "Peer batches sent (one per peer per round).", stats.batches_sent),
         ("spate_raft_proposals_total", "counter", "Entries proposed by this node as a leader.", stats.proposals),
+        (
+            "spate_raft_proposals_retried_total",
+            "counter",
+            "This node's proposals sent again (their leader changed, or no answer within 2 s).",
+            stats.proposals_retried,
+        ),
+        (
+            "spate_raft_proposals_deduplicated_total",
+            "counter",
+            "Retried proposals this node, as the leader, found already in its log and did not store again.",
+            stats.proposals_deduplicated,
+        ),
         ("spate_raft_entries_applied_total", "counter", "Committed entries applied.", stats.applied_entries),
         (
             "spate_raft_delivery_waves_total",

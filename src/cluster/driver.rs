@@ -463,6 +463,7 @@ async fn replication_ticks(node: Rc<Node>) {
         state.bootstrap_groups();
         state.host.tick();
         state.expire_proposals();
+        state.retry_proposals();
         drop(state);
         // The rounds task runs the round (one at a time: its sync is off
         // the thread, replication_round).
@@ -481,8 +482,11 @@ async fn replication_inbox(node: Rc<Node>) {
             let Some(inbound) = next.take().or_else(|| transport.try_next_replication()) else { break };
             match Channel::from_u8(inbound.channel) {
                 Some(Channel::Raft) => state.receive(&inbound.payload),
-                Some(Channel::Propose) => state.propose_forwarded(inbound.from, &inbound.payload, false),
-                Some(Channel::ProposeAfterRefusal) => state.propose_forwarded(inbound.from, &inbound.payload, true),
+                Some(Channel::Propose) => state.propose_forwarded(inbound.from, &inbound.payload, false, false),
+                Some(Channel::ProposeAfterRefusal) => {
+                    state.propose_forwarded(inbound.from, &inbound.payload, true, false)
+                }
+                Some(Channel::ProposeRetry) => state.propose_forwarded(inbound.from, &inbound.payload, false, true),
                 Some(Channel::ProposeAck) => state.receive_propose_ack(&inbound.payload),
                 Some(Channel::ProposeRefused) => state.receive_propose_refused(&inbound.payload),
                 Some(Channel::GapRead | Channel::GapRecords) => {

@@ -1,8 +1,8 @@
 //! What a Raft entry of a partition group carries: a spate frame (a batch of
 //! records, never one event) behind a fixed header that names who proposed
 //! it, so a forwarded batch retried after a leader change can be recognised
-//! and dropped (the deduplication the next issue builds on the partition's
-//! replicated state).
+//! and dropped: a leader looks for a retry's header in its log
+//! ([`crate::replication::node`], "Retries").
 //!
 //! Layout (little-endian): `version: u8 = 1`, `source_node: u64` (the
 //! proposing node's replica id), `source_sequence: u64` (per source and

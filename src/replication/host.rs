@@ -89,6 +89,12 @@ use crate::replication::{GroupId, ReplicaId};
 pub const RAFT_TICK_MS: u64 = 100;
 /// Most groups one node hosts; a message for a new group past it is dropped.
 pub const GROUPS_MAX: usize = 1 << 16;
+/// Entries of a group's log [`ReplicaHost::find_proposal`] looks back
+/// through, newest first: a retried proposal comes within seconds of its
+/// first send, and 4096 entries are seconds of even a busy partition's
+/// rounds (one entry per group per round), for about 10 us of reading
+/// their headers.
+pub const DEDUP_SCAN_ENTRIES_MAX: usize = 4096;
 
 /// How the host's groups behave; every duration is in ticks of [`RAFT_TICK_MS`].
 #[derive(Clone, Copy, Debug)]
@@ -940,8 +946,36 @@ impl<S: LogStore> ReplicaHost<S> {
         std::mem::take(&mut self.forwarded_acks)
     }
 
-    fn is_leader(&self, id: GroupId) -> bool {
+    /// Whether this node leads `id` now.
+    pub fn is_leader(&self, id: GroupId) -> bool {
         self.groups.get(&id).is_some_and(|group| group.raw.raft.state == StateRole::Leader)
+    }
+
+    /// Whether `group`'s log here holds the proposal `header` names (the
+    /// same proposing node and sequence), among its last
+    /// [`DEDUP_SCAN_ENTRIES_MAX`] entries, the ones raft-rs holds before
+    /// they reach the store included: `Some(true)` when it is applied
+    /// here, `Some(false)` when it is not yet, `None` when it is not
+    /// there. A leader asks before it takes a retried proposal, so the
+    /// retry of one it already has is not stored twice: an entry in a
+    /// leader's log is committed by that leader or by whichever leader
+    /// follows (it never drops its own entries).
+    pub fn find_proposal(&self, group: GroupId, header: ProposalHeader) -> Option<bool> {
+        let state = self.groups.get(&group)?;
+        let same = |entry: &&Entry| {
+            entry.get_entry_type() == EntryType::EntryNormal
+                && decode_proposal(&entry.data).is_ok_and(|(found, _)| {
+                    found.source_node == header.source_node && found.source_sequence == header.source_sequence
+                })
+        };
+        let unstable = &state.raw.raft.raft_log.unstable;
+        let store = self.store.borrow();
+        let log = store.log(group)?;
+        // The unstable entries replace the store's from their offset on.
+        let stable_end = if unstable.entries.is_empty() { u64::MAX } else { unstable.offset };
+        let found =
+            unstable.entries.iter().rev().chain(log.entries.iter().rev().skip_while(|entry| entry.index >= stable_end));
+        found.take(DEDUP_SCAN_ENTRIES_MAX).find(same).map(|entry| entry.index <= log.applied)
     }
 
     pub fn group_count(&self) -> usize {
@@ -1270,6 +1304,38 @@ mod tests {
 
     fn leader(hosts: &[ReplicaHost<MemoryLogStore>]) -> Option<usize> {
         hosts.iter().position(|host| host.status(GROUP).is_some_and(|status| status.role == StateRole::Leader))
+    }
+
+    /// A proposal the leader replicated but had not committed when it died
+    /// is in the next leader's log: [`ReplicaHost::find_proposal`] finds it
+    /// on a follower (not applied), then on the new leader once that
+    /// commits it (applied), so its retry is answered rather than stored
+    /// twice; a header nobody proposed is not found.
+    #[test]
+    fn the_next_leader_finds_a_proposal_its_dead_leader_replicated() {
+        let mut hosts = hosts(3);
+        for _ in 0..40 {
+            round(&mut hosts);
+        }
+        let Some(leader_index) = leader(&hosts) else { panic!("no leader after 4 s") };
+        let dead = hosts[leader_index].id();
+        let header = ProposalHeader { source_node: 99, source_sequence: 7, record_count: 1 };
+        hosts[leader_index].propose(GROUP, header, &[b"record"]).expect("the leader takes it");
+        // Its append reaches the followers; their answers never reach it.
+        lossy_round(&mut hosts, |batch| batch.to != dead);
+        let mut survivors: Vec<_> = hosts.into_iter().filter(|host| host.id() != dead).collect();
+        for survivor in &survivors {
+            assert_eq!(survivor.find_proposal(GROUP, header), Some(false), "held, not applied, on each follower");
+        }
+        for _ in 0..60 {
+            round(&mut survivors);
+        }
+        let Some(next) = leader(&survivors) else { panic!("the survivors elect no leader") };
+        assert_eq!(survivors[next].find_proposal(GROUP, header), Some(true), "committed by the next leader");
+        let unknown = ProposalHeader { source_sequence: 8, ..header };
+        assert_eq!(survivors[next].find_proposal(GROUP, unknown), None);
+        let other_source = ProposalHeader { source_node: 98, ..header };
+        assert_eq!(survivors[next].find_proposal(GROUP, other_source), None);
     }
 
     /// Three hosts elect a leader, a proposal on it is acknowledged once,

@@ -41,8 +41,10 @@
 //! partition's data *is* the committed log: offsets are log positions of
 //! frames, identical on every replica. What the next issue adds to the
 //! replicated state is the dedup table: per source node, the highest source
-//! sequence applied, so a forwarded batch retried after a leader change is
-//! dropped instead of stored twice (the header is already in every entry).
+//! sequence applied, so that even a proposal retried as a new one after
+//! its timeout is dropped instead of stored twice (the header is already
+//! in every entry). Until then a retry within the timeout is deduplicated
+//! by the leader's log ([`node`], "Retries").
 //!
 //! # Wiring into the node (the target; [`node`] has what runs today)
 //!

@@ -104,8 +104,37 @@
 //! its first refused one, and the shards propose them again in order
 //! (the first of them marked as coming after the refusal). A proposal
 //! taken by a leader that then loses its leadership before the commit is
-//! still only found by the timeout (the next issue's deduplication makes
-//! its retry safe).
+//! sent again (next section).
+//!
+//! # Retries
+//!
+//! A leader that dies (or is deposed) may have taken proposals it never
+//! committed, and the answer of one it did commit may be lost with it. So
+//! each pending proposal keeps its header and records (shared bytes), and
+//! each Raft tick ([`ReplicationNode::retry_proposals`]) sends again, as
+//! [`Channel::ProposeRetry`] with the same header, those whose group's
+//! leader is now another than the node they went to (the election's
+//! outcome, 1 - 2 s after the death), and those unanswered for
+//! [`PROPOSAL_RETRY_MS`] since they were last sent (a lost message, a
+//! proposer that holds no replica and so sees no election), in sequence
+//! order. A new proposal whose group's leader changed sends the group's
+//! pending ones to the new leader first, so it does not overtake them.
+//!
+//! The leader that gets a retry looks for its header in its log
+//! ([`ReplicaHost::find_proposal`], the last
+//! [`crate::replication::host::DEDUP_SCAN_ENTRIES_MAX`] entries): one it
+//! holds was replicated to it before the old leader died, and it commits
+//! it as it commits everything in its log, so it does not store it again;
+//! it answers it at once if already applied, else when it applies it (as
+//! for any forwarded proposal). Only one it does not hold is proposed. A
+//! proposal passed on by another node is looked for too: the first send,
+//! still on its way through the deposed leader, may come after its retry.
+//! So a leader's death costs its producers about an election, not
+//! [`PROPOSAL_TIMEOUT_MS`], and stores nothing twice; what can still
+//! store a proposal twice is the timeout's retry as a new proposal, and a
+//! copy older than the scan's reach. Metrics:
+//! `spate_raft_proposals_retried_total`,
+//! `spate_raft_proposals_deduplicated_total`.
 //!
 //! # Compaction and snapshots
 //!
@@ -206,9 +235,14 @@ use crate::stream::StreamSpec;
 use crate::transport::{Channel, SendError, TransportHandle};
 
 /// How long a proposal may wait for its commit before it is answered
-/// [`ProposalRefused::TimedOut`] (the shard proposes again: a duplicate if
-/// the first did commit, until the next issue's deduplication).
+/// [`ProposalRefused::TimedOut`] (the shard proposes it again, as a new
+/// proposal: stored twice if the first did commit after all). Retries
+/// ([`PROPOSAL_RETRY_MS`], module doc "Retries") answer nearly all before.
 pub const PROPOSAL_TIMEOUT_MS: u64 = 10_000;
+/// A proposal unanswered this long since it was last sent goes again, as
+/// the same proposal, to the leader this node knows now (module doc,
+/// "Retries"); one whose leader changed goes at once.
+pub const PROPOSAL_RETRY_MS: u64 = 2_000;
 /// Proposals waiting for their commit at once; more are refused (the
 /// shards' credit windows keep them far below).
 pub const PROPOSALS_PENDING_MAX: usize = 65_536;
@@ -503,6 +537,27 @@ struct Pending {
     sent_to: Option<NodeId>,
     replies: Replies,
     since: Instant,
+    /// What a retry sends again (module doc, "Retries"): the same header,
+    /// so a leader that has it knows, and the records (shared with the
+    /// shard's batch in flight, which it holds until answered anyway: no
+    /// memory beyond the formula's).
+    header: ProposalHeader,
+    records: Vec<Bytes>,
+    /// When it was last sent.
+    sent_at: Instant,
+}
+
+/// Where a group's proposals go now: this node (its leader) or a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Here,
+    Peer(NodeId),
+}
+
+impl Target {
+    fn of(sent_to: Option<NodeId>) -> Target {
+        sent_to.map_or(Target::Here, Target::Peer)
+    }
 }
 
 /// A [`Channel::ProposeAck`]'s payload, (group, source sequence); a
@@ -577,6 +632,10 @@ pub struct ReplicationNode {
     unsent: HashMap<NodeId, Unsent>,
     pub batches_dropped: u64,
     pub forwarded_refused: u64,
+    /// Per group, where its last proposal went ([`Target`]): a proposal
+    /// that goes elsewhere first sends the group's pending ones there
+    /// (module doc, "Retries"); at most one entry per group.
+    last_target: HashMap<GroupId, Target>,
     /// Per group, delivered positions oldest first: compaction candidates
     /// once the partition says their records are durable (module doc,
     /// "Compaction and snapshots"); at most [`DURABLE_POINTS_MAX`] each.
@@ -630,6 +689,11 @@ pub struct ReplicationStats {
     /// Delivery waves to the shards, and the deliveries they carried.
     pub delivery_waves: u64,
     pub deliveries: u64,
+    /// This node's proposals sent again (module doc, "Retries"), and
+    /// proposals this node, as the leader, found already in its log and
+    /// did not store again.
+    pub proposals_retried: u64,
+    pub proposals_deduplicated: u64,
 }
 
 impl ReplicationNode {
@@ -660,6 +724,7 @@ impl ReplicationNode {
             unsent: HashMap::new(),
             batches_dropped: 0,
             forwarded_refused: 0,
+            last_target: HashMap::new(),
             durable_points: HashMap::new(),
             gaps: HashMap::new(),
             catchup: crate::replication::catchup::Catchup::default(),
@@ -865,15 +930,20 @@ impl ReplicationNode {
 
     fn propose_run(&mut self, mut run: Run) {
         match self.take_run(&run) {
-            Ok((sequence, sent_to)) => {
+            Ok((header, sent_to)) => {
+                let sequence = header.source_sequence;
                 self.expected.insert((run.shard, run.group), run.last_sequence + 1);
+                let now = Instant::now();
                 let pending = Pending {
                     group: run.group,
                     shard: run.shard,
                     shard_sequence: run.first_sequence,
                     sent_to,
                     replies: run.replies,
-                    since: Instant::now(),
+                    since: now,
+                    header,
+                    records: run.records,
+                    sent_at: now,
                 };
                 self.pending.insert(sequence, pending);
                 let in_flight = self.in_flight.entry(run.group).or_default();
@@ -884,9 +954,9 @@ impl ReplicationNode {
         }
     }
 
-    /// Proposes a run here or forwards it to the leader: this node's
-    /// sequence for it and where it went (`None`: here), or why not.
-    fn take_run(&mut self, run: &Run) -> Result<(u64, Option<NodeId>), ProposalRefused> {
+    /// Proposes a run here or forwards it to the leader: its header (this
+    /// node's sequence for it) and where it went (`None`: here), or why not.
+    fn take_run(&mut self, run: &Run) -> Result<(ProposalHeader, Option<NodeId>), ProposalRefused> {
         // A shard numbers each group's proposals from 0 (both live as long
         // as the process), so a later one never overtakes a first refused.
         let expected = *self.expected.entry((run.shard, run.group)).or_insert(0);
@@ -905,6 +975,11 @@ impl ReplicationNode {
         let sequence = self.next_sequence;
         let header =
             ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: run.record_count };
+        if let Some(target) = self.target_of(run.group) {
+            // The group's earlier proposals go there first, so this one
+            // does not overtake them (module doc, "Retries").
+            self.resend_if_moved(run.group, target);
+        }
         let sent_to = if leader == self.self_id {
             if self.host.propose(run.group, header, &run.records).is_err() {
                 return Err(ProposalRefused::NoLeader);
@@ -923,7 +998,99 @@ impl ReplicationNode {
             return Err(ProposalRefused::NoLeader);
         };
         self.next_sequence += 1;
-        Ok((sequence, sent_to))
+        self.last_target.insert(run.group, Target::of(sent_to));
+        Ok((header, sent_to))
+    }
+
+    /// Where `group`'s proposals go now, as [`Self::take_run`] chooses;
+    /// `None` when nowhere (no leader known).
+    fn target_of(&self, group: GroupId) -> Option<Target> {
+        let leader = self.host.leader_of(group).unwrap_or_else(|| self.leader_elsewhere(group));
+        if leader == self.self_id {
+            return Some(Target::Here);
+        }
+        self.node_ids.get(&leader).filter(|_| leader != 0).map(|node| Target::Peer(*node))
+    }
+
+    /// Sends `group`'s pending proposals that went elsewhere to `target`,
+    /// in their order, if the group's last proposal went elsewhere.
+    fn resend_if_moved(&mut self, group: GroupId, target: Target) {
+        if self.last_target.get(&group).is_none_or(|last| *last == target) {
+            return;
+        }
+        self.last_target.insert(group, target);
+        let mut moved: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, pending)| pending.group == group && Target::of(pending.sent_to) != target)
+            .map(|(sequence, _)| *sequence)
+            .collect();
+        moved.sort_unstable();
+        for sequence in moved {
+            self.resend(sequence, target);
+        }
+    }
+
+    /// Sends pending proposals again (module doc, "Retries"), each Raft
+    /// tick: those whose group's leader is now another than the one they
+    /// went to, and those unanswered for [`PROPOSAL_RETRY_MS`] since they
+    /// were last sent; in sequence order, so a group's stay in order.
+    pub fn retry_proposals(&mut self) {
+        let retry_after = Duration::from_millis(PROPOSAL_RETRY_MS);
+        let mut due: Vec<(u64, Target)> = Vec::new();
+        let mut targets: HashMap<GroupId, Option<Target>> = HashMap::new();
+        for (sequence, pending) in &self.pending {
+            let target = *targets.entry(pending.group).or_insert_with(|| self.target_of(pending.group));
+            let Some(target) = target else { continue };
+            if target != Target::of(pending.sent_to) || pending.sent_at.elapsed() >= retry_after {
+                due.push((*sequence, target));
+            }
+        }
+        due.sort_unstable_by_key(|(sequence, _)| *sequence);
+        for (sequence, target) in due {
+            if let Some(group) = self.pending.get(&sequence).map(|pending| pending.group) {
+                self.last_target.insert(group, target);
+            }
+            self.resend(sequence, target);
+        }
+    }
+
+    /// Sends one pending proposal again to `target`, with its header: a
+    /// leader that has it in its log does not take it again (and answers
+    /// it if applied), so the retry of a proposal that did get in costs a
+    /// look, not a second copy.
+    fn resend(&mut self, sequence: u64, target: Target) {
+        let Some(pending) = self.pending.get(&sequence) else { return };
+        let (group, header, records) = (pending.group, pending.header, pending.records.clone());
+        self.stats.proposals_retried += 1;
+        let sent = match target {
+            Target::Here => match self.host.find_proposal(group, header) {
+                Some(true) => {
+                    if let Some(mut pending) = self.pending.remove(&sequence) {
+                        self.leave_flight(group);
+                        pending.replies.answer(Ok(()));
+                    }
+                    return;
+                }
+                // Its apply here answers it.
+                Some(false) => true,
+                None => self.host.propose(group, header, &records).is_ok(),
+            },
+            Target::Peer(node) => {
+                let mut payload = Vec::new();
+                payload.extend_from_slice(&group.stream_id.to_le_bytes());
+                payload.extend_from_slice(&group.partition.to_le_bytes());
+                encode_proposal_into(&mut payload, header, &records);
+                self.send_to_peer(node, Channel::ProposeRetry, Bytes::from(payload))
+            }
+        };
+        if sent && let Some(pending) = self.pending.get_mut(&sequence) {
+            pending.sent_to = match target {
+                Target::Here => None,
+                Target::Peer(node) => Some(node),
+            };
+            pending.sent_at = Instant::now();
+        }
     }
 
     /// Where a proposal for a group this node holds no replica of goes: the
@@ -966,7 +1133,12 @@ impl ReplicationNode {
     /// its proposer): a node removed from the group keeps forwarding to the
     /// leader it last knew, which learns of a transfer and so knows better.
     /// One not taken is refused at once (module doc, "Refused forwards").
-    pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes, after_refusal: bool) {
+    ///
+    /// A leader asks its log first for a `retry` ([`Channel::ProposeRetry`])
+    /// and for a proposal passed on by another node (it may be the first
+    /// send of one whose retry got here before it): one it holds is not
+    /// stored again, only answered if applied (module doc, "Retries").
+    pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes, after_refusal: bool, retry: bool) {
         let Some((group_bytes, proposal)) = payload.split_at_checked(8) else { return };
         let group = GroupId {
             stream_id: u32::from_le_bytes(group_bytes[..4].try_into().unwrap_or_default()),
@@ -978,6 +1150,18 @@ impl ReplicationNode {
             self.refusing.remove(&source);
         }
         let leader_known = |node: &Self| node.host.leader_of(group).unwrap_or(0);
+        let proposer = self.node_ids.get(&header.source_node).copied();
+        if (retry || proposer != Some(from))
+            && self.host.is_leader(group)
+            && let Some(applied) = self.host.find_proposal(group, header)
+        {
+            self.stats.proposals_deduplicated += 1;
+            if let (true, Some(proposer)) = (applied, proposer) {
+                let payload = propose_answer(group, header.source_sequence);
+                self.send_to_peer(proposer, Channel::ProposeAck, Bytes::from(payload));
+            }
+            return;
+        }
         if self.refusing.contains(&source) {
             return self.refuse_forwarded(group, header, leader_known(self));
         }
@@ -988,10 +1172,14 @@ impl ReplicationNode {
         match self.host.propose(group, header, &[records]) {
             Ok(()) => {}
             Err(ProposeError::NotLeader { leader: Some(leader), .. })
-                if self.node_ids.get(&header.source_node) == Some(&from) && leader != self.self_id =>
+                if proposer == Some(from) && leader != self.self_id =>
             {
                 let next = self.node_ids.get(&leader).copied();
-                let channel = if after_refusal { Channel::ProposeAfterRefusal } else { Channel::Propose };
+                let channel = match (after_refusal, retry) {
+                    (true, _) => Channel::ProposeAfterRefusal,
+                    (false, true) => Channel::ProposeRetry,
+                    (false, false) => Channel::Propose,
+                };
                 if !next.is_some_and(|next| self.send_to_peer(next, channel, payload.clone())) {
                     self.refuse_forwarded(group, header, leader);
                 }

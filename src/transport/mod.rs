@@ -102,6 +102,11 @@ pub enum Channel {
     /// The answer to a [`Channel::MirrorRead`], encoded as a
     /// [`Channel::GapRecords`].
     MirrorRecords = 12,
+    /// A [`Channel::Propose`] sent again, with the same header, after its
+    /// leader changed or its answer was long in coming: a leader whose log
+    /// holds it does not store it twice ([`crate::replication::node`],
+    /// "Retries").
+    ProposeRetry = 13,
 }
 
 impl Channel {
@@ -119,6 +124,7 @@ impl Channel {
             10 => Some(Channel::GapRecords),
             11 => Some(Channel::MirrorRead),
             12 => Some(Channel::MirrorRecords),
+            13 => Some(Channel::ProposeRetry),
             _ => None,
         }
     }

@@ -725,6 +725,7 @@ fn deliver(transport: &Rc<Transport>, inbound: Inbound, frame_bytes: usize) {
             | Channel::ProposeAck
             | Channel::ProposeRefused
             | Channel::ProposeAfterRefusal
+            | Channel::ProposeRetry
             | Channel::GapRead
             | Channel::GapRecords
             | Channel::MirrorRead
