@@ -436,6 +436,75 @@ fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition()
     let (status, answer) = server.http("POST", &format!("/streams/{STREAM}/aggregates"), Some(&body));
     assert_eq!(status, 400, "{answer}");
     assert!(answer.starts_with("replicated_stream"), "{answer}");
+    // A Kafka consumer group's offsets too (INVALID_TOPIC_EXCEPTION, 17),
+    // on commit and on fetch; a stream of factor 1 takes them.
+    let (commit, fetch) = kafka_offset_codes(server.ingest_kafka, STREAM);
+    assert!(commit.len() == 2 && commit.iter().all(|code| *code == 17), "OffsetCommit: {commit:?}");
+    assert!(fetch.len() == 2 && fetch.iter().all(|code| *code == 17), "OffsetFetch: {fetch:?}");
+    let (commit, fetch) = kafka_offset_codes(server.ingest_kafka, "default");
+    assert!(commit.iter().chain(&fetch).all(|code| *code == 0), "on a stream of factor 1: {commit:?} {fetch:?}");
+}
+
+/// The error codes of an OffsetCommit (v2, a manual-assignment commit:
+/// generation -1, no member) of offset 1 for partitions 0 and 1 of `topic`
+/// by group `kg`, then of an OffsetFetch (v1) of them, sent to a node's
+/// Kafka listener over one connection.
+fn kafka_offset_codes(kafka: SocketAddr, topic: &str) -> (Vec<i16>, Vec<i16>) {
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+        RequestHeader, ResponseHeader, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+    use std::io::{Read, Write};
+
+    fn call<Q: Encodable + HeaderVersion, A: Decodable + HeaderVersion>(
+        connection: &mut std::net::TcpStream,
+        key: ApiKey,
+        version: i16,
+        request: &Q,
+    ) -> A {
+        let mut frame = bytes::BytesMut::new();
+        frame.extend_from_slice(&[0; 4]);
+        let header = RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(7)
+            .with_client_id(Some(StrBytes::from_static_str("replication-test")));
+        header.encode(&mut frame, Q::header_version(version)).expect("the header encodes");
+        request.encode(&mut frame, version).expect("the request encodes");
+        let size = (frame.len() - 4) as u32;
+        frame[..4].copy_from_slice(&size.to_be_bytes());
+        connection.write_all(&frame).expect("the request is sent");
+        let mut size = [0u8; 4];
+        connection.read_exact(&mut size).expect("a response");
+        let mut body = vec![0u8; u32::from_be_bytes(size) as usize];
+        connection.read_exact(&mut body).expect("the response's body");
+        let mut body = bytes::Bytes::from(body);
+        let header = ResponseHeader::decode(&mut body, A::header_version(version)).expect("a response header");
+        assert_eq!(header.correlation_id, 7);
+        A::decode(&mut body, version).expect("the response decodes")
+    }
+
+    let mut connection = std::net::TcpStream::connect(kafka).expect("the Kafka listener");
+    connection.set_read_timeout(Some(Duration::from_secs(10))).expect("a timeout");
+    let name = TopicName(StrBytes::from_string(topic.to_string()));
+    let partitions = (0..2)
+        .map(|index| OffsetCommitRequestPartition::default().with_partition_index(index).with_committed_offset(1))
+        .collect();
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("kg")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![OffsetCommitRequestTopic::default().with_name(name.clone()).with_partitions(partitions)]);
+    let answer: OffsetCommitResponse = call(&mut connection, ApiKey::OffsetCommit, 2, &commit);
+    let commit_codes = answer.topics.iter().flat_map(|topic| topic.partitions.iter().map(|p| p.error_code)).collect();
+    let fetch = OffsetFetchRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("kg")))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default().with_name(name).with_partition_indexes(vec![0, 1])]));
+    let answer: OffsetFetchResponse = call(&mut connection, ApiKey::OffsetFetch, 1, &fetch);
+    let fetch_codes = answer.topics.iter().flat_map(|topic| topic.partitions.iter().map(|p| p.error_code)).collect();
+    (commit_codes, fetch_codes)
 }
 
 /// Partitions of the join test's stream (the goal is for 256;

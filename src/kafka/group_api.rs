@@ -11,6 +11,12 @@
 //! name a `GROUP` group of the same stream uses gets
 //! INCONSISTENT_GROUP_PROTOCOL (and the `GROUP` member gets
 //! `ERR group_conflict` the other way round).
+//!
+//! Offsets of a replicated stream (a cluster's, of replication factor
+//! above one) are refused with INVALID_TOPIC_EXCEPTION, on commit and
+//! fetch: groups are kept per node, not cluster-wide yet, as a `GROUP`
+//! member's `ERR replicated_stream` says (README, "Cluster"). Consumers
+//! that keep their own offsets (assign, no group) read it as any stream.
 
 use std::time::{Duration, Instant};
 
@@ -240,6 +246,9 @@ async fn ask_coordinator<T>(
 /// Commits one topic's offsets; the code for each of its partitions.
 async fn commit_topic(shard: &Shard, group: &str, topic: &str, offsets: &[(i32, i64)]) -> i16 {
     let Some(route) = shard.route_for(topic.as_bytes()) else { return codes::UNKNOWN_TOPIC_OR_PARTITION };
+    if shard.stream_is_replicated(route.id) {
+        return codes::INVALID_TOPIC_EXCEPTION;
+    }
     let mut local = Vec::with_capacity(offsets.len());
     for &(partition, offset) in offsets {
         match (u32::try_from(partition), u64::try_from(offset)) {
@@ -291,6 +300,9 @@ async fn fetch_topic(shard: &Shard, group: &str, topic: &str, wanted: Option<&[i
     };
     let all: Vec<i32> = (0..route.partitions as i32).collect();
     let wanted = wanted.unwrap_or(&all);
+    if shard.stream_is_replicated(route.id) {
+        return wanted.iter().map(|&partition| (partition, -1, codes::INVALID_TOPIC_EXCEPTION)).collect();
+    }
     let key = (route.id, group.to_string());
     let (reply, answer) = flume::bounded(1);
     let frame = GroupFrame::KafkaOffsets { key: key.clone(), reply };
