@@ -507,6 +507,110 @@ fn kafka_offset_codes(kafka: SocketAddr, topic: &str) -> (Vec<i16>, Vec<i16>) {
     (commit_codes, fetch_codes)
 }
 
+/// On a node that holds no replica of a partition and never mirrored it
+/// (its copy is empty), `SUB <p> latest` starts at the partition's end,
+/// not at the copy's: it gets only the events produced after it
+/// subscribed, at the replicas' offsets. An offset past the copy but
+/// within the partition is served from there, and one past the
+/// partition's end is refused (`replication::mirror`, "Where `latest`
+/// is"). Before, `latest` resolved to the empty copy (every event of the
+/// partition came) and the offset was refused as past the copy's end.
+#[test]
+fn latest_and_offsets_on_a_node_without_a_replica_are_the_partitions() {
+    let (first, seed) = start_node(None);
+    let (second, _) = start_node(Some(seed));
+    let (third, _) = start_node(Some(seed));
+    let nodes = [first, second, third];
+    let all: Vec<&Node> = nodes.iter().collect();
+    wait_for(&all, READY_WITHIN, "three members alive", |view| {
+        view["members"].as_array().is_some_and(|m| m.len() == 3)
+    });
+    let servers: Vec<&Server> = nodes.iter().map(|node| &node.server).collect();
+    let spec = json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 });
+    common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
+    let holds = |index: usize, partition: u32| {
+        cluster_of(&nodes[index].server)["partitions"].as_array().is_some_and(|groups| {
+            groups.iter().any(|group| group["stream"] == STREAM && group["partition"] == partition)
+        })
+    };
+    let settled = |partition: u32| (0..nodes.len()).filter(|index| holds(*index, partition)).count() == 2;
+    let started = Instant::now();
+    while !(0..PARTIAL_PARTITIONS).all(settled) {
+        assert!(started.elapsed() < READY_WITHIN, "groups on 2 nodes each: not within {READY_WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let partition = 0;
+    let (outsider, holder) = {
+        let outsider = (0..nodes.len()).find(|index| !holds(*index, partition)).expect("a node without partition 0");
+        (outsider, (0..nodes.len()).find(|index| holds(*index, partition)).expect("a holder"))
+    };
+    let produce = |from: u64, count: u64| {
+        let mut producer = common::Producer::connect(nodes[holder].server.ingest);
+        producer.set_timeout(Duration::from_secs(20));
+        producer.send(format!("#STREAM {STREAM}\n").as_bytes());
+        for sequence in from..from + count {
+            producer.send(format!("k{} {sequence}\n", sequence % 32).as_bytes());
+        }
+        let replies = producer.sync();
+        assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+    };
+    // Every partition's end, each read from a node that holds it.
+    let ends = || -> Vec<u64> {
+        (0..PARTIAL_PARTITIONS)
+            .map(|each| {
+                let index = (0..nodes.len()).find(|index| holds(*index, each)).expect("a holder");
+                stream_ends(&nodes[index].server, STREAM)[each as usize]
+            })
+            .collect()
+    };
+    let wait_for_total = |total: u64| {
+        let started = Instant::now();
+        while ends().iter().sum::<u64>() < total {
+            assert!(started.elapsed() < READY_WITHIN, "the holders did not get {total} events: {:?}", ends());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    produce(0, 2_000);
+    wait_for_total(2_000);
+    let end = stream_ends(&nodes[holder].server, STREAM)[partition as usize];
+    assert!(end > 10, "partition {partition} holds {end} events");
+    let outsider_server = &nodes[outsider].server;
+    assert_eq!(stream_ends(outsider_server, STREAM)[partition as usize], 0, "nothing mirrored before");
+    // Past the node's (empty) copy, within the partition: served from there.
+    let mut from_offset =
+        Subscriber::connect(outsider_server.subscribe, &format!("SUB {STREAM} {partition} {}", end - 5));
+    from_offset.set_timeout(Duration::from_secs(10));
+    let tail = from_offset.take(5);
+    let offsets: Vec<u64> = tail.iter().map(|event| event.offset).collect();
+    assert_eq!(offsets, (end - 5..end).collect::<Vec<u64>>(), "{:?}", from_offset.notices);
+    // `latest` on a fresh connection: only what comes after.
+    let mut latest = Subscriber::connect(outsider_server.subscribe, &format!("SUB {STREAM} {partition} latest"));
+    latest.set_timeout(Duration::from_secs(10));
+    // The subscription resolves before the next events go in: wait until
+    // the node's mirror (which `latest` waits for) holds the partition.
+    let started = Instant::now();
+    while stream_ends(outsider_server, STREAM)[partition as usize] < end {
+        assert!(started.elapsed() < READY_WITHIN, "the mirror did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    produce(2_000, 2_000);
+    wait_for_total(4_000);
+    let after = stream_ends(&nodes[holder].server, STREAM)[partition as usize];
+    let fresh = latest.take((after - end) as usize);
+    assert_eq!(fresh.first().map(|event| event.offset), Some(end), "latest started at the partition's end");
+    assert_eq!(fresh.last().map(|event| event.offset), Some(after - 1));
+    assert!(fresh.iter().all(|event| {
+        String::from_utf8_lossy(&event.payload).parse::<u64>().is_ok_and(|sequence| sequence >= 2_000)
+    }));
+    // Past the partition's end: refused once the mirror has caught up.
+    let mut past =
+        Subscriber::connect(outsider_server.subscribe, &format!("SUB {STREAM} {partition} {}", after + 1_000));
+    past.set_timeout(Duration::from_secs(10));
+    let line = String::from_utf8_lossy(&past.next_line().expect("an answer")).to_string();
+    assert!(line.starts_with(&format!("ERR offset_out_of_range {partition} {after}")), "{line}");
+}
+
 /// Partitions of the join test's stream (the issue's goal is for 256;
 /// 32 keep the test well under a minute on a loaded 2-core box while
 /// still moving about 24 replicas and 8 leaderships to the newcomer).

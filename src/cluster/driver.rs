@@ -283,7 +283,7 @@ async fn run(setup: ClusterSetup, requests: flume::Receiver<ClusterRequest>) {
         glommio::spawn_local(refresh_load(node.clone(), setup.controls.clone())).detach();
         glommio::spawn_local(sync_links(node.clone())).detach();
         if let Some((proposals, readers)) = proposals {
-            glommio::spawn_local(replication_ticks(node.clone())).detach();
+            glommio::spawn_local(replication_ticks(node.clone(), setup.controls.clone())).detach();
             glommio::spawn_local(replication_inbox(node.clone())).detach();
             glommio::spawn_local(replication_proposals(node.clone(), proposals)).detach();
             glommio::spawn_local(replication_rounds(node.clone())).detach();
@@ -448,8 +448,11 @@ async fn sync_links(node: Rc<Node>) {
 /// replicated stream or a group: an idle node's cluster thread does not
 /// wake for them), after giving them the live members and creating the
 /// groups this node should start.
-async fn replication_ticks(node: Rc<Node>) {
+async fn replication_ticks(node: Rc<Node>, controls: Vec<flume::Sender<ControlRequest>>) {
     let Some(replication) = &node.replication else { return };
+    // The mirror view the shards have (module doc of replication::mirror,
+    // "Where `latest` is"); sent again when it changes.
+    let mut told: Option<crate::replication::mirror::MirrorView> = None;
     loop {
         if !replication.borrow().is_active() {
             // No replicated stream and no group: sleep until one comes.
@@ -464,7 +467,15 @@ async fn replication_ticks(node: Rc<Node>) {
         state.host.tick();
         state.expire_proposals();
         state.retry_proposals();
+        let view = crate::replication::mirror::view(&state);
         drop(state);
+        if told.as_ref() != Some(&view) {
+            let shared = std::sync::Arc::new(view.clone());
+            let sent =
+                controls.iter().all(|control| control.try_send(ControlRequest::MirrorView(shared.clone())).is_ok());
+            // A shard whose queue was full hears it at the next tick.
+            told = sent.then_some(view);
+        }
         // The rounds task runs the round (one at a time: its sync is off
         // the thread, replication_round).
         node.round_due.notify();

@@ -178,6 +178,24 @@ pub fn serve_fetch(
     request: &mut FetchRequest,
     force: bool,
 ) -> Option<FetchReply> {
+    serve_fetch_with(owner, partitions, is_incoming, |_| false, request, force)
+}
+
+/// [`serve_fetch`] on a node of a cluster: `awaits_mirror(partition)` says
+/// that this node holds no replica of a replicated partition and its
+/// mirror has not caught up with the replicas
+/// ([`crate::replication::mirror`]). A cursor there at `latest`, or at a
+/// requested offset past this node's copy, is left unresolved (the
+/// fetch parks, and comes back once the mirror has caught up): the local
+/// copy's end is not the partition's.
+pub fn serve_fetch_with(
+    owner: u16,
+    partitions: &PartitionManager,
+    is_incoming: impl Fn(u32) -> bool,
+    awaits_mirror: impl Fn(u32) -> bool,
+    request: &mut FetchRequest,
+    force: bool,
+) -> Option<FetchReply> {
     let standing = request.can_stand();
     let budget = request.budget();
     let mut reply = FetchReply::empty(request.subscription_id, owner);
@@ -191,6 +209,14 @@ pub fn serve_fetch(
         else {
             continue;
         };
+        let past_copy = match requested {
+            Position::Latest => true,
+            Position::Requested(offset) => offset > partition.log.next_offset(),
+            _ => false,
+        };
+        if past_copy && awaits_mirror(partition_id) {
+            continue;
+        }
         resolved_any |= !matches!(requested, Position::At(_));
         let Some(position) = checked_position(&mut reply, partition, partition_id, requested) else { continue };
         let offset = read_into(&mut reply, partition_id, &partition.log, position, budget);

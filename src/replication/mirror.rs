@@ -46,10 +46,26 @@
 //!
 //! Mirroring stores the partition on the mirroring node too (it is a
 //! cache: retention applies, it is never a replica and never acknowledges
-//! anything). `latest` resolves against this node's copy, so a first
-//! subscriber to a partition this node never held starts at its
-//! beginning. A gap the source's retention already deleted is counted,
+//! anything). A gap the source's retention already deleted is counted,
 //! logged and asked of the other replicas, never skipped.
+//!
+//! # Where `latest` is
+//!
+//! The local copy of a partition this node holds no replica of ends where
+//! its mirror got to, which may be far behind (or nothing, before any
+//! subscriber asked for it). So the cluster thread tells every shard, on
+//! each Raft tick when it changed, the replicated partitions this node
+//! holds no replica of and which of them have a mirror that caught up
+//! ([`MirrorView`]: its last answer reached the replica's visible end).
+//! A fetch at `latest`, or at an offset past the local copy, on such a
+//! partition without a caught-up mirror leaves that cursor unresolved and
+//! parks ([`crate::partition::fetch::serve_fetch_with`]), which says it
+//! has a reader, so the mirror starts; once the view says caught up the
+//! parked fetches are served again and `latest` resolves to the copy's
+//! end, then within [`MIRROR_PACE_MS`] and a round trip of the
+//! partition's. An offset still past it then is refused as on any node.
+//! Until the first view after a start (one Raft tick) the local copy
+//! counts as the partition.
 //!
 //! # Memory
 //!
@@ -118,6 +134,35 @@ pub fn memory_bytes(record_bytes_max: usize) -> usize {
     MIRROR_SERVES_MAX * 2 * (MIRROR_CHUNK_BYTES + record_bytes_max + ANSWER_HEADER_BYTES)
 }
 
+/// What every shard knows of the mirrors (module doc, "Where `latest`
+/// is"): the replicated partitions (global ids) this node holds no replica
+/// of, and those of them whose mirror has caught up with a replica; both
+/// sorted. At most 8 bytes per partition, in one copy the shards share and
+/// one the cluster thread keeps to compare (the memory formula's
+/// per-partition terms are kibibytes and more).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MirrorView {
+    pub unheld: Vec<u32>,
+    pub caught_up: Vec<u32>,
+}
+
+impl MirrorView {
+    /// Whether this node holds no replica of `partition` and has no mirror
+    /// of it caught up: its local copy may end before the partition.
+    pub fn awaits(&self, partition: u32) -> bool {
+        self.unheld.binary_search(&partition).is_ok() && self.caught_up.binary_search(&partition).is_err()
+    }
+}
+
+/// The view of this node's mirrors as of now ([`MirrorView`]).
+pub fn view(state: &ReplicationNode) -> MirrorView {
+    let unheld = state.unheld_partitions();
+    let mut caught_up: Vec<u32> =
+        state.mirrors.mirrors.values().filter(|mirror| mirror.caught_up).map(|mirror| mirror.partition).collect();
+    caught_up.sort_unstable();
+    MirrorView { unheld, caught_up }
+}
+
 /// A shard's subscribers wait on `partition`, of the replicated `group`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reader {
@@ -154,6 +199,10 @@ struct Mirror {
     turn: usize,
     outstanding: Option<(u64, NodeId, Instant)>,
     next_at: Instant,
+    /// The last answer reached the replica's visible end (a chunk that was
+    /// not full, or a long poll that found nothing new): the local copy
+    /// ends where the partition does, give or take the pace.
+    caught_up: bool,
 }
 
 /// The mirrors of a node and the reads it serves for its peers' mirrors.
@@ -226,6 +275,7 @@ fn note(state: &mut ReplicationNode, reader: Reader, now: Instant) {
             turn: 0,
             outstanding: None,
             next_at: now,
+            caught_up: false,
         }
     });
     mirror.wanted_until = wanted_until;
@@ -392,6 +442,7 @@ async fn receive_records(
                 mirror.turn += 1;
                 mirror.failures = 0;
                 mirror.next_at = now;
+                mirror.caught_up = true;
                 return;
             }
             Status::Lacks => {
@@ -429,6 +480,7 @@ async fn receive_records(
     mirror.outstanding = None;
     mirror.end_offset = Some(end.end_offset);
     mirror.failures = 0;
+    mirror.caught_up = !full;
     mirror.next_at = if full { now } else { now + Duration::from_millis(MIRROR_PACE_MS) };
     mirrors.stats.records += u64::from(answer.record_count);
     mirrors.stats.bytes += bytes;

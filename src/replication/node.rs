@@ -1645,6 +1645,21 @@ impl ReplicationNode {
         self.host.commit_of(group).is_some()
     }
 
+    /// The replicated partitions (global ids, sorted) of which this node
+    /// holds no replica ([`crate::replication::mirror::MirrorView`]).
+    pub(crate) fn unheld_partitions(&self) -> Vec<u32> {
+        let mut unheld = Vec::new();
+        for (stream_id, stream) in &self.streams {
+            for partition in 0..stream.partitions {
+                if !self.holds(GroupId { stream_id: *stream_id, partition }) {
+                    unheld.push(stream.base + partition);
+                }
+            }
+        }
+        unheld.sort_unstable();
+        unheld
+    }
+
     /// Whether this node is a voter of `group` (its partition log is then
     /// the committed log up to a recent point).
     pub(crate) fn is_voter(&self, group: GroupId) -> bool {

@@ -44,6 +44,9 @@ pub enum ControlRequest {
     /// A peer's read of a partition's records for its gap, from the
     /// cluster thread ([`crate::shard::gap_read`]).
     GapRead(crate::replication::catchup::GapRead),
+    /// The replicated partitions this node holds no replica of, and the
+    /// mirrored ones caught up ([`crate::replication::mirror::MirrorView`]).
+    MirrorView(std::sync::Arc<crate::replication::mirror::MirrorView>),
     /// Stop accepting and drain; connections still open at `deadline` are cut.
     Shutdown {
         deadline: Instant,
@@ -152,6 +155,12 @@ pub async fn serve_control(
             ControlRequest::Aggregate(request) => crate::shard::aggregates::handle(shard, request),
             ControlRequest::Committed(committed) => crate::shard::replicated::apply_committed(shard, committed),
             ControlRequest::GapRead(read) => crate::shard::gap_read::handle(shard, read),
+            ControlRequest::MirrorView(view) => {
+                shard.replication.set_mirror_view(view);
+                // Fetches parked on a partition whose mirror caught up (or
+                // that this node now holds) may resolve now.
+                shard.subscriptions.wake_parked();
+            }
             ControlRequest::Shutdown { deadline } => {
                 let shard = shard.clone();
                 let events = events.clone();

@@ -51,7 +51,7 @@ use crate::partition::MovedPartition;
 use crate::partition::apply::{ShardMigrations, apply_batch, install_moved};
 use crate::partition::disk::DiskLog;
 use crate::partition::disk::OpenReport;
-use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch};
+use crate::partition::fetch::{FetchReply, FetchRequest, serve_fetch_with};
 use crate::partition::migration::{self, Effect, Migrations};
 use crate::partition::{MemoryLog, Partition, PartitionLog, PartitionManager, PlacementTable};
 use crate::routing::{CreditGrant, DataBatch};
@@ -640,7 +640,9 @@ impl Shard {
     fn serve(&self, request: &mut FetchRequest, force: bool) -> Option<FetchReply> {
         let migrations = self.migrations.borrow();
         let partitions = self.partitions.borrow();
-        serve_fetch(self.id, &partitions, |partition| migrations.is_incoming(partition), request, force)
+        let is_incoming = |partition| migrations.is_incoming(partition);
+        let awaits_mirror = |partition| self.replication.awaits_mirror(partition);
+        serve_fetch_with(self.id, &partitions, is_incoming, awaits_mirror, request, force)
     }
 
     /// A subscriber on `origin` wants its parked fetch back (it has cursors

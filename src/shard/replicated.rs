@@ -43,7 +43,7 @@ use bytes::Bytes;
 
 use crate::protocol::record::BatchIter;
 use crate::replication::GroupId;
-use crate::replication::mirror::{READER_NOTE_MS, Reader};
+use crate::replication::mirror::{MirrorView, READER_NOTE_MS, Reader};
 use crate::replication::node::{CommittedRecords, PartitionEnd, ProposalRefused, ProposalRequest, append_committed};
 use crate::routing::DataBatch;
 use crate::runtime::log;
@@ -113,6 +113,10 @@ pub struct ShardReplication {
     /// When each partition's readers were last said, to say it at most
     /// once per [`READER_NOTE_MS`].
     readers_noted: RefCell<HashMap<u32, Instant>>,
+    /// The replicated partitions this node holds no replica of, and which
+    /// of them are mirrored and caught up, as the cluster thread last said
+    /// ([`ShardReplication::awaits_mirror`]).
+    mirror_view: RefCell<std::sync::Arc<MirrorView>>,
 }
 
 impl Default for ShardReplication {
@@ -130,6 +134,7 @@ impl Default for ShardReplication {
             room: Notify::default(),
             readers: RefCell::default(),
             readers_noted: RefCell::default(),
+            mirror_view: RefCell::default(),
         }
     }
 }
@@ -204,6 +209,21 @@ impl ShardReplication {
         let sequence = *next;
         *next += 1;
         sequence
+    }
+
+    /// Whether `partition` (global id) is replicated, this node holds no
+    /// replica of it, and its mirror has not caught up with the replicas:
+    /// its local copy's end is not the partition's, so `latest` and
+    /// offsets past the copy wait ([`crate::partition::fetch::serve_fetch_with`]).
+    #[inline]
+    pub fn awaits_mirror(&self, partition: u32) -> bool {
+        self.is_active() && self.mirror_view.borrow().awaits(partition)
+    }
+
+    /// The cluster thread's word on the partitions held and mirrored here
+    /// ([`crate::replication::mirror::MirrorView`]).
+    pub fn set_mirror_view(&self, view: std::sync::Arc<MirrorView>) {
+        *self.mirror_view.borrow_mut() = view;
     }
 
     fn group_of(&self, partition: u32) -> Option<GroupId> {

@@ -431,10 +431,15 @@ impl Session<'_> {
         let mut requests: Vec<Option<FetchRequest>> = (0..self.outstanding.len()).map(|_| None).collect();
         let cursor_count = self.cursors.len();
         self.rotation = (self.rotation + 1) % cursor_count;
+        // While some cursor is unresolved (a partition arriving at its
+        // owner, a mirror catching up), nothing is written: the resolved
+        // ones wait too, so the held replies stay within one round of
+        // fetches however long that takes.
+        let resolving = self.unresolved > 0;
         for step in 0..cursor_count {
             let cursor = &mut self.cursors[(self.rotation + step) % cursor_count];
             let owner = usize::from(self.shard.owner_of(cursor.partition));
-            if cursor.in_flight() || !cursor.active || cursor.revoking {
+            if cursor.in_flight() || !cursor.active || cursor.revoking || (resolving && cursor.resolved) {
                 continue;
             }
             if self.outstanding[owner] != Outstanding::None {
