@@ -406,7 +406,7 @@ fn source_path(
         while let Next::Line { line, .. } = lines.next_line() {
             let Ok(Line::Event { key, payload }) = parse_line(line, LINE_SIZE_MAX) else { panic!("only events") };
             let stream = StreamRoute { id: 0, base: 0, partitions: partition_count, partitioner: Default::default() };
-            let routed = route(placement, router, stream, key, payload, |owner, batch| {
+            let routed = route(placement, router, stream, (key, payload, 0), |owner, batch| {
                 taken.push((owner, batch));
             });
             assert!(routed.is_ok(), "window blocked in steady state");

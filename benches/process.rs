@@ -88,8 +88,10 @@ fn bench_std(keys: &[Vec<u8>]) -> f64 {
 }
 
 /// Reading `json:/ms` from the payload `scripts/bench-aggregates` sends (the
-/// fourth member of a ~100-byte object), as a sum aggregate does per event.
-fn bench_extract_value() -> f64 {
+/// fourth member of a ~100-byte object), as a sum aggregate does per event:
+/// scanning for it (`hinted` false), or at the place the JSON listener
+/// found while validating the line (`RecordRef::value_at`).
+fn bench_extract_value(hinted: bool) -> f64 {
     let spec = spate::protocol::json::JsonKeySpec::parse("/ms").expect("valid pointer");
     let payloads: Vec<Vec<u8>> = (0..64)
         .map(|i| {
@@ -102,12 +104,24 @@ fn bench_extract_value() -> f64 {
             .into_bytes()
         })
         .collect();
+    let key = spate::protocol::json::JsonKeySpec::parse("/user_id").expect("valid pointer");
+    let hints: Vec<u16> = payloads
+        .iter()
+        .map(|payload| {
+            let mut key_scratch = Vec::new();
+            let parsed = spate::protocol::json::parse_json_line_with(payload, &key, b"ms", &mut key_scratch);
+            let hint = parsed.expect("a valid event").1;
+            assert!(hint != 0, "the listener hints json:/ms");
+            if hinted { hint } else { 0 }
+        })
+        .collect();
     let mut scratch = Vec::new();
     let mut total = 0usize;
     let ns = fastest_ns_per_event(|| {
         for event in 0..EVENT_COUNT {
-            let payload = &payloads[event % payloads.len()];
-            total += spate::protocol::json::extract_value(payload, &spec, &mut scratch).map_or(0, <[u8]>::len);
+            let (payload, hint) = (&payloads[event % payloads.len()], hints[event % payloads.len()]);
+            let value = spate::protocol::json::extract_value_at(payload, &spec, hint, &mut scratch);
+            total += value.map_or(0, <[u8]>::len);
         }
         EVENT_COUNT
     });
@@ -116,8 +130,10 @@ fn bench_extract_value() -> f64 {
 }
 
 fn main() {
-    let extract = bench_extract_value();
+    let extract = bench_extract_value(false);
     println!("extract_value json:/ms from a ~100-byte event: {extract:.1} ns/event");
+    let hinted = bench_extract_value(true);
+    println!("the same at the JSON listener's hint (extract_value_at): {hinted:.1} ns/event");
     let keys = keys();
     let on_event = bench_on_event(&keys, 2);
     let count_only = bench_on_event(&keys, 1);

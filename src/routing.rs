@@ -38,7 +38,10 @@
 use crate::config::BATCH_SPARE_BUFFERS_MAX;
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
-use crate::protocol::record::{ExtendedRecord, batch_record_size, encode_batch_record, encode_extended_batch_record};
+use crate::protocol::record::{
+    ExtendedRecord, batch_partition, batch_record_size, encode_batch_record, encode_extended_batch_record,
+    partition_word,
+};
 use crate::stream::StreamRoute;
 
 /// Places one event of `stream` by its key (the stream's partition
@@ -46,14 +49,15 @@ use crate::stream::StreamRoute;
 /// into its owner's open batch. Batches that must leave (the next record
 /// would overflow the open one, or it reached `batch_bytes`) are handed to
 /// `deliver`. Returns the owner, or [`Blocked`] when the owner has no
-/// credits (nothing was encoded).
+/// credits (nothing was encoded). `value_at` is the hint for the stream's
+/// keyed aggregates ([`crate::protocol::record::RecordRef::value_at`], 0
+/// for none).
 #[inline]
 pub fn route(
     placement: &PlacementTable,
     router: &mut Router,
     stream: StreamRoute,
-    key: &[u8],
-    payload: &[u8],
+    (key, payload, value_at): (&[u8], &[u8], u16),
     mut deliver: impl FnMut(u16, DataBatch),
 ) -> Result<u16, Blocked> {
     let partition = stream.base + stream.partitioner.partition_of(key, stream.partitions);
@@ -66,7 +70,7 @@ pub fn route(
     {
         deliver(owner, batch);
     }
-    let batch_full = router.try_push(owner, partition, key, payload)?;
+    let batch_full = router.try_push(owner, partition_word(partition, value_at), key, payload)?;
     if batch_full && let Some(batch) = router.take_batch(owner) {
         deliver(owner, batch);
     }
@@ -297,6 +301,8 @@ impl Router {
 
     /// Encodes an event into its owner's open batch, spending its credits.
     /// `Ok(true)` means the batch reached `batch_bytes` and should be taken.
+    /// `partition` is the batch record's partition word
+    /// ([`crate::protocol::record::partition_word`]).
     #[inline]
     pub fn try_push(&mut self, owner: u16, partition: u32, key: &[u8], payload: &[u8]) -> Result<bool, Blocked> {
         let size = batch_record_size(key, payload);
@@ -363,7 +369,7 @@ impl Router {
         destination.run_event_count += count as u32;
         let partition = encoded
             .get(start..start + 4)
-            .map_or(u32::MAX, |bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
+            .map_or(u32::MAX, |bytes| batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])));
         if destination.run_count == 0 || partition != destination.run_partition {
             destination.run_count += 1;
             destination.run_partition = partition;

@@ -516,3 +516,50 @@ fn a_cycle_in_an_older_catalog_is_suspended_not_run() {
     assert!(listed["aggregates"][0]["suspended"].is_null(), "{listed}");
     assert_eq!(one_event_then_counts(&server, "out", &["in", "out"]), [2, 2], "back counts out into in, once");
 }
+
+/// Events in through the JSON listener carry where the value the stream's
+/// aggregates read starts (the listener finds it while it validates the
+/// line; `RecordRef::value_at`), and the owner reads it there rather than
+/// scanning the JSON again. Sums and maxima over such events equal what is
+/// computed here, whatever the member's place, whitespace after its colon
+/// (no hint then), a nested member of the same name before it, an escaped
+/// first name (the first member of the name counts, read without a hint),
+/// a string value; a missing or non-numeric value is counted malformed.
+#[test]
+fn aggregates_read_json_listener_events_right_with_the_value_hint() {
+    let server = Server::start(&["--json-key", "user"]);
+    for (name, kind) in [("total", "sum"), ("peak", "max")] {
+        let body = json!({"name": name, "kind": kind, "value": "json:/ms", "window": {"type": "none"}});
+        let (status, answer) = server.http("POST", "/streams/default/aggregates", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let lines: [&str; 7] = [
+        r#"{"user":"u1","ms":5}"#,
+        r#"{"ms": 7 ,"user":"u1"}"#,
+        r#"{"user":"u2","o":{"ms":1000},"ms":3}"#,
+        r#"{"user":"u2","m\u0073":4,"ms":1000}"#,
+        r#"{"user":"u3","ms":"9"}"#,
+        r#"{"user":"u3","x":1}"#,
+        r#"{"user":"u3","ms":true}"#,
+    ];
+    const ROUNDS: u64 = 2_000;
+    let mut producer = common::Producer::connect(server.ingest_json);
+    let mut chunk = String::new();
+    for _ in 0..ROUNDS {
+        for line in lines {
+            chunk.push_str(line);
+            chunk.push('\n');
+        }
+    }
+    producer.send(chunk.as_bytes());
+    let replies = producer.sync();
+    assert!(replies.iter().all(|line| line.starts_with("OK")), "{replies:?}");
+    for (key, sum, max) in [("u1", 12, 7), ("u2", 7, 4), ("u3", 9, 9)] {
+        let view: Value = serde_json::from_str(&server.get(&format!("/aggregates/total?key={key}"))).unwrap();
+        assert_eq!(view["open"][0]["value"].as_f64(), Some((sum * ROUNDS) as f64), "sum of {key}: {view}");
+        let view: Value = serde_json::from_str(&server.get(&format!("/aggregates/peak?key={key}"))).unwrap();
+        assert_eq!(view["open"][0]["value"].as_f64(), Some(max as f64), "max of {key}: {view}");
+    }
+    // Two malformed lines per round, for each of the two aggregates.
+    assert_eq!(server.metric("spate_aggregate_values_malformed_total"), (2 * 2 * ROUNDS) as f64);
+}

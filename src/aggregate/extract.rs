@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::aggregate::TIME_MS_MAX;
 use crate::aggregate::declaration::{TimeSource, ValueSource};
 use crate::protocol::ilp::{self, FieldValue};
-use crate::protocol::json::extract_value;
+use crate::protocol::json::{extract_value, extract_value_at};
 
 /// What one event contributes to an aggregate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,10 +67,12 @@ fn parse_u64(digits: &[u8]) -> Option<u64> {
 }
 
 /// The value numeric kinds read: `Some` only for a finite number.
+/// `value_at` is the JSON listener's hint of where a JSON value starts
+/// ([`crate::protocol::record::RecordRef::value_at`], 0: none).
 #[inline]
-pub(crate) fn number(source: &ValueSource, payload: &[u8], scratch: &mut Vec<u8>) -> Option<f64> {
+pub(crate) fn number(source: &ValueSource, payload: &[u8], value_at: u16, scratch: &mut Vec<u8>) -> Option<f64> {
     let value = match source {
-        ValueSource::Json(spec) => parse_f64(extract_value(payload, spec, scratch).ok()?)?,
+        ValueSource::Json(spec) => parse_f64(extract_value_at(payload, spec, value_at, scratch).ok()?)?,
         ValueSource::Ilp(field) => match ilp::field_value(payload, field.as_bytes())? {
             FieldValue::Float(value) => value,
             FieldValue::Integer(value) => value as f64,
@@ -104,11 +106,11 @@ fn parse_f64(text: &[u8]) -> Option<f64> {
 /// The hash `distinct-estimate` counts: xxh3 (seed 0, stable across
 /// processes, as checkpoints need) of the value's bytes.
 #[inline]
-pub(crate) fn value_hash(source: &ValueSource, payload: &[u8], scratch: &mut Vec<u8>) -> Option<u64> {
+pub(crate) fn value_hash(source: &ValueSource, payload: &[u8], value_at: u16, scratch: &mut Vec<u8>) -> Option<u64> {
     match source {
-        ValueSource::Json(spec) => Some(xxh3_64(extract_value(payload, spec, scratch).ok()?)),
+        ValueSource::Json(spec) => Some(xxh3_64(extract_value_at(payload, spec, value_at, scratch).ok()?)),
         ValueSource::Ilp(field) => Some(field_hash(ilp::field_value(payload, field.as_bytes())?)),
-        ValueSource::Number => number(source, payload, scratch).map(number_hash),
+        ValueSource::Number => number(source, payload, 0, scratch).map(number_hash),
         ValueSource::Payload => Some(xxh3_64(payload)),
         ValueSource::None => None,
     }
@@ -306,7 +308,7 @@ mod tests {
     #[test]
     fn numbers() {
         let mut scratch = Vec::new();
-        let mut value = |source: &ValueSource, payload: &str| number(source, payload.as_bytes(), &mut scratch);
+        let mut value = |source: &ValueSource, payload: &str| number(source, payload.as_bytes(), 0, &mut scratch);
         assert_eq!(value(&json("/a/b"), r#"{"a":{"b":12.5}}"#), Some(12.5));
         assert_eq!(value(&json("amount"), r#"{"amount":"7"}"#), Some(7.0));
         assert_eq!(value(&json("amount"), r#"{"amount":true}"#), None);
@@ -327,7 +329,7 @@ mod tests {
     #[test]
     fn hashes() {
         let mut scratch = Vec::new();
-        let mut hash = |source: &ValueSource, payload: &str| value_hash(source, payload.as_bytes(), &mut scratch);
+        let mut hash = |source: &ValueSource, payload: &str| value_hash(source, payload.as_bytes(), 0, &mut scratch);
         assert_eq!(hash(&json("u"), r#"{"u":"a\u0062"}"#), hash(&json("u"), r#"{"u":"ab"}"#));
         assert_ne!(hash(&json("u"), r#"{"u":"ab"}"#), hash(&json("u"), r#"{"u":"ac"}"#));
         assert_eq!(hash(&ValueSource::Number, "1"), hash(&ValueSource::Number, "1.0"));

@@ -201,21 +201,23 @@ impl PartitionProcessor {
             self.replay_skipped += 1;
             return false;
         }
-        let event = Event { offset, partition: self.partition, key, payload, arrival_ms };
+        let event = Event { offset, partition: self.partition, key, payload, arrival_ms, value_at: 0 };
         self.apply(event, out);
         true
     }
 
     /// [`PartitionProcessor::on_event`], with the closed windows kept in
     /// the processor until [`PartitionProcessor::take_output`]: the engine's
-    /// entry point on its apply path.
+    /// entry point on its apply path. `value_at` is the JSON listener's hint
+    /// of where the value starts ([`crate::protocol::record::RecordRef::value_at`];
+    /// 0: not known).
     #[inline]
-    pub fn process(&mut self, offset: u64, key: &[u8], payload: &[u8], arrival_ms: u64) -> bool {
+    pub fn process(&mut self, offset: u64, key: &[u8], payload: &[u8], arrival_ms: u64, value_at: u16) -> bool {
         if offset < self.next_offset {
             self.replay_skipped += 1;
             return false;
         }
-        let event = Event { offset, partition: self.partition, key, payload, arrival_ms };
+        let event = Event { offset, partition: self.partition, key, payload, arrival_ms, value_at };
         let mut output = std::mem::take(&mut self.output);
         self.apply(event, &mut |window: &ClosedWindow<'_>| output.push(window));
         self.output = output;

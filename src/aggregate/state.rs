@@ -269,9 +269,9 @@ impl AggregateState {
         let input = *value.get_or_insert_with(|| match self.kind {
             AggregateKind::Count => Some(Input::Unit),
             AggregateKind::DistinctEstimate => {
-                extract::value_hash(&self.declaration.value, event.payload, scratch).map(Input::Hash)
+                extract::value_hash(&self.declaration.value, event.payload, event.value_at, scratch).map(Input::Hash)
             }
-            _ => extract::number(&self.declaration.value, event.payload, scratch).map(Input::Number),
+            _ => extract::number(&self.declaration.value, event.payload, event.value_at, scratch).map(Input::Number),
         });
         let Some(input) = input else {
             self.counters.value_malformed += 1;
@@ -638,6 +638,8 @@ pub(crate) struct Event<'a> {
     pub(crate) key: &'a [u8],
     pub(crate) payload: &'a [u8],
     pub(crate) arrival_ms: u64,
+    /// Where the JSON value starts, if the listener said (0: not known).
+    pub(crate) value_at: u16,
 }
 
 /// A key with no open window whose last closed window ended at least one

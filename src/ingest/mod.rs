@@ -74,7 +74,7 @@ use crate::net::socket::{send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
 use crate::protocol::control::{UnknownControl, write_err, write_ok};
 use crate::protocol::ilp::{IlpError, IlpLine, IlpScratch, parse_ilp_line};
-use crate::protocol::json::{JsonError, JsonLine, parse_json_line};
+use crate::protocol::json::{JsonError, JsonLine, parse_json_line_with};
 use crate::protocol::{Control, Line, LineBuffer, LineError, Next, parse_control, parse_line_with};
 use crate::routing::Blocked;
 use crate::runtime::notify::{Either, first};
@@ -120,6 +120,11 @@ struct Parser {
     format: Format,
     json_scratch: Vec<u8>,
     ilp_scratch: IlpScratch,
+    /// JSON: the top-level member the stream's aggregates read (empty:
+    /// none), looked up once per chunk of lines: [`Parser::parse`] gives
+    /// where an event's value of it starts
+    /// ([`crate::protocol::record::RecordRef::value_at`]).
+    value_member: Vec<u8>,
 }
 
 /// Why a line was rejected, in any format.
@@ -141,28 +146,35 @@ impl std::fmt::Display for Rejection {
 
 impl Parser {
     fn new(format: Format) -> Parser {
-        Parser { format, json_scratch: Vec::new(), ilp_scratch: IlpScratch::default() }
+        Parser { format, json_scratch: Vec::new(), ilp_scratch: IlpScratch::default(), value_member: Vec::new() }
     }
 
     /// Parses one line into the line format's terms: an event (key and
-    /// payload), a control line or an empty line.
+    /// payload), a control line or an empty line; with the event's value
+    /// hint (0 but for JSON).
     #[inline]
-    fn parse<'a>(&'a mut self, line: &'a [u8], config: &crate::config::Config) -> Result<Line<'a>, Rejection> {
+    fn parse<'a>(&'a mut self, line: &'a [u8], config: &crate::config::Config) -> Result<(Line<'a>, u16), Rejection> {
         // A long key or series may have grown a scratch buffer for one line:
         // give it back rather than keep it for the connection's life.
         let scratch_max = config.parser_scratch_bytes_max();
+        let mut value_at = 0;
         let parsed = match self.format {
             Format::Lines => {
-                return parse_line_with(line, config.line_size_max, config.key_size_max).map_err(Rejection::Line);
+                return parse_line_with(line, config.line_size_max, config.key_size_max)
+                    .map(|line| (line, 0))
+                    .map_err(Rejection::Line);
             }
             Format::Json => {
                 if self.json_scratch.capacity() > scratch_max {
                     self.json_scratch = Vec::new();
                 }
-                match parse_json_line(line, &config.json_key, &mut self.json_scratch) {
-                    Ok(JsonLine::Event { key, payload }) => Line::Event { key, payload },
-                    Ok(JsonLine::Control(text)) => Line::Control(text),
-                    Ok(JsonLine::Empty) => Line::Empty,
+                match parse_json_line_with(line, &config.json_key, &self.value_member, &mut self.json_scratch) {
+                    Ok((JsonLine::Event { key, payload }, at)) => {
+                        value_at = at;
+                        Line::Event { key, payload }
+                    }
+                    Ok((JsonLine::Control(text), _)) => Line::Control(text),
+                    Ok((JsonLine::Empty, _)) => Line::Empty,
                     Err(error) => return Err(Rejection::Json(error)),
                 }
             }
@@ -182,7 +194,7 @@ impl Parser {
             Line::Event { key, .. } if key.len() > config.key_size_max => {
                 Err(Rejection::Line(LineError::KeyTooLong { key_size: key.len(), key_size_max: config.key_size_max }))
             }
-            parsed => Ok(parsed),
+            parsed => Ok((parsed, value_at)),
         }
     }
 }
@@ -626,6 +638,15 @@ fn process_buffered(
 ) -> Progress {
     let config = &shard.config();
     let mut stream = target.check(shard);
+    let refresh_member = |parser: &mut Parser, stream: Option<StreamRoute>| {
+        if parser.format == Format::Json {
+            match stream {
+                Some(stream) => shard.json_value_member(stream.id, &mut parser.value_member),
+                None => parser.value_member.clear(),
+            }
+        }
+    };
+    refresh_member(parser, stream);
     let mut route = shard.begin_route();
     route.drained = drained;
     let (mut event_count, mut byte_count) = (0u64, 0u64);
@@ -644,22 +665,24 @@ fn process_buffered(
         };
         let line_size = line.len() as u64 + 1;
         match parser.parse(line, config) {
-            Ok(Line::Event { .. }) if stream.is_none() => {
+            Ok((Line::Event { .. }, _)) if stream.is_none() => {
                 ShardMetrics::add(&shard.metrics().lines_rejected_unknown_stream, 1);
             }
-            Ok(Line::Event { key, payload }) => match route.route_event(stream.expect("checked"), key, payload) {
-                Ok(owner) => {
-                    target.touched[usize::from(owner)] = true;
-                    event_count += 1;
-                    byte_count += line_size;
+            Ok((Line::Event { key, payload }, value_at)) => {
+                match route.route_hinted(stream.expect("checked"), key, payload, value_at) {
+                    Ok(owner) => {
+                        target.touched[usize::from(owner)] = true;
+                        event_count += 1;
+                        byte_count += line_size;
+                    }
+                    Err(blocked) => {
+                        lines.unread_last_line();
+                        break Progress::Blocked(blocked);
+                    }
                 }
-                Err(blocked) => {
-                    lines.unread_last_line();
-                    break Progress::Blocked(blocked);
-                }
-            },
-            Ok(Line::Empty) => {}
-            Ok(Line::Control(text)) => {
+            }
+            Ok((Line::Empty, _)) => {}
+            Ok((Line::Control(text), _)) => {
                 let control = parse_control(text);
                 if matches!(control, Control::Sync { .. }) && replies.syncs_full() {
                     lines.unread_last_line();
@@ -668,6 +691,7 @@ fn process_buffered(
                 ShardMetrics::add(&shard.metrics().control_lines, 1);
                 control_line(shard, &mut route, replies, target, line_number, control);
                 stream = target.stream;
+                refresh_member(parser, stream);
             }
             Err(error) => reject(shard, replies, line_number, error),
         }

@@ -26,7 +26,9 @@
 
 use crate::partition::migration::{Effect, Marker, Migrations};
 use crate::partition::{Partition, PartitionManager};
-use crate::protocol::record::{BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, decode_log_record};
+use crate::protocol::record::{
+    BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, batch_partition, decode_log_record,
+};
 use crate::routing::{OffsetAsk, OffsetAsks};
 
 /// Batches smaller than this are applied in arrival order: a small batch
@@ -71,7 +73,7 @@ impl RecordOrder {
                 .get(position..position + BATCH_HEADER_SIZE)
                 .and_then(|header| header.try_into().ok())
                 .expect("a batch record header");
-            let partition = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+            let partition = batch_partition(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
             let key_size = usize::from(u16::from_le_bytes([header[4], header[5]]));
             let payload_size = u32::from_le_bytes([header[6], header[7], header[8], header[9]]) as usize;
             let position_u32 = u32::try_from(position).expect("a batch is smaller than 4 GiB");
@@ -296,7 +298,9 @@ const PREFETCH_RECORDS_AHEAD: usize = 4;
 fn prefetch_group_ahead<O: OwnedPartitions>(partitions: &O, records: &[u8], positions: &[u32], index: usize) {
     let partition_at = |position: u32| {
         let start = position as usize;
-        records.get(start..start + 4).map(|bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+        records
+            .get(start..start + 4)
+            .map(|bytes| batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     };
     let ahead = index + PREFETCH_RECORDS_AHEAD;
     if let Some(&position) = positions.get(ahead)
@@ -324,9 +328,9 @@ impl<'a> Answers<'a> {
         if grouped && let Some(asks) = asks.as_deref_mut() {
             let partition_at = |position: u32| -> u32 {
                 let start = position as usize;
-                records
-                    .get(start..start + 4)
-                    .map_or(u32::MAX, |bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+                records.get(start..start + 4).map_or(u32::MAX, |bytes| {
+                    batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+                })
             };
             asks.sort_unstable_by_key(|ask| (partition_at(ask.position), ask.position));
         }

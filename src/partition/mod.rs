@@ -98,7 +98,7 @@ impl Partition {
         // stalled there (perf annotate: `call`s and `push`es in the value
         // read took the samples).
         if let Some(processor) = &mut self.processor {
-            processor.process(self.log.next_offset(), record.key, record.payload, arrival_ms);
+            processor.process(self.log.next_offset(), record.key, record.payload, arrival_ms, record.value_at);
         }
         self.log.append(record.log_record);
         self.events_total += 1;

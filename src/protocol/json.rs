@@ -156,6 +156,16 @@ impl JsonKeySpec {
     }
 
     /// The spec as given.
+    /// The member's name when the pointer names one top-level member
+    /// (`/ms`, or the name alone): what the JSON listener can hint
+    /// ([`parse_json_line_with`]).
+    pub fn top_level_member(&self) -> Option<&[u8]> {
+        match self.tokens.as_slice() {
+            [PointerToken { name, index: None }] => Some(name),
+            _ => None,
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -289,18 +299,39 @@ pub fn parse_json_line<'a>(
     spec: &JsonKeySpec,
     scratch: &'a mut Vec<u8>,
 ) -> Result<JsonLine<'a>, JsonError> {
+    parse_json_line_with(line, spec, b"", scratch).map(|(line, _)| line)
+}
+
+/// [`parse_json_line`], also finding where the value of the top-level
+/// member `value_member` starts (empty: none), for the stream's keyed
+/// aggregates: its position in the payload plus one, or 0 when the first
+/// top-level member of that name has an escaped name, is absent, or starts
+/// past 65 534 bytes ([`crate::protocol::record::RecordRef::value_at`];
+/// [`extract_value_at`] reads it). Found while the line is validated, at
+/// the cost of one comparison per top-level member.
+pub fn parse_json_line_with<'a>(
+    line: &'a [u8],
+    spec: &JsonKeySpec,
+    value_member: &[u8],
+    scratch: &'a mut Vec<u8>,
+) -> Result<(JsonLine<'a>, u16), JsonError> {
     let line = match line.last() {
         Some(b'\r') => &line[..line.len() - 1],
         _ => line,
     };
     match line.first() {
-        Some(b'#') => return Ok(JsonLine::Control(&line[1..])),
-        None => return Ok(JsonLine::Empty),
-        Some(_) if line.iter().all(|&byte| is_whitespace(byte)) => return Ok(JsonLine::Empty),
+        Some(b'#') => return Ok((JsonLine::Control(&line[1..]), 0)),
+        None => return Ok((JsonLine::Empty, 0)),
+        Some(_) if line.iter().all(|&byte| is_whitespace(byte)) => return Ok((JsonLine::Empty, 0)),
         Some(_) => {}
     }
-    let key = extract_key(line, spec, scratch)?;
-    Ok(JsonLine::Event { key, payload: line })
+    let mut scanner = Scanner::new(line, &spec.tokens);
+    scanner.hint_member = value_member;
+    scanner.hint_open = !value_member.is_empty();
+    let found = scanner.run_keeping_hint()?;
+    let value_at = found.1.and_then(|start| u16::try_from(start + 1).ok()).filter(|at| *at != u16::MAX).unwrap_or(0);
+    let key = target_bytes(line, found.0, scratch)?;
+    Ok((JsonLine::Event { key, payload: line }, value_at))
 }
 
 /// Validates `line` as exactly one JSON value and returns the key bytes:
@@ -332,6 +363,45 @@ pub fn extract_value<'a>(line: &'a [u8], spec: &JsonKeySpec, scratch: &'a mut Ve
     scanner.stop_at_target = true;
     let found = scanner.run()?;
     target_bytes(line, found, scratch)
+}
+
+/// [`extract_value`] with `value_at`, where the JSON listener found the
+/// value of the top-level member its hint named start, plus one
+/// ([`parse_json_line_with`]; 0: not known). It is taken when the pointer
+/// is a top-level member and `"<name>":` is right before that position
+/// (so the hint was for this very member: a member name with an escape
+/// never gets a hint, so no other name can end that way), and the value
+/// there is a string or a valid scalar; otherwise, and for every other
+/// pointer, the line is scanned as [`extract_value`] does. Both read the
+/// first member of that name. The hint saves the scan of the members
+/// before it (about 45 ns for the fourth member of a 100-byte event).
+#[inline]
+pub fn extract_value_at<'a>(
+    line: &'a [u8],
+    spec: &JsonKeySpec,
+    value_at: u16,
+    scratch: &'a mut Vec<u8>,
+) -> Result<&'a [u8], JsonError> {
+    if value_at != 0
+        && let [PointerToken { name, index: None }] = spec.tokens.as_slice()
+        && let Some(found) = member_at(line, name, usize::from(value_at) - 1)
+    {
+        return target_bytes(line, Some(found), scratch);
+    }
+    extract_value(line, spec, scratch)
+}
+
+/// The value at `start` if the member named `name` is right before it
+/// (`"name":`, no whitespace) and it is a string or a valid scalar.
+#[inline]
+fn member_at(bytes: &[u8], name: &[u8], start: usize) -> Option<Target> {
+    let name_start = start.checked_sub(name.len() + 3)?;
+    let before = bytes.get(name_start..start)?;
+    let named = before[0] == b'"' && &before[1..=name.len()] == name && &before[name.len() + 1..] == b"\":";
+    if !named {
+        return None;
+    }
+    member_target(bytes, start)
 }
 
 /// Finds the top-level member `name` of an object by skipping the members
@@ -562,6 +632,13 @@ struct Scanner<'a, 't> {
     found: Option<Target>,
     /// Return as soon as a scalar target has been scanned ([`extract_value`]).
     stop_at_target: bool,
+    /// The top-level member whose value's start to note (empty: none),
+    /// [`parse_json_line_with`]; `hint` is that start. `hint_open` until
+    /// the first member of that name was seen (no hint when that name was
+    /// escaped).
+    hint_member: &'t [u8],
+    hint: Option<usize>,
+    hint_open: bool,
 }
 
 impl<'a, 't> Scanner<'a, 't> {
@@ -578,6 +655,9 @@ impl<'a, 't> Scanner<'a, 't> {
             next_on_path: true,
             found: None,
             stop_at_target: false,
+            hint_member: b"",
+            hint: None,
+            hint_open: false,
         }
     }
 
@@ -598,8 +678,16 @@ impl<'a, 't> Scanner<'a, 't> {
     }
 
     /// Scans the whole line; returns the pointer's target if it is there.
+    #[inline(always)]
+    fn run(self) -> Result<Option<Target>, JsonError> {
+        self.run_keeping_hint().map(|(found, _)| found)
+    }
+
+    /// [`Scanner::run`], also giving the value hint's start. The scanner
+    /// is owned by the loop (not borrowed), so its fields stay in
+    /// registers.
     #[inline]
-    fn run(mut self) -> Result<Option<Target>, JsonError> {
+    fn run_keeping_hint(mut self) -> Result<(Option<Target>, Option<usize>), JsonError> {
         self.skip_whitespace();
         loop {
             if self.value()? {
@@ -607,7 +695,7 @@ impl<'a, 't> Scanner<'a, 't> {
                 continue;
             }
             if self.stop_at_target && self.found.is_some() {
-                return Ok(self.found);
+                return Ok((self.found, self.hint));
             }
             // After a value: close containers, or move to the next member.
             loop {
@@ -616,7 +704,7 @@ impl<'a, 't> Scanner<'a, 't> {
                     if self.position != self.bytes.len() {
                         return Err(self.error(JsonSyntax::TrailingCharacters));
                     }
-                    return Ok(self.found);
+                    return Ok((self.found, self.hint));
                 }
                 let in_object = self.object_bits & (1 << (self.depth - 1)) != 0;
                 match (in_object, self.peek()) {
@@ -759,12 +847,22 @@ impl<'a, 't> Scanner<'a, 't> {
                 self.next_on_path = true;
             }
         }
+        let hinted = self.hint_open && self.depth == 1 && {
+            let raw = &self.bytes[start + 1..self.position - 1];
+            let equal = if escaped { escaped_equals(raw, self.hint_member) } else { raw == self.hint_member };
+            // The first member of that name decides, as extract_value reads the first.
+            self.hint_open = !equal;
+            equal && !escaped
+        };
         self.skip_whitespace();
         if self.peek() != Some(b':') {
             return Err(self.error(JsonSyntax::ExpectedColon));
         }
         self.position += 1;
         self.skip_whitespace();
+        if hinted {
+            self.hint = Some(self.position);
+        }
         Ok(())
     }
 
@@ -1058,8 +1156,48 @@ mod tests {
                 if let (Ok(fast), Ok(slow)) = (&fast, &slow) {
                     assert_eq!(fast, slow, "{name} in {}", String::from_utf8_lossy(line));
                 }
+                assert_eq!(hinted(line, &spec), fast.ok(), "hinted: {name} in {}", String::from_utf8_lossy(line));
             }
         }
+    }
+
+    /// What [`extract_value_at`] reads with the hint the listener's scan
+    /// gives for the pointer's member (the line's whole scan, as the JSON
+    /// listener runs it, with the pointer itself as the key; no hint when
+    /// that fails); `None` when it reads nothing.
+    fn hinted(line: &[u8], spec: &JsonKeySpec) -> Option<Vec<u8>> {
+        let member = spec.top_level_member().unwrap_or_default();
+        let mut scanner = Scanner::new(line, &spec.tokens);
+        scanner.hint_member = member;
+        scanner.hint_open = !member.is_empty();
+        let hint = scanner.run_keeping_hint().ok().and_then(|(_, hint)| hint);
+        let value_at = hint.and_then(|start| u16::try_from(start + 1).ok()).unwrap_or(0);
+        extract_value_at(line, spec, value_at, &mut Vec::new()).map(<[u8]>::to_vec).ok()
+    }
+
+    /// The listener's hint: the first top-level member of the name, after
+    /// its colon; none when that first one's name is escaped, when it is
+    /// nested only, or for an empty name.
+    #[test]
+    fn the_value_hint_is_the_first_top_level_member() {
+        let spec = JsonKeySpec::parse("/k").expect("valid pointer");
+        let hint = |line: &str, member: &str| {
+            parse_json_line_with(line.as_bytes(), &spec, member.as_bytes(), &mut Vec::new()).map(|(_, at)| at)
+        };
+        assert_eq!(hint(r#"{"k":"a","ms":12}"#, "ms"), Ok(15));
+        assert_eq!(hint(r#"{"k":"a","ms": 12,"ms":3}"#, "ms"), Ok(16), "the first, past the whitespace");
+        assert_eq!(hint(r#"{"k":"a","m\u0073":1,"ms":2}"#, "ms"), Ok(0), "the first is escaped");
+        assert_eq!(hint(r#"{"k":"a","o":{"ms":1}}"#, "ms"), Ok(0), "nested only");
+        assert_eq!(hint(r#"{"k":"a","ms":12}"#, ""), Ok(0));
+        assert!(hint(r#"{"k":"a","ms":12"#, "ms").is_err(), "an invalid line is refused as before");
+        let long = format!(r#"{{"k":"a","pad":"{}","ms":1}}"#, "x".repeat(70_000));
+        assert_eq!(hint(&long, "ms"), Ok(0), "past what 16 bits hold");
+        // A hint for another member (the aggregates changed meanwhile) is
+        // not taken for this one.
+        let line = br#"{"k":"a","a":5,"ms":12}"#;
+        let ms = JsonKeySpec::parse("/ms").expect("valid pointer");
+        assert_eq!(extract_value_at(line, &ms, 14, &mut Vec::new()), Ok(&b"12"[..]));
+        assert_eq!(extract_value_at(line, &ms, 20, &mut Vec::new()), Ok(&b"12"[..]));
     }
 
     proptest::proptest! {
@@ -1100,6 +1238,7 @@ mod tests {
             let mut scratch = Vec::new();
             let fast = extract_value(line.as_bytes(), &spec, &mut scratch).map(<[u8]>::to_vec);
             let slow = scanned(line.as_bytes(), &spec);
+            proptest::prop_assert_eq!(hinted(line.as_bytes(), &spec), fast.clone().ok(), "hinted: {}", line);
             proptest::prop_assert_eq!(fast.ok(), slow.ok(), "{}", line);
         }
     }

@@ -3,7 +3,10 @@
 //! A batch record is `partition: u32 LE | key_size: u16 LE | payload_size:
 //! u32 LE | key | payload`. The log stores the same record without the
 //! partition prefix, so applying a batch is one copy of the tail of each
-//! record. All sizes are fixed-width little-endian; `usize` never reaches the
+//! record. The partition word's low 16 bits are the partition (ids are
+//! below [`crate::config::limits::PARTITION_COUNT_MAX`]); its high 16 bits
+//! are a hint for the owner's keyed aggregates, [`RecordRef::value_at`]
+//! (0 for none): read every partition word through [`batch_partition`]. All sizes are fixed-width little-endian; `usize` never reaches the
 //! wire unchecked: [`KEY_SIZE_LIMIT`] and [`PAYLOAD_SIZE_LIMIT`] are what the
 //! fields hold, and the configuration refuses limits beyond them
 //! ([`crate::config::ConfigError`]).
@@ -44,6 +47,23 @@ pub const KEY_SIZE_LIMIT: usize = u16::MAX as usize;
 pub const PAYLOAD_SIZE_LIMIT: usize = u32::MAX as usize - BATCH_HEADER_SIZE - KEY_SIZE_LIMIT;
 /// Bytes before the key in a batch record: partition (4) + log header.
 pub const BATCH_HEADER_SIZE: usize = 4 + LOG_HEADER_SIZE;
+/// The partition in a batch record's partition word (module doc).
+const PARTITION_MASK: u32 = 0xffff;
+const _: () = assert!(crate::config::limits::PARTITION_COUNT_MAX <= PARTITION_MASK + 1);
+
+/// The partition a batch record's partition word names (its low half).
+#[inline(always)]
+pub fn batch_partition(word: u32) -> u32 {
+    word & PARTITION_MASK
+}
+
+/// A batch record's partition word: `partition` and the aggregates' value
+/// hint ([`RecordRef::value_at`]).
+#[inline(always)]
+pub fn partition_word(partition: u32, value_at: u16) -> u32 {
+    debug_assert!(partition <= PARTITION_MASK);
+    partition | (u32::from(value_at) << 16)
+}
 
 /// Bytes of an extended record's fixed fields after the log header.
 pub const EXTENDED_FIXED_SIZE: usize = 17;
@@ -123,6 +143,8 @@ pub fn batch_record_size(key: &[u8], payload: &[u8]) -> usize {
 
 /// Appends one batch record. The caller bounds the key and payload sizes (the
 /// line parser does, by limits the configuration keeps within the fields).
+/// `partition` is the partition word: the partition, or
+/// [`partition_word`] with a value hint.
 #[inline]
 pub fn encode_batch_record(batch: &mut Vec<u8>, partition: u32, key: &[u8], payload: &[u8]) {
     assert!(!key.is_empty() && key.len() <= KEY_SIZE_LIMIT, "key of {} bytes", key.len());
@@ -145,6 +167,14 @@ pub struct RecordRef<'a> {
     pub log_record: &'a [u8],
     /// What only an extended (Kafka) record has; `None` for a plain one.
     pub extended: Option<Extension<'a>>,
+    /// Where, in the payload, the value the stream's keyed aggregates read
+    /// starts, plus one; 0 when not known. The JSON listener finds it while
+    /// it validates the line ([`crate::protocol::json::parse_json_line_with`])
+    /// and it travels in the batch record's partition word, so the owner
+    /// does not scan the JSON for it again
+    /// ([`crate::protocol::json::extract_value_at`] checks it). Only batch
+    /// records carry it: a record read from the log has 0.
+    pub value_at: u16,
 }
 
 /// The parts of an extended record beyond its key and payload.
@@ -174,6 +204,7 @@ pub fn decode_log_record(bytes: &[u8]) -> Option<RecordRef<'_>> {
         payload: &record[LOG_HEADER_SIZE + key_size..],
         log_record: record,
         extended: None,
+        value_at: 0,
     })
 }
 
@@ -195,7 +226,7 @@ fn decode_extended(record: &[u8]) -> Option<RecordRef<'_>> {
         timestamp_ms,
         headers,
     };
-    Some(RecordRef { key, payload, log_record: record, extended: Some(extension) })
+    Some(RecordRef { key, payload, log_record: record, extended: Some(extension), value_at: 0 })
 }
 
 /// Iterates the records of a batch as `(partition, record)`.
@@ -217,12 +248,13 @@ impl<'a> Iterator for BatchIter<'a> {
         if self.bytes.is_empty() {
             return None;
         }
-        let partition = u32::from_le_bytes(self.bytes.get(..4)?.try_into().ok()?);
+        let word = u32::from_le_bytes(self.bytes.get(..4)?.try_into().ok()?);
         let record = decode_log_record(&self.bytes[4..]);
         assert!(record.is_some(), "corrupt batch: {} bytes left", self.bytes.len());
-        let record = record?;
+        let mut record = record?;
+        record.value_at = (word >> 16) as u16;
         self.bytes = &self.bytes[4 + record.log_record.len()..];
-        Some((partition, record))
+        Some((batch_partition(word), record))
     }
 }
 
@@ -273,6 +305,21 @@ mod tests {
         for size in 0..first.log_record.len() {
             assert_eq!(decode_log_record(&first.log_record[..size]), None, "size {size}");
         }
+    }
+
+    /// A value hint rides in the partition word's high half: the iterator
+    /// gives the partition alone and the hint on the record; a log record
+    /// has none.
+    #[test]
+    fn a_value_hint_rides_in_the_partition_word() {
+        let mut batch = Vec::new();
+        encode_batch_record(&mut batch, partition_word(65_535, 42), b"k", br#"{"ms":7}"#);
+        encode_batch_record(&mut batch, 3, b"k", b"v");
+        let records: Vec<_> = BatchIter::new(&batch).collect();
+        assert_eq!((records[0].0, records[0].1.value_at), (65_535, 42));
+        assert_eq!((records[1].0, records[1].1.value_at), (3, 0));
+        assert_eq!(decode_log_record(records[0].1.log_record).map(|record| record.value_at), Some(0));
+        assert_eq!(batch_partition(partition_word(9, u16::MAX)), 9);
     }
 
     /// A truncated record decodes to nothing rather than reading past the end.

@@ -686,7 +686,7 @@ async fn replay(disk: &DiskLog, processor: &mut PartitionProcessor) -> Result<()
         while let Ok(frame) = decode_frame(rest) {
             rest = &rest[frame.header.frame_size()..];
             for record in frame.records() {
-                processor.process(record.offset, record.key, record.payload, frame.header.timestamp_ms);
+                processor.process(record.offset, record.key, record.payload, frame.header.timestamp_ms, 0);
             }
         }
         if processor.next_offset() == offset {

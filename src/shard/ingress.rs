@@ -88,8 +88,21 @@ impl Route<'_> {
     /// Routes one event of `stream`; see [`route`].
     #[inline]
     pub fn route_event(&mut self, stream: StreamRoute, key: &[u8], payload: &[u8]) -> Result<u16, Blocked> {
+        self.route_hinted(stream, key, payload, 0)
+    }
+
+    /// [`Route::route_event`] with the hint for the stream's keyed
+    /// aggregates ([`crate::protocol::record::RecordRef::value_at`]).
+    #[inline]
+    pub fn route_hinted(
+        &mut self,
+        stream: StreamRoute,
+        key: &[u8],
+        payload: &[u8],
+        value_at: u16,
+    ) -> Result<u16, Blocked> {
         let Route { ingress, placement, router, .. } = self;
-        route(placement, router, stream, key, payload, |owner, batch| ingress.deliver(owner, batch))
+        route(placement, router, stream, (key, payload, value_at), |owner, batch| ingress.deliver(owner, batch))
     }
 }
 

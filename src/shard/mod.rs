@@ -180,6 +180,16 @@ impl Shard {
         streams.catalog().streams().iter().any(|spec| spec.id == stream_id && spec.is_replicated())
     }
 
+    /// Puts into `member` the top-level JSON member stream `stream_id`'s
+    /// aggregates read ([`crate::stream::Catalog::json_value_member`]);
+    /// empty when none does. No allocation once `member` is that long.
+    pub fn json_value_member(&self, stream_id: u32, member: &mut Vec<u8>) {
+        member.clear();
+        if let Some(name) = self.streams.borrow().catalog().json_value_member(stream_id) {
+            member.extend_from_slice(name);
+        }
+    }
+
     /// Whether a stream (by id) is still active: not deleted or being deleted.
     pub fn stream_is_active(&self, stream_id: u32) -> bool {
         self.streams.borrow().is_active(stream_id)

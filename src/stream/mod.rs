@@ -406,6 +406,18 @@ impl Catalog {
         self.streams.iter().find(|spec| spec.name == name)
     }
 
+    /// The top-level JSON member the first of stream `id`'s aggregates that
+    /// reads one reads (`json:/name`): the JSON listener notes where its
+    /// value starts in each event it validates, so the owner does not
+    /// scan for it ([`crate::protocol::record::RecordRef::value_at`]).
+    pub fn json_value_member(&self, id: u32) -> Option<&[u8]> {
+        let name = &self.by_id(id)?.name;
+        self.aggregates_of(name).find_map(|declaration| match &declaration.value {
+            crate::aggregate::ValueSource::Json(spec) => spec.top_level_member(),
+            _ => None,
+        })
+    }
+
     pub fn by_id(&self, id: u32) -> Option<&StreamSpec> {
         self.streams.iter().find(|spec| spec.id == id)
     }
