@@ -306,17 +306,9 @@ const PARTIAL_PARTITIONS: u32 = 8;
 /// Events each of the three producers sends to it.
 const PARTIAL_EVENTS: u64 = 3_000;
 
-/// With replication factor 2 on three nodes every node lacks about a third
-/// of the partitions, yet a producer on any node gets `OK` for every
-/// `#SYNC` within seconds (its proposals go to the group's leader on
-/// another node), and every partition's log, read from a node holding it,
-/// has each connection's events once and in per-key order. A live
-/// `SUB * earliest` subscriber on every node, started before the
-/// producers, receives every partition's log whole, at its offsets, also
-/// the partitions its node holds no replica of (its node mirrors them:
-/// `replication::mirror`).
-#[test]
-fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition() {
+/// Three nodes with [`STREAM`] of [`PARTIAL_PARTITIONS`] partitions at
+/// replication factor 2, once all three are members.
+fn start_partial_cluster() -> [Node; 3] {
     let (first, seed) = start_node(None);
     let (second, _) = start_node(Some(seed));
     let (third, _) = start_node(Some(seed));
@@ -328,6 +320,21 @@ fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition()
     let servers: Vec<&Server> = nodes.iter().map(|node| &node.server).collect();
     let spec = json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 });
     common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
+    nodes
+}
+
+/// With replication factor 2 on three nodes every node lacks about a third
+/// of the partitions, yet a producer on any node gets `OK` for every
+/// `#SYNC` within seconds (its proposals go to the group's leader on
+/// another node), and every partition's log, read from a node holding it,
+/// has each connection's events once and in per-key order. A live
+/// `SUB * earliest` subscriber on every node, started before the
+/// producers, receives every partition's log whole, at its offsets, also
+/// the partitions its node holds no replica of (its node mirrors them:
+/// `replication::mirror`).
+#[test]
+fn a_producer_and_a_subscriber_on_a_node_without_a_replica_reach_the_partition() {
+    let nodes = start_partial_cluster();
     let holders = |partition: u32| -> Vec<usize> {
         (0..nodes.len())
             .filter(|index| {
@@ -517,17 +524,7 @@ fn kafka_offset_codes(kafka: SocketAddr, topic: &str) -> (Vec<i16>, Vec<i16>) {
 /// partition came) and the offset was refused as past the copy's end.
 #[test]
 fn latest_and_offsets_on_a_node_without_a_replica_are_the_partitions() {
-    let (first, seed) = start_node(None);
-    let (second, _) = start_node(Some(seed));
-    let (third, _) = start_node(Some(seed));
-    let nodes = [first, second, third];
-    let all: Vec<&Node> = nodes.iter().collect();
-    wait_for(&all, READY_WITHIN, "three members alive", |view| {
-        view["members"].as_array().is_some_and(|m| m.len() == 3)
-    });
-    let servers: Vec<&Server> = nodes.iter().map(|node| &node.server).collect();
-    let spec = json!({ "name": STREAM, "partitions": PARTIAL_PARTITIONS, "replication_factor": 2 });
-    common::create_stream_in_cluster(&servers, spec, READY_WITHIN);
+    let nodes = start_partial_cluster();
     let holds = |index: usize, partition: u32| {
         cluster_of(&nodes[index].server)["partitions"].as_array().is_some_and(|groups| {
             groups.iter().any(|group| group["stream"] == STREAM && group["partition"] == partition)
