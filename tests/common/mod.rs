@@ -228,8 +228,11 @@ impl Server {
     /// Waits until /stats answers, at most 60 s. In CI a cluster test's node
     /// twice did not answer within 30 s, its log stopped right after the
     /// file-descriptor line (before the first shard opened), on a box that
-    /// ran the cluster tests at half this machine's speed; the cause is not
-    /// known, so a start that does not finish prints every thread's stack.
+    /// ran the cluster tests at half this machine's speed; once (2026-12-06,
+    /// `tests/streams`) one shard of two never finished opening its
+    /// partitions, its executor asleep in `io_cqring_wait`. The cause is not
+    /// known, so a start that does not finish prints every thread's stack
+    /// and every io_uring's state.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
@@ -267,6 +270,22 @@ impl Server {
             );
             for frame in read("stack").lines().take(12) {
                 report += &format!("      {frame}\n");
+            }
+        }
+        // Each io_uring's state (heads and tails of its queues, requests in
+        // flight): whether a completion waits unread or a request never
+        // completed, which the stacks alone do not tell.
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|dir| dir.flatten().collect::<Vec<_>>());
+        for fd in fds.unwrap_or_default() {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            if !target.to_string_lossy().contains("io_uring") {
+                continue;
+            }
+            let name = fd.file_name().to_string_lossy().to_string();
+            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{name}")).unwrap_or_default();
+            report += &format!("io_uring fd {name}:\n");
+            for line in info.lines().take(40) {
+                report += &format!("      {line}\n");
             }
         }
         let gdb = Command::new("timeout")
