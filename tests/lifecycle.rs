@@ -107,6 +107,37 @@ fn a_panicking_shard_stops_the_process_at_once() {
     assert!(stderr.contains("stopping the process now"), "{stderr}");
 }
 
+/// A shard that never finishes starting does not wedge the process: after
+/// `--start-timeout-ms` it exits with status 1 and says why, so a
+/// supervisor starts it again. (A rare start-up hang seen in CI left one
+/// shard asleep for good, and the process then joined it for ever.)
+#[test]
+fn a_shard_that_never_starts_makes_the_process_exit() {
+    let addresses = common::Addresses::free();
+    let args = ["--shards", "2", "--storage", "memory", "--test-stall-start", "--start-timeout-ms", "1000"];
+    let mut child = Server::command(addresses, &args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run spate");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("spate still running 20 s after its start timeout of 1 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("only 1 of 2 shards started within --start-timeout-ms"), "{stderr}");
+}
+
 /// A group member connection, read line by line.
 struct RawMember {
     reader: BufReader<TcpStream>,

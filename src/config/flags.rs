@@ -434,6 +434,19 @@ pub struct Config {
     /// it started, to prove that a panic stops the whole process at once.
     #[arg(long, hide = true)]
     pub test_panic_after_ms: Option<u64>,
+
+    /// TEST KNOB, off by default: the last shard never finishes starting
+    /// (it waits for nothing, asleep), as a start-up hang seen in CI did,
+    /// to prove that the process then exits after --start-timeout-ms.
+    #[arg(long, hide = true)]
+    pub test_stall_start: bool,
+
+    /// How long every shard may take to start (open and recover its
+    /// partitions) before the process gives up and exits with status 1, in
+    /// ms: a shard that never starts must not wedge the process, and a
+    /// supervisor starts it again.
+    #[arg(long, default_value_t = 30_000)]
+    pub start_timeout_ms: u64,
 }
 
 /// Where events are kept.

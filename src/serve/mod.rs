@@ -25,7 +25,6 @@ use crate::runtime::log;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
 /// How long shards get to start.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Control requests queued per shard (admin and signal threads to a shard):
 /// the admin thread waits for each answer, so a handful is plenty.
 const CONTROL_CHANNEL_CAPACITY: usize = 64;
@@ -134,9 +133,11 @@ impl std::fmt::Display for ServeError {
             ServeError::Executors(error) => write!(f, "failed to start the executor pool: {error}"),
             ServeError::Shard { shard: Some(shard), failure } => write!(f, "shard {shard} failed to start: {failure}"),
             ServeError::Shard { shard: None, failure } => write!(f, "a shard failed to start: {failure}"),
-            ServeError::StartTimeout { started, shard_count } => {
-                write!(f, "only {started} of {shard_count} shards started within {}s", START_TIMEOUT.as_secs())
-            }
+            ServeError::StartTimeout { started, shard_count } => write!(
+                f,
+                "only {started} of {shard_count} shards started within --start-timeout-ms; exiting \
+                 without waiting for the others (start it again: a supervisor does)"
+            ),
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
             ServeError::Catalog(error) => write!(f, "{error}"),
             ServeError::DataDir(error) => write!(f, "{error} (--data-dir; is another spate running on it?)"),
@@ -202,7 +203,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     let placement = placement::decide(&config, shard_count)?;
     let pool = start_shards(&config, placement.placement, context)?;
     let started = Instant::now();
-    let startup = wait_for_start(&events, shard_count);
+    let startup = wait_for_start(&events, shard_count, Duration::from_millis(config.start_timeout_ms));
     let cluster_banner = cluster::describe(&config, &cluster_start);
     // Committed catalog entries, from the cluster thread to the admin
     // thread that applies them; one batch at a time (the cluster thread
@@ -228,6 +229,14 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     });
     let (admin, cluster, read_only) = match admin {
         Ok(started) => started,
+        Err(error @ ServeError::StartTimeout { .. }) => {
+            // A shard that never started never reads its Exit either:
+            // joining it would wedge the process for good. Exit instead
+            // (status 1), so a supervisor starts it again; nothing was
+            // acknowledged yet, and recovery does not depend on a clean stop.
+            std::mem::forget(pool);
+            return Err(error);
+        }
         Err(error) => {
             broadcast(&controls, || ControlRequest::Exit);
             let _ = pool.join_all();
@@ -354,8 +363,12 @@ fn broadcast(controls: &[flume::Sender<ControlRequest>], make: impl Fn() -> Cont
 
 /// Waits until every shard started; returns the shards that started
 /// read-only, with why.
-fn wait_for_start(events: &flume::Receiver<ShardEvent>, shard_count: usize) -> Result<Vec<(u16, String)>, ServeError> {
-    let deadline = Instant::now() + START_TIMEOUT;
+fn wait_for_start(
+    events: &flume::Receiver<ShardEvent>,
+    shard_count: usize,
+    timeout: Duration,
+) -> Result<Vec<(u16, String)>, ServeError> {
+    let deadline = Instant::now() + timeout;
     let mut started = 0;
     let mut read_only = Vec::new();
     while started < shard_count {

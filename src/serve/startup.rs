@@ -55,6 +55,10 @@ pub async fn run_shard(context: ShardContext) {
         return;
     };
     let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
+    if context.config.test_stall_start && usize::from(id) + 1 == context.config.shard_count() {
+        // --test-stall-start: asleep for good, as the start-up hang seen in CI.
+        std::future::pending::<()>().await;
+    }
     let outbox = Rc::new(Outbox::new(senders));
     let catalog = crate::stream::Catalog::clone(&context.catalog);
     let shard = Rc::new(Shard::new(id, context.config.clone(), outbox.clone(), catalog));

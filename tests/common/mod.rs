@@ -77,6 +77,9 @@ impl Addresses {
     }
 }
 
+/// What `spate serve` logs when a shard did not start in time.
+const START_TIMED_OUT: &str = "shards started within --start-timeout-ms";
+
 impl Server {
     /// Starts `spate serve` with `args` and waits until /stats answers.
     pub fn start(args: &[&str]) -> Server {
@@ -130,15 +133,27 @@ impl Server {
     /// ports and data directory, and waits until /stats answers.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "the server is already running");
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let mut command = Server::command(self.addresses(), &args);
-        if let Some(prepare) = self.prepare {
-            prepare(&mut command);
+        for attempt in 0.. {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
+            let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+            let mut command = Server::command(self.addresses(), &args);
+            if let Some(prepare) = self.prepare {
+                prepare(&mut command);
+            }
+            let child = command.stdout(Stdio::null()).stderr(log).spawn();
+            self.child = Some(child.expect("spawn spate"));
+            match self.wait_ready() {
+                Ok(()) => return,
+                // The rare start-up hang (`wait_ready`): the server gave up
+                // after --start-timeout-ms and exited, as designed; start it
+                // again once, as its supervisor would, and say so loudly.
+                Err(exited) if attempt == 0 && exited.contains(START_TIMED_OUT) => {
+                    eprintln!("WARNING: spate did not start (a shard hung); starting it again once: {exited}");
+                    self.child = None;
+                }
+                Err(exited) => panic!("{exited}"),
+            }
         }
-        let child = command.stdout(Stdio::null()).stderr(log).spawn();
-        self.child = Some(child.expect("spawn spate"));
-        self.wait_ready();
     }
 
     /// SIGKILLs the server (no drain, no flush) and reaps it, keeping its
@@ -233,14 +248,29 @@ impl Server {
     /// partitions, its executor asleep in `io_cqring_wait`. The cause is not
     /// known, so a start that does not finish prints every thread's stack
     /// and every io_uring's state.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
+    ///
+    /// The server itself gives up after `--start-timeout-ms` (30 s) and
+    /// exits with [`START_TIMED_OUT`] in its log: then this returns that
+    /// log as an error (any other early exit panics). Before that, at 25 s,
+    /// the threads and rings are printed as a warning, so the hang can be
+    /// read even though the server exits by itself.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let mut reported = false;
+        while started.elapsed() < Duration::from_secs(60) {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("spate exited early ({status}): {}", self.log());
+                let log = self.log();
+                if log.contains(START_TIMED_OUT) {
+                    return Err(format!("spate exited early ({status}): {log}"));
+                }
+                panic!("spate exited early ({status}): {log}");
             }
             if self.try_get("/stats").is_ok() {
-                return;
+                return Ok(());
+            }
+            if !reported && started.elapsed() > Duration::from_secs(25) {
+                reported = true;
+                eprintln!("WARNING: spate not ready after 25 s: {}\n{}", self.log(), self.threads());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
