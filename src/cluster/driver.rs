@@ -452,7 +452,7 @@ async fn replication_ticks(node: Rc<Node>, controls: Vec<flume::Sender<ControlRe
     let Some(replication) = &node.replication else { return };
     // The mirror view the shards have (module doc of replication::mirror,
     // "Where `latest` is"); sent again when it changes.
-    let mut told: Option<crate::replication::mirror::MirrorView> = None;
+    let mut told: Option<std::sync::Arc<crate::replication::mirror::MirrorView>> = None;
     loop {
         if !replication.borrow().is_active() {
             // No replicated stream and no group: sleep until one comes.
@@ -469,12 +469,12 @@ async fn replication_ticks(node: Rc<Node>, controls: Vec<flume::Sender<ControlRe
         state.retry_proposals();
         let view = crate::replication::mirror::view(&state);
         drop(state);
-        if told.as_ref() != Some(&view) {
-            let shared = std::sync::Arc::new(view.clone());
+        if told.as_deref() != Some(&view) {
+            let shared = std::sync::Arc::new(view);
             let sent =
                 controls.iter().all(|control| control.try_send(ControlRequest::MirrorView(shared.clone())).is_ok());
             // A shard whose queue was full hears it at the next tick.
-            told = sent.then_some(view);
+            told = sent.then_some(shared);
         }
         // The rounds task runs the round (one at a time: its sync is off
         // the thread, replication_round).

@@ -558,6 +558,25 @@ impl Target {
     fn of(sent_to: Option<NodeId>) -> Target {
         sent_to.map_or(Target::Here, Target::Peer)
     }
+
+    /// [`Pending::sent_to`] for it (the inverse of [`Target::of`]).
+    fn sent_to(self) -> Option<NodeId> {
+        match self {
+            Target::Here => None,
+            Target::Peer(node) => Some(node),
+        }
+    }
+}
+
+/// A forwarded proposal's payload ([`Channel::Propose`] and its kin): the
+/// group, then the proposal frame ([`ReplicationNode::propose_forwarded`]
+/// reads it back).
+fn forward_payload(group: GroupId, header: ProposalHeader, records: &[Bytes]) -> Bytes {
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&group.stream_id.to_le_bytes());
+    payload.extend_from_slice(&group.partition.to_le_bytes());
+    encode_proposal_into(&mut payload, header, records);
+    Bytes::from(payload)
 }
 
 /// A [`Channel::ProposeAck`]'s payload, (group, source sequence); a
@@ -975,27 +994,30 @@ impl ReplicationNode {
         let sequence = self.next_sequence;
         let header =
             ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: run.record_count };
-        if let Some(target) = self.target_of(run.group) {
+        let target = self.target_for(leader);
+        if let Some(target) = target {
             // The group's earlier proposals go there first, so this one
             // does not overtake them (module doc, "Retries").
             self.resend_if_moved(run.group, target);
         }
-        let sent_to = if leader == self.self_id {
-            if self.host.propose(run.group, header, &run.records).is_err() {
+        let sent_to = match target {
+            Some(Target::Here) => {
+                if self.host.propose(run.group, header, &run.records).is_err() {
+                    return Err(ProposalRefused::NoLeader);
+                }
+                None
+            }
+            Some(Target::Peer(leader)) => {
+                if !self.forward(leader, run.group, header, &run.records) {
+                    return Err(ProposalRefused::NoLeader);
+                }
+                Some(leader)
+            }
+            None if replica_leader.is_none() => return Err(ProposalRefused::NotAReplica),
+            None => {
+                self.host.wake_group(run.group);
                 return Err(ProposalRefused::NoLeader);
             }
-            None
-        } else if let Some(leader) = self.node_ids.get(&leader).filter(|_| leader != 0) {
-            let leader = *leader;
-            if !self.forward(leader, run.group, header, &run.records) {
-                return Err(ProposalRefused::NoLeader);
-            }
-            Some(leader)
-        } else if replica_leader.is_none() {
-            return Err(ProposalRefused::NotAReplica);
-        } else {
-            self.host.wake_group(run.group);
-            return Err(ProposalRefused::NoLeader);
         };
         self.next_sequence += 1;
         self.last_target.insert(run.group, Target::of(sent_to));
@@ -1005,7 +1027,11 @@ impl ReplicationNode {
     /// Where `group`'s proposals go now, as [`Self::take_run`] chooses;
     /// `None` when nowhere (no leader known).
     fn target_of(&self, group: GroupId) -> Option<Target> {
-        let leader = self.host.leader_of(group).unwrap_or_else(|| self.leader_elsewhere(group));
+        self.target_for(self.host.leader_of(group).unwrap_or_else(|| self.leader_elsewhere(group)))
+    }
+
+    /// Where proposals for `leader` (a replica id, 0 for none) go.
+    fn target_for(&self, leader: ReplicaId) -> Option<Target> {
         if leader == self.self_id {
             return Some(Target::Here);
         }
@@ -1077,18 +1103,11 @@ impl ReplicationNode {
                 None => self.host.propose(group, header, &records).is_ok(),
             },
             Target::Peer(node) => {
-                let mut payload = Vec::new();
-                payload.extend_from_slice(&group.stream_id.to_le_bytes());
-                payload.extend_from_slice(&group.partition.to_le_bytes());
-                encode_proposal_into(&mut payload, header, &records);
-                self.send_to_peer(node, Channel::ProposeRetry, Bytes::from(payload))
+                self.send_to_peer(node, Channel::ProposeRetry, forward_payload(group, header, &records))
             }
         };
         if sent && let Some(pending) = self.pending.get_mut(&sequence) {
-            pending.sent_to = match target {
-                Target::Here => None,
-                Target::Peer(node) => Some(node),
-            };
+            pending.sent_to = target.sent_to();
             pending.sent_at = Instant::now();
         }
     }
@@ -1113,13 +1132,9 @@ impl ReplicationNode {
     /// Sends a proposal to `leader`: the first of `group` since one was
     /// refused as [`Channel::ProposeAfterRefusal`]; whether it was sent.
     fn forward(&mut self, leader: NodeId, group: GroupId, header: ProposalHeader, records: &[Bytes]) -> bool {
-        let mut payload = Vec::new();
-        payload.extend_from_slice(&group.stream_id.to_le_bytes());
-        payload.extend_from_slice(&group.partition.to_le_bytes());
-        encode_proposal_into(&mut payload, header, records);
         let after_refusal = self.restart.contains(&group);
         let channel = if after_refusal { Channel::ProposeAfterRefusal } else { Channel::Propose };
-        let sent = self.send_to_peer(leader, channel, Bytes::from(payload));
+        let sent = self.send_to_peer(leader, channel, forward_payload(group, header, records));
         if sent && after_refusal {
             self.restart.remove(&group);
         }
