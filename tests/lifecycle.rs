@@ -136,6 +136,8 @@ fn a_shard_that_never_starts_makes_the_process_exit() {
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("only 1 of 2 shards started within --start-timeout-ms"), "{stderr}");
+    // It says where the shard that did not start stopped.
+    assert!(stderr.contains("(shard 1: building the shard (for "), "{stderr}");
 }
 
 /// A group member connection, read line by line.

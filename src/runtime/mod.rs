@@ -1,8 +1,10 @@
 //! Single-threaded async building blocks that every layer may use and that
 //! know nothing of spate: wake-ups and waits for tasks on one shard
 //! ([`notify`]), software prefetch hints ([`prefetch`]), and the server's
-//! log lines with their rate limit per episode ([`log`]).
+//! log lines with their rate limit per episode ([`log`]), and where each
+//! executor's start-up is ([`stage`]).
 
 pub mod log;
 pub mod notify;
 pub mod prefetch;
+pub mod stage;

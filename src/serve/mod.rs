@@ -83,6 +83,8 @@ pub enum ServeError {
     StartTimeout {
         started: usize,
         shard_count: usize,
+        /// Where the others stopped (`runtime::stage`).
+        stages: String,
     },
     Admin(AdminError),
     /// The stream catalog cannot be read or does not fit the flags.
@@ -133,10 +135,10 @@ impl std::fmt::Display for ServeError {
             ServeError::Executors(error) => write!(f, "failed to start the executor pool: {error}"),
             ServeError::Shard { shard: Some(shard), failure } => write!(f, "shard {shard} failed to start: {failure}"),
             ServeError::Shard { shard: None, failure } => write!(f, "a shard failed to start: {failure}"),
-            ServeError::StartTimeout { started, shard_count } => write!(
+            ServeError::StartTimeout { started, shard_count, stages } => write!(
                 f,
-                "only {started} of {shard_count} shards started within --start-timeout-ms; exiting \
-                 without waiting for the others (start it again: a supervisor does)"
+                "only {started} of {shard_count} shards started within --start-timeout-ms ({stages}); \
+                 exiting without waiting for the others (start it again: a supervisor does)"
             ),
             ServeError::Admin(error) => write!(f, "failed to start the admin server: {error}"),
             ServeError::Catalog(error) => write!(f, "{error}"),
@@ -379,7 +381,10 @@ fn wait_for_start(
             }
             Ok(ShardEvent::Failed { shard, failure }) => return Err(ServeError::Shard { shard, failure }),
             Ok(ShardEvent::Drained { .. }) => {}
-            Err(_) => return Err(ServeError::StartTimeout { started, shard_count }),
+            Err(_) => {
+                let stages = crate::runtime::stage::describe_unfinished();
+                return Err(ServeError::StartTimeout { started, shard_count, stages });
+            }
         }
     }
     read_only.sort_unstable();

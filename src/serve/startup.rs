@@ -11,7 +11,7 @@ use glommio::net::TcpListener;
 use crate::config::Config;
 use crate::ingest::Format;
 use crate::net::{Admission, Connections, ShardNet};
-use crate::runtime::log;
+use crate::runtime::{log, stage};
 use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::MeshFrame;
@@ -50,11 +50,13 @@ pub struct ShardContext {
 
 /// The body of one shard's executor.
 pub async fn run_shard(context: ShardContext) {
+    stage::set(None, "joining the shard mesh");
     let Ok((senders, mut receivers)) = context.mesh.join().await else {
         let _ = context.events.send(ShardEvent::Failed { shard: None, failure: ShardFailure::MeshJoin });
         return;
     };
     let id = u16::try_from(receivers.peer_id()).expect("shard count is bounded by SHARD_COUNT_MAX");
+    stage::set(Some(id), "building the shard");
     if context.config.test_stall_start && usize::from(id) + 1 == context.config.shard_count() {
         // --test-stall-start: asleep for good, as the start-up hang seen in CI.
         std::future::pending::<()>().await;
@@ -66,10 +68,13 @@ pub async fn run_shard(context: ShardContext) {
         shard.set_replication_sender(senders.proposals.clone());
         shard.set_replication_readers(senders.readers.clone());
     }
+    stage::set(Some(id), "prefaulting the segment pool and loading consumer groups");
     prefault_and_load_groups(&context.config, &shard);
     if shard.stores_on_disk() {
         crate::shard::commit::set_replay(&shard, context.wal_replay.clone());
+        stage::set(Some(id), "opening partitions");
         let opened = open_storage(&shard).await;
+        stage::set(Some(id), "waiting for every shard's write-ahead log replay");
         let replayed = crate::shard::commit::finish_replay(&shard, opened.is_err()).await;
         if let Err(failure) = opened {
             let _ = context.events.send(ShardEvent::Failed { shard: Some(id), failure });
@@ -82,6 +87,7 @@ pub async fn run_shard(context: ShardContext) {
         }
         glommio::spawn_local(crate::shard::commit::run_committer(shard.clone())).detach();
     }
+    stage::set(Some(id), "starting tasks and binding listeners");
     spawn_mesh_tasks(&shard, &outbox, &mut receivers);
     spawn_shard_tasks(&shard);
     spawn_test_panic(&context.config, id);
@@ -116,6 +122,7 @@ pub async fn run_shard(context: ShardContext) {
         }
     }
     let read_only = shard.read_only_reason();
+    stage::set(Some(id), stage::STARTED);
     let _ = context.events.send(ShardEvent::Started { shard: id, read_only });
     let (delivering, deliveries) = (shard.clone(), context.deliveries[usize::from(id)].clone());
     let events = context.events.clone();

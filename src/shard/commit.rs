@@ -681,6 +681,7 @@ pub async fn finish_replay(shard: &Shard, failed: bool) -> Result<(), ()> {
     }
     let geometry = WalGeometry::for_bytes_max(shard.config.wal_bytes_max as u64);
     let dir = wal_dir(&shard.config.data_dir, shard.id);
+    crate::runtime::stage::set(Some(shard.id), "opening the write-ahead log");
     match Wal::open(&dir, geometry, shard.config.wal_buffer_bytes()).await {
         Ok((wal, checkpoint)) => {
             let state = &committer.wal;

@@ -304,8 +304,12 @@ impl Shard {
                 glommio::spawn_local(open)
             })
             .collect();
-        let mut reports = Vec::new();
-        for open in opens {
+        let (mut reports, count) = (Vec::new(), opens.len());
+        for (opened, open) in opens.into_iter().enumerate() {
+            crate::runtime::stage::set(
+                Some(self.id),
+                format!("opening partitions: {opened} of {count} of stream {:?} open", spec.name),
+            );
             let (partition_id, partition, report) = open.await?;
             self.partitions.borrow_mut().install(partition_id, Box::new(partition));
             // Read-only from its install on: no round may pass over a
