@@ -492,6 +492,61 @@ fn wal_damage(damage: impl Fn(&std::path::Path, usize, usize), name: &str, logge
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
+/// Between rounds the shard zero-fills its write-ahead log ahead of its
+/// end during the first lap (so a round's write lands in allocated blocks
+/// and its fdatasync flushes no inode); the zeros read as the log's clean
+/// end after kill -9, and later rounds write over them.
+#[test]
+fn the_write_ahead_log_is_allocated_ahead_and_its_zeros_read_as_its_end() {
+    use spate::storage::wal::{ALLOCATE_AHEAD_BYTES, RECORD_HEADER_SIZE};
+    let data_dir = std::env::temp_dir().join(format!("spate-wal-allocate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let data = data_dir.display().to_string();
+    let args = ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"];
+    let mut server = Server::start(&args);
+    write_4000_synced(&server);
+    let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");
+    let records_end = |file: &std::path::Path| {
+        let &(position, body_size, _) = wal_records(file).last().expect("records");
+        (position + RECORD_HEADER_SIZE + body_size) as u64
+    };
+    let end = records_end(&wal_file);
+    let started = Instant::now();
+    while std::fs::metadata(&wal_file).unwrap().len() < end + ALLOCATE_AHEAD_BYTES {
+        assert!(started.elapsed() < Duration::from_secs(10), "the log is not allocated ahead: {end}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let allocated = server.metric("spate_wal_allocated_bytes_total") as u64;
+    assert!(allocated >= ALLOCATE_AHEAD_BYTES, "counted: {allocated}");
+    let bytes = std::fs::read(&wal_file).unwrap();
+    let block = 4096;
+    let after_last_block = end.div_ceil(block) * block;
+    assert!(bytes[after_last_block as usize..].iter().all(|&byte| byte == 0), "zeros past the records");
+
+    server.crash();
+    assert_eq!(empty_segments(&data_dir, "default"), 1);
+    server.spawn();
+    assert_eq!(server.stream_end("default"), 4000, "every acknowledged event replayed from the log");
+    let log = server.log();
+    assert!(log.contains("past the checkpoint") && !log.contains(", cut at "), "the zeros are a clean end: {log}");
+    // The next run writes over the zeros, in place: the file does not grow
+    // by what it writes.
+    let length = std::fs::metadata(&wal_file).unwrap().len();
+    let mut producer = server.producer();
+    for index in 0..2000 {
+        producer.send(format!("k again-{index}-{}\n", "y".repeat(100)).as_bytes());
+    }
+    producer.sync();
+    assert_eq!(server.stream_end("default"), 6000);
+    // The new run starts at the checkpoint's position (none was taken
+    // after the start), well inside what is allocated: no growth, and no
+    // allocation either (its end plus the lead is inside the file).
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(std::fs::metadata(&wal_file).unwrap().len(), length, "written inside the allocated part");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
 /// A write-ahead log torn inside its last record: the records before it
 /// are replayed into the emptied segment, the tail is cut and logged.
 #[test]

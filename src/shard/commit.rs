@@ -109,6 +109,9 @@ pub(super) struct WalState {
     /// timer while nothing waits to be checkpointed, has work again.
     pub(super) logged: Notify,
     pub(super) interval: Duration,
+    /// Allocating the log ahead of its end failed once this run
+    /// ([`allocate_ahead`]): not tried again.
+    pub(super) allocation_failed: Cell<bool>,
     /// The start-up replay, until this shard has done its part.
     replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
 }
@@ -336,6 +339,11 @@ pub async fn run_committer(shard: Rc<Shard>) {
         // Between rounds: every writer is in its partition.
         detach_requested(&shard);
         super::checkpoint::take_snapshot_if_requested(&shard);
+        if !has_work(&shard) && allocate_ahead(&shard).await {
+            // A chunk of the log's files allocated: look for work again
+            // before the next one.
+            continue;
+        }
         if !has_work(&shard) {
             let idle_with_unsynced = committer.policy == FsyncPolicy::Interval && committer.unsynced_bytes.get() > 0;
             if idle_with_unsynced {
@@ -382,6 +390,36 @@ pub async fn run_committer(shard: Rc<Shard>) {
             glommio::timer::sleep(Duration::from_millis(STORAGE_RETRY_MS)).await;
         }
         glommio::yield_if_needed().await;
+    }
+}
+
+/// Between rounds, while the log's first lap has not allocated its files
+/// far enough ahead: zero-fills one chunk ([`Wal::allocate_ahead`]).
+/// Returns whether it did. A failure is logged once and ends allocation
+/// for this run (rounds then grow the files as they go; their own writes
+/// report a full or failing disk).
+async fn allocate_ahead(shard: &Shard) -> bool {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    if !state.enabled.get() || state.allocation_failed.get() || committer.is_read_only() {
+        return false;
+    }
+    let Some(mut wal) = state.wal.borrow_mut().take() else { return false };
+    let allocated = wal.allocate_ahead().await;
+    state.wal.replace(Some(wal));
+    match allocated {
+        Ok(bytes) => {
+            ShardMetrics::add(&shard.metrics.wal_allocated_bytes, bytes);
+            bytes > 0
+        }
+        Err(error) => {
+            state.allocation_failed.set(true);
+            log::warn!(
+                shard = shard.id,
+                "stopped allocating the write-ahead log ahead of its end ({error}); rounds grow its files"
+            );
+            false
+        }
     }
 }
 

@@ -187,6 +187,7 @@ shard_metrics! {
     Counter commit_seconds: f64 => "spate_commit_seconds_total", "Time spent in group commits (write and fdatasync).";
     Counter fsync_rounds: u64 => "spate_fsync_rounds_total", "Group commits that ended with an fdatasync of every written partition.";
     Counter wal_written_bytes: u64 => "spate_wal_written_bytes_total", "Bytes written to this shard's write-ahead log (whole blocks, rewritten partial blocks included).";
+    Counter wal_allocated_bytes: u64 => "spate_wal_allocated_bytes_total", "Zero bytes written ahead of this shard's write-ahead log during its first lap, so rounds write into allocated blocks.";
     Counter wal_checkpoints: u64 => "spate_wal_checkpoints_total", "Write-ahead log checkpoints: segment files synced in bulk, the log behind them freed.";
     Counter wal_direct_syncs: u64 => "spate_wal_direct_syncs_total", "Rounds that found the write-ahead log full and synced the segment files directly (checkpoints did not keep up).";
     Counter wal_replayed_frames: u64 => "spate_wal_replayed_frames_total", "Frames appended to segments from the write-ahead logs at start-up.";
