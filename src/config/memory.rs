@@ -245,9 +245,9 @@ pub const FORMULA: &[FormulaLine] = &[
     FormulaLine {
         term: Term::Retention,
         storage: Some(Storage::Disk),
-        expression: || format!("S * {}", size(crate::storage::wal::ALLOCATE_CHUNK_BYTES as usize)),
+        expression: || format!("S * {}", size(crate::storage::wal::ALLOCATE_WRITE_BYTES as usize)),
         what: "zeros the write-ahead log writes ahead of its end between rounds (its first lap only)",
-        bytes: |config| product(&[config.shard_count(), crate::storage::wal::ALLOCATE_CHUNK_BYTES as usize]),
+        bytes: |config| product(&[config.shard_count(), crate::storage::wal::ALLOCATE_WRITE_BYTES as usize]),
     },
     FormulaLine {
         term: Term::Retention,
@@ -872,7 +872,7 @@ mod tests {
             1024 * (256 * KIB + 64 * KIB + 1024 * MIB / 8192 + 4 * KIB)
                 + 2 * 32 * MIB
                 + 2 * (MIB + 4 * KIB + 16 * KIB)
-                + 2 * MIB
+                + 2 * 64 * KIB
                 + 4 * 16 * MIB
         );
         // The write-ahead log's buffer is inside its term, whatever the line size.
