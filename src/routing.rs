@@ -39,8 +39,7 @@ use crate::config::BATCH_SPARE_BUFFERS_MAX;
 use crate::partition::PlacementTable;
 use crate::partition::migration::Marker;
 use crate::protocol::record::{
-    ExtendedRecord, batch_partition, batch_record_size, encode_batch_record, encode_extended_batch_record,
-    partition_word,
+    ExtendedRecord, batch_record_size, encode_batch_record, encode_extended_batch_record, partition_at, partition_word,
 };
 use crate::stream::StreamRoute;
 
@@ -367,9 +366,7 @@ impl Router {
         // Exact: a run is at most KAFKA_STAGED_RECORDS_MAX records.
         destination.batch_event_count += count as u32;
         destination.run_event_count += count as u32;
-        let partition = encoded
-            .get(start..start + 4)
-            .map_or(u32::MAX, |bytes| batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])));
+        let partition = partition_at(encoded, start).unwrap_or(u32::MAX);
         if destination.run_count == 0 || partition != destination.run_partition {
             destination.run_count += 1;
             destination.run_partition = partition;

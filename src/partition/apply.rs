@@ -27,7 +27,7 @@
 use crate::partition::migration::{Effect, Marker, Migrations};
 use crate::partition::{Partition, PartitionManager};
 use crate::protocol::record::{
-    BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, batch_partition, decode_log_record,
+    BATCH_HEADER_SIZE, BatchIter, LOG_HEADER_SIZE, RecordRef, batch_partition, decode_log_record, partition_at,
 };
 use crate::routing::{OffsetAsk, OffsetAsks};
 
@@ -296,16 +296,10 @@ const PREFETCH_RECORDS_AHEAD: usize = 4;
 /// (the records after it in the group find everything cached).
 #[inline]
 fn prefetch_group_ahead<O: OwnedPartitions>(partitions: &O, records: &[u8], positions: &[u32], index: usize) {
-    let partition_at = |position: u32| {
-        let start = position as usize;
-        records
-            .get(start..start + 4)
-            .map(|bytes| batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
-    };
     let ahead = index + PREFETCH_RECORDS_AHEAD;
     if let Some(&position) = positions.get(ahead)
-        && let Some(partition_id) = partition_at(position)
-        && partition_at(positions[ahead - 1]) != Some(partition_id)
+        && let Some(partition_id) = partition_at(records, position as usize)
+        && partition_at(records, positions[ahead - 1] as usize) != Some(partition_id)
     {
         partitions.prefetch(partition_id);
     }
@@ -326,13 +320,8 @@ impl<'a> Answers<'a> {
     fn new(asks: Option<&'a mut Vec<OffsetAsk>>, records: &[u8], grouped: bool) -> Answers<'a> {
         let mut asks = asks.map(|asks| asks.as_mut_slice());
         if grouped && let Some(asks) = asks.as_deref_mut() {
-            let partition_at = |position: u32| -> u32 {
-                let start = position as usize;
-                records.get(start..start + 4).map_or(u32::MAX, |bytes| {
-                    batch_partition(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
-                })
-            };
-            asks.sort_unstable_by_key(|ask| (partition_at(ask.position), ask.position));
+            let partition_of = |position: u32| partition_at(records, position as usize).unwrap_or(u32::MAX);
+            asks.sort_unstable_by_key(|ask| (partition_of(ask.position), ask.position));
         }
         Answers { asks, next: 0 }
     }

@@ -155,7 +155,6 @@ impl JsonKeySpec {
         Ok(JsonKeySpec { text: text.to_string(), tokens })
     }
 
-    /// The spec as given.
     /// The member's name when the pointer names one top-level member
     /// (`/ms`, or the name alone): what the JSON listener can hint
     /// ([`parse_json_line_with`]).
@@ -166,6 +165,7 @@ impl JsonKeySpec {
         }
     }
 
+    /// The spec as given.
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -325,13 +325,15 @@ pub fn parse_json_line_with<'a>(
         Some(_) if line.iter().all(|&byte| is_whitespace(byte)) => return Ok((JsonLine::Empty, 0)),
         Some(_) => {}
     }
-    let mut scanner = Scanner::new(line, &spec.tokens);
-    scanner.hint_member = value_member;
-    scanner.hint_open = !value_member.is_empty();
-    let found = scanner.run_keeping_hint()?;
-    let value_at = found.1.and_then(|start| u16::try_from(start + 1).ok()).filter(|at| *at != u16::MAX).unwrap_or(0);
-    let key = target_bytes(line, found.0, scratch)?;
-    Ok((JsonLine::Event { key, payload: line }, value_at))
+    let (found, hint) = Scanner::with_hint(line, &spec.tokens, value_member).run_keeping_hint()?;
+    let key = target_bytes(line, found, scratch)?;
+    Ok((JsonLine::Event { key, payload: line }, value_at_of(hint)))
+}
+
+/// A value hint as a batch record carries it: the start plus one, 0 for
+/// none or one past what 16 bits hold ([`parse_json_line_with`]).
+fn value_at_of(hint: Option<usize>) -> u16 {
+    hint.and_then(|start| u16::try_from(start + 1).ok()).filter(|at| *at != u16::MAX).unwrap_or(0)
 }
 
 /// Validates `line` as exactly one JSON value and returns the key bytes:
@@ -383,7 +385,7 @@ pub fn extract_value_at<'a>(
     scratch: &'a mut Vec<u8>,
 ) -> Result<&'a [u8], JsonError> {
     if value_at != 0
-        && let [PointerToken { name, index: None }] = spec.tokens.as_slice()
+        && let Some(name) = spec.top_level_member()
         && let Some(found) = member_at(line, name, usize::from(value_at) - 1)
     {
         return target_bytes(line, Some(found), scratch);
@@ -675,6 +677,13 @@ impl<'a, 't> Scanner<'a, 't> {
         while self.peek().is_some_and(is_whitespace) {
             self.position += 1;
         }
+    }
+
+    /// [`Scanner::new`] that also notes where the value of the top-level
+    /// member `member` starts (empty: none), for [`Scanner::run_keeping_hint`].
+    #[inline]
+    fn with_hint(bytes: &'a [u8], tokens: &'t [PointerToken], member: &'t [u8]) -> Self {
+        Scanner { hint_member: member, hint_open: !member.is_empty(), ..Scanner::new(bytes, tokens) }
     }
 
     /// Scans the whole line; returns the pointer's target if it is there.
@@ -1167,12 +1176,8 @@ mod tests {
     /// that fails); `None` when it reads nothing.
     fn hinted(line: &[u8], spec: &JsonKeySpec) -> Option<Vec<u8>> {
         let member = spec.top_level_member().unwrap_or_default();
-        let mut scanner = Scanner::new(line, &spec.tokens);
-        scanner.hint_member = member;
-        scanner.hint_open = !member.is_empty();
-        let hint = scanner.run_keeping_hint().ok().and_then(|(_, hint)| hint);
-        let value_at = hint.and_then(|start| u16::try_from(start + 1).ok()).unwrap_or(0);
-        extract_value_at(line, spec, value_at, &mut Vec::new()).map(<[u8]>::to_vec).ok()
+        let hint = Scanner::with_hint(line, &spec.tokens, member).run_keeping_hint().ok().and_then(|(_, hint)| hint);
+        extract_value_at(line, spec, value_at_of(hint), &mut Vec::new()).map(<[u8]>::to_vec).ok()
     }
 
     /// The listener's hint: the first top-level member of the name, after

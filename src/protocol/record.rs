@@ -57,6 +57,14 @@ pub fn batch_partition(word: u32) -> u32 {
     word & PARTITION_MASK
 }
 
+/// The partition of the batch record at `position` in `records` (`None`
+/// when the record's partition word is not all there).
+#[inline(always)]
+pub fn partition_at(records: &[u8], position: usize) -> Option<u32> {
+    let word = records.get(position..position.checked_add(4)?)?;
+    Some(batch_partition(u32::from_le_bytes([word[0], word[1], word[2], word[3]])))
+}
+
 /// A batch record's partition word: `partition` and the aggregates' value
 /// hint ([`RecordRef::value_at`]).
 #[inline(always)]

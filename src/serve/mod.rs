@@ -24,7 +24,6 @@ use crate::net::Admission;
 use crate::runtime::log;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure};
 
-/// How long shards get to start.
 /// Control requests queued per shard (admin and signal threads to a shard):
 /// the admin thread waits for each answer, so a handful is plenty.
 const CONTROL_CHANNEL_CAPACITY: usize = 64;
