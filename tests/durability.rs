@@ -143,8 +143,7 @@ fn kill_9_during_checkpoints_file_switches_and_migrations() {
 /// is stored once.
 #[test]
 fn a_log_that_fills_while_checkpoints_run_never_stalls_ingest() {
-    let data_dir = std::env::temp_dir().join(format!("spate-wal-full-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = fresh_data_dir("wal-full");
     let data = data_dir.display().to_string();
     let args = ["--shards", "2", "--partitions", "8", "--data-dir", &data, "--wal-bytes-max", "8519680"];
     let server = Server::start(&args);
@@ -257,8 +256,7 @@ fn last_segment(data_dir: &std::path::Path) -> std::path::PathBuf {
 /// it, without one (`never`) it is lost. New events continue densely after
 /// the kept ones.
 fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str, fsync: &str) {
-    let data_dir = std::env::temp_dir().join(format!("spate-torn-{name}-{fsync}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = fresh_data_dir(&format!("torn-{name}-{fsync}"));
     let data = data_dir.display().to_string();
     // No checkpoint during the test: the log holds every frame.
     let args =
@@ -442,6 +440,29 @@ fn empty_segments(data_dir: &std::path::Path, stream: &str) -> usize {
     emptied
 }
 
+/// A data directory of its own for a test (`name`), left over from an
+/// earlier run removed first.
+fn fresh_data_dir(name: &str) -> std::path::PathBuf {
+    let data_dir = std::env::temp_dir().join(format!("spate-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    data_dir
+}
+
+/// A server with one shard and one partition whose write-ahead log keeps
+/// every frame (no checkpoint after the start), in a fresh data directory,
+/// holding 4000 acknowledged events ([`write_4000_synced`]); with its data
+/// directory and the log's first file.
+fn one_logged_partition_with_4000_synced(name: &str) -> (Server, std::path::PathBuf, std::path::PathBuf) {
+    let data_dir = fresh_data_dir(name);
+    let data = data_dir.display().to_string();
+    let server =
+        Server::start(&["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"]);
+    write_4000_synced(&server);
+    assert_eq!(server.stream_end("default"), 4000);
+    let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");
+    (server, data_dir, wal_file)
+}
+
 /// Writes 4000 events of about 120 bytes to `default` in 20 rounds of 200,
 /// each round acknowledged by a `#SYNC`.
 fn write_4000_synced(server: &Server) {
@@ -460,15 +481,8 @@ fn write_4000_synced(server: &Server) {
 /// that every event of the records before it is back, exactly once and
 /// densely, and the cut is logged.
 fn wal_damage(damage: impl Fn(&std::path::Path, usize, usize), name: &str, logged: &str) {
-    let data_dir = std::env::temp_dir().join(format!("spate-wal-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let data = data_dir.display().to_string();
-    let args = ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"];
-    let mut server = Server::start(&args);
-    write_4000_synced(&server);
-    assert_eq!(server.stream_end("default"), 4000);
+    let (mut server, data_dir, wal_file) = one_logged_partition_with_4000_synced(&format!("wal-{name}"));
     server.crash();
-    let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");
     let records = wal_records(&wal_file);
     assert!(records.len() >= 2, "several records: {records:?}");
     assert_eq!(records.last().unwrap().2, 4000, "the log holds every event");
@@ -498,19 +512,11 @@ fn wal_damage(damage: impl Fn(&std::path::Path, usize, usize), name: &str, logge
 /// end after kill -9, and later rounds write over them.
 #[test]
 fn the_write_ahead_log_is_allocated_ahead_and_its_zeros_read_as_its_end() {
+    use spate::storage::segment::BLOCK_SIZE;
     use spate::storage::wal::{ALLOCATE_AHEAD_BYTES, RECORD_HEADER_SIZE};
-    let data_dir = std::env::temp_dir().join(format!("spate-wal-allocate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let data = data_dir.display().to_string();
-    let args = ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"];
-    let mut server = Server::start(&args);
-    write_4000_synced(&server);
-    let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");
-    let records_end = |file: &std::path::Path| {
-        let &(position, body_size, _) = wal_records(file).last().expect("records");
-        (position + RECORD_HEADER_SIZE + body_size) as u64
-    };
-    let end = records_end(&wal_file);
+    let (mut server, data_dir, wal_file) = one_logged_partition_with_4000_synced("wal-allocate");
+    let &(position, body_size, _) = wal_records(&wal_file).last().expect("records");
+    let end = (position + RECORD_HEADER_SIZE + body_size) as u64;
     let started = Instant::now();
     while std::fs::metadata(&wal_file).unwrap().len() < end + ALLOCATE_AHEAD_BYTES {
         assert!(started.elapsed() < Duration::from_secs(10), "the log is not allocated ahead: {end}");
@@ -519,8 +525,7 @@ fn the_write_ahead_log_is_allocated_ahead_and_its_zeros_read_as_its_end() {
     let allocated = server.metric("spate_wal_allocated_bytes_total") as u64;
     assert!(allocated >= ALLOCATE_AHEAD_BYTES, "counted: {allocated}");
     let bytes = std::fs::read(&wal_file).unwrap();
-    let block = 4096;
-    let after_last_block = end.div_ceil(block) * block;
+    let after_last_block = end.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
     assert!(bytes[after_last_block as usize..].iter().all(|&byte| byte == 0), "zeros past the records");
 
     server.crash();
@@ -636,8 +641,7 @@ fn a_data_dir_from_before_the_write_ahead_log_opens_intact() {
         eprintln!("skipped: no old binary at {old_binary} (set SPATE_OLD_BINARY)");
         return;
     }
-    let data_dir = std::env::temp_dir().join(format!("spate-old-dir-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = fresh_data_dir("old-dir");
     let data = data_dir.display().to_string();
     let addresses = common::Addresses::free();
     let mut command = std::process::Command::new(&old_binary);
@@ -707,8 +711,7 @@ fn a_data_dir_from_before_the_write_ahead_log_opens_intact() {
 /// still buffered, the files ended up to 128 KiB short.)
 #[test]
 fn a_kill_9_right_after_a_handoff_loses_nothing() {
-    let data_dir = std::env::temp_dir().join(format!("spate-handoff-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = fresh_data_dir("handoff-kill");
     let data = data_dir.display().to_string();
     let args = [
         "--shards",
