@@ -88,7 +88,9 @@ fn spawn_producer(
 /// 100 k events/s, gathers all 256 onto shard 0 within seconds at 4 k events/s with every
 /// producer connection moved there, and spreads them again at 100 k; a subscriber that reads
 /// from start to end sees every event once, in order per (connection, key), with dense offsets
-/// in every partition. With `--consolidate off` the gather wait fails.
+/// in every partition. Four more subscribers connect while it is spread (the kernel puts most of
+/// them off shard 0): when it gathers they move to shard 0 as they read and stay there when it
+/// spreads again, and each still sees every event exactly once, in order. With `--consolidate off` the gather wait fails.
 #[test]
 fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() {
     let server = Server::start(&[
@@ -122,6 +124,21 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
         listed == 256 && owned.len() == 4 && owned.values().all(|&count| count >= 32)
     };
     wait_for_owners(&server, Duration::from_secs(20), spread_out).expect("100 k events/s spreads the partitions");
+    // Subscribers accepted while spread: those off shard 0 must move when the process gathers.
+    let late: Vec<_> = (0..4)
+        .map(|_| {
+            let (seen, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+            let checker = common::spawn_order_checker(&server, Duration::from_millis(300), seen.clone(), stop.clone());
+            (checker, seen, stop)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shard_gauges(&server, "subscribers_open").iter().sum::<u64>() < 5 {
+        assert!(Instant::now() < deadline, "five subscribers open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spread_subscribers = shard_gauges(&server, "subscribers_open");
+    let adopted_before = server.total("connections_adopted");
 
     rate.store(500, Ordering::Relaxed);
     let gathered = wait_for_owners(&server, Duration::from_secs(20), |listed, owned| {
@@ -148,20 +165,44 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(server.total("connections_adopted") >= 1, "some connection was accepted off shard 0 and moved");
+    // The subscribers move as they read: every one is on shard 0 once a reply has woken it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = shard_gauges(&server, "subscribers_open");
+        if open == [5, 0, 0, 0] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "every subscriber moved to shard 0: {open:?} (while spread: {spread_subscribers:?})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let moved = server.total("connections_adopted") - adopted_before;
+    let off_shard_0 = spread_subscribers[1..].iter().sum::<u64>();
+    assert!(moved >= off_shard_0, "{moved} adopted, {off_shard_0} subscribers were off shard 0");
     let gathered_at = seen.load(Ordering::Relaxed);
 
     rate.store(12_500, Ordering::Relaxed);
     let spread = wait_for_owners(&server, Duration::from_secs(20), spread_out);
     spread.expect("about 100 k events/s spreads the partitions over every shard again");
     std::thread::sleep(Duration::from_millis(500));
+    // Unlike the producers, the subscribers stay on shard 0.
+    let spread_again = shard_gauges(&server, "subscribers_open");
+    assert_eq!(spread_again, [5, 0, 0, 0], "subscribers stay where the gather put them");
 
     stop_producers.store(true, Ordering::Relaxed);
     let sent: u64 = producers.into_iter().map(|producer| producer.join().unwrap()).sum();
     common::finish_order_checker(checker, &seen, &stop_checker, sent, Duration::from_secs(30));
+    for (checker, late_seen, stop) in late {
+        common::finish_order_checker(checker, &late_seen, &stop, sent, Duration::from_secs(30));
+        assert_eq!(late_seen.load(Ordering::Relaxed), sent, "a subscriber that moved saw every event exactly once");
+    }
     let moves = server.total("consolidation_moves");
     let batches = server.total("consolidation_batches");
     eprintln!(
-        "consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves in {batches} batches"
+        "consolidation: {sent} events, {gathered_at} delivered before the spread, {moves} moves in {batches} batches; \
+         subscribers per shard spread {spread_subscribers:?}, spread again {spread_again:?}"
     );
     assert_eq!(seen.load(Ordering::Relaxed), sent, "the subscriber saw every event exactly once");
     assert_eq!(server.total("events_stored"), sent, "/stats agrees");
@@ -197,7 +238,7 @@ fn shard_gauges(server: &Server, name: &str) -> Vec<u64> {
 }
 
 /// Hysteresis and the off switch on a real server: with the default thresholds (gather at most
-/// 150 k events/s per kept shard) a 2-shard server under a few thousand events/s gathers onto
+/// 600 k events/s per kept shard) a 2-shard server under a few thousand events/s gathers onto
 /// shard 0 and stays there for as long as the load stays (no partition moves after the gather),
 /// while the same server with `--consolidate off` keeps partitions on both shards.
 #[test]

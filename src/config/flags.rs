@@ -382,13 +382,13 @@ pub struct Config {
 
     /// Gather onto fewer shards while the process's stored events/s is at
     /// most this per kept shard (for `--consolidate-hold-ms`).
-    #[arg(long, default_value_t = 150_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub consolidate_events_per_s_max: u64,
 
     /// Spread again as soon as the stored events/s exceeds this per kept
     /// shard. Must be above --consolidate-events-per-s-max: the band between
     /// them is the hysteresis that keeps a load near either from flapping.
-    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    #[arg(long, default_value_t = 1_200_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub spread_events_per_s_min: u64,
 
     /// Spread again when a kept shard stays busier than this share of its

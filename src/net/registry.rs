@@ -68,8 +68,9 @@ struct Entry {
     face: Face,
     accepted_at: Instant,
     /// A subscribe connection's process-wide slot, which a newcomer may take
-    /// over until the request line comes.
-    subscriber_slot: Option<SubscriberSlot>,
+    /// over until the request line comes. Taken out when the subscriber
+    /// moves to another shard ([`Connection::take_subscriber_slot`]).
+    subscriber_slot: RefCell<Option<SubscriberSlot>>,
     /// It sent its first complete line (ingest) or its `SUB`/`GROUP` line.
     greeted: Cell<bool>,
     /// The line number that is incomplete and since when spate has waited
@@ -132,7 +133,7 @@ impl Dues {
 /// slot was taken over, or its time to send it is up.
 fn before_request_close(entry: &Entry, dues: &Dues, now: Instant) -> Option<CloseReason> {
     let (at, reason) = dues.greeting?;
-    if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
+    if entry.subscriber_slot.borrow().as_ref().is_some_and(SubscriberSlot::is_taken_over) {
         return Some(CloseReason::ShedAtLimit);
     }
     (now >= at).then_some(reason)
@@ -176,7 +177,7 @@ impl Connections {
         let entry = Rc::new(Entry {
             face,
             accepted_at: Instant::now(),
-            subscriber_slot,
+            subscriber_slot: RefCell::new(subscriber_slot),
             greeted: Cell::new(false),
             partial: Cell::new(None),
             reading_since: Cell::new(None),
@@ -271,7 +272,7 @@ impl Connections {
         let entries = self.entries.borrow();
         let mut closed = 0;
         for entry in entries.iter().flatten().filter(|entry| entry.close.get().is_none() && !entry.greeted.get()) {
-            if entry.subscriber_slot.as_ref().is_some_and(SubscriberSlot::is_taken_over) {
+            if entry.subscriber_slot.borrow().as_ref().is_some_and(SubscriberSlot::is_taken_over) {
                 entry.request_close(CloseReason::ShedAtLimit);
                 closed += 1;
             }
@@ -346,12 +347,18 @@ impl Connection {
     /// that is never shed at the limit nor timed out. Returns `false` (and
     /// asks the connection to close) if a newcomer took its slot over first.
     pub fn greet_subscriber(&self) -> bool {
-        if self.entry.subscriber_slot.as_ref().is_some_and(|slot| !slot.activate()) {
+        if self.entry.subscriber_slot.borrow().as_ref().is_some_and(|slot| !slot.activate()) {
             self.entry.request_close(CloseReason::ShedAtLimit);
             return false;
         }
         self.entry.greeted.set(true);
         true
+    }
+
+    /// Gives up the subscriber's process-wide slot, which goes with it to
+    /// the shard it moves to (so its place is never free in between).
+    pub fn take_subscriber_slot(&self) -> Option<SubscriberSlot> {
+        self.entry.subscriber_slot.borrow_mut().take()
     }
 
     /// Why the server asked this connection to close, if it did.

@@ -30,7 +30,18 @@
 //!   while idle frees its slot at once;
 //! * on shutdown a subscriber gets the replies already fetched for it, then
 //!   `CLOSING <partition>:<resume> ...` ([`crate::protocol::subscribe`]), then
-//!   the close, all within --shutdown-timeout-ms.
+//!   the close, all within --shutdown-timeout-ms;
+//! * a `SUB` session follows consolidation
+//!   ([`crate::shard::consolidation`]): when the process gathers and the
+//!   shard serving it keeps no partition (every reply would cross to it and
+//!   wake it), it moves to the kept shard between two replies, once every line up to its cursors is
+//!   written. Its fetches out are cancelled (what they would have sent is
+//!   read again from the cursors), and its socket, slot and cursors go to
+//!   the new shard, which goes on reading where it stood: nothing is
+//!   skipped or written twice. It stays there when the process spreads
+//!   again (a spread comes with a high load, when a move would cost it
+//!   most). A group member (`GROUP`) stays where it was accepted (its group
+//!   state lives on that shard).
 
 mod member;
 mod overlong;
@@ -44,7 +55,7 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::net::ShardNet;
 use crate::net::accept::Acceptor;
-use crate::net::admission::Admit;
+use crate::net::admission::{Admit, SubscriberSlot};
 use crate::net::socket::tune_accepted;
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
@@ -84,6 +95,15 @@ struct Handover {
     fd: OwnedFd,
 }
 
+/// A `SUB` session moving to another shard while it reads (the process
+/// gathered, or spread again): its socket (duplicated; the old shard's copy
+/// is closed), its process-wide slot, and where it resumes.
+struct LiveHandover {
+    fd: OwnedFd,
+    slot: Option<SubscriberSlot>,
+    resume: session::Resume,
+}
+
 /// Serves `adoption` if it is a subscribe connection another shard handed
 /// over; gives it back otherwise.
 pub fn adopt(
@@ -91,6 +111,18 @@ pub fn adopt(
     net: &Rc<ShardNet>,
     adoption: Box<dyn std::any::Any + Send>,
 ) -> Result<(), Box<dyn std::any::Any + Send>> {
+    let adoption = match adoption.downcast::<LiveHandover>() {
+        Ok(live) => {
+            let LiveHandover { fd, slot, resume } = *live;
+            // SAFETY: a connected TCP socket this process owns, duplicated
+            // by the old shard, whose copy is closed: nothing else holds it.
+            let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+            ShardMetrics::add(&shard.metrics().connections_adopted, 1);
+            serve(shard, net, stream, slot, Some(resume));
+            return Ok(());
+        }
+        Err(adoption) => adoption,
+    };
     let handover = adoption.downcast::<Handover>()?;
     // SAFETY: a connected TCP socket this process owns, duplicated by the
     // old shard, whose copy is closed: nothing else holds it.
@@ -120,15 +152,43 @@ fn admit(shard: &Rc<Shard>, net: &Rc<ShardNet>, stream: TcpStream) {
             return;
         }
     };
+    serve(shard, net, stream, Some(slot), None);
+}
+
+/// Serves a subscribe connection holding `slot` (a moved `SUB` session's
+/// `resume` goes on where it stood), and hands it over to another shard
+/// when it is to move.
+fn serve(
+    shard: &Rc<Shard>,
+    net: &Rc<ShardNet>,
+    stream: TcpStream,
+    slot: Option<SubscriberSlot>,
+    resume: Option<session::Resume>,
+) {
     shard.lifecycle().session_opened();
-    let connection = net.connections.register_subscriber(slot);
+    let moved = resume.is_some();
+    let connection = match slot {
+        Some(slot) => net.connections.register_subscriber(slot),
+        None => net.connections.register(crate::net::Face::Subscribe),
+    };
+    if moved {
+        // It sent its request line on its first shard: never shed or timed
+        // out before one (the slot is active already).
+        connection.greet_subscriber();
+    }
     let shard = shard.clone();
     glommio::spawn_local(async move {
-        session::run_subscriber(&shard, stream, &connection).await;
-        // Frees the slot, or lets it be taken over again if this
+        let moving = session::run_subscriber(&shard, stream, &connection, resume).await;
+        // The slot goes with a moving session; otherwise dropping the
+        // connection frees it, or lets it be taken over again if this
         // connection was shed from it.
+        let slot = moving.as_ref().and_then(|_| connection.take_subscriber_slot());
         drop(connection);
         shard.lifecycle().session_closed();
+        if let Some((resume, to, fd)) = moving {
+            ShardMetrics::add(&shard.metrics().connections_handed_over, 1);
+            shard.hand_over_connection(to, Box::new(LiveHandover { fd, slot, resume }));
+        }
     })
     .detach();
 }

@@ -2,6 +2,7 @@
 //! and write what comes back, until the subscriber goes, is refused, or the
 //! server shuts down (then: what is ready, the `CLOSING` notice, the close).
 
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::runtime::notify::{Either, first};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::subscriptions::DELETION_NOTICE_SLOTS;
+use crate::stream::StreamRoute;
 use crate::subscribe::overlong::{Overlong, SUBSCRIBE_REQUEST_SKIP_BYTES_MAX};
 use crate::subscribe::render::write_replies;
 
@@ -59,14 +61,35 @@ const _: () = assert!(
 
 /// Serves one subscriber connection until it ends or the server closes it
 /// (a timeout before `SUB`, shedding at the limit or for lack of file
-/// descriptors, the shutdown deadline).
-pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection: &Connection) {
-    let reason = match first(serve_subscriber(shard, &mut stream, connection), connection.close_requested()).await {
+/// descriptors, the shutdown deadline), or until it moves to another shard:
+/// then returns where to, where its reading resumes, and its socket
+/// (duplicated; this one closes). `resume` is a `SUB` session another shard
+/// handed over: it goes on where it stood, without a request line.
+pub async fn run_subscriber(
+    shard: &Rc<Shard>,
+    mut stream: TcpStream,
+    connection: &Connection,
+    resume: Option<Resume>,
+) -> Option<(Resume, u16, OwnedFd)> {
+    let served = async {
+        match resume {
+            Some(resume) => serve_session(shard, &mut stream, resume).await,
+            None => serve_subscriber(shard, &mut stream, connection).await,
+        }
+    };
+    let reason = match first(served, connection.close_requested()).await {
+        Either::Left(Some((resume, to))) => {
+            // SAFETY: the descriptor is the stream's own, open while it lives.
+            let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+            // No descriptor left to duplicate into: the subscriber is
+            // dropped as if it had gone (it resumes from its last line).
+            return borrowed.try_clone_to_owned().ok().map(|fd| (resume, to, fd));
+        }
         // A request line that came too late (its slot was taken over) ends
         // the session with the reason set.
-        Either::Left(()) => match connection.close_reason() {
+        Either::Left(None) => match connection.close_reason() {
             Some(reason @ CloseReason::ShedAtLimit) => reason,
-            _ => return,
+            _ => return None,
         },
         Either::Right(reason) => reason,
     };
@@ -85,23 +108,32 @@ pub async fn run_subscriber(shard: &Rc<Shard>, mut stream: TcpStream, connection
                  without a SUB or GROUP line, to admit a newer one\n"
             )
         }
-        CloseReason::IdleTimeout | CloseReason::LineTimeout | CloseReason::ShutdownDeadline => return,
+        CloseReason::IdleTimeout | CloseReason::LineTimeout | CloseReason::ShutdownDeadline => return None,
     };
     write_goodbye(&mut stream, message.as_bytes()).await;
+    None
 }
 
-async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) {
+/// A `SUB` session on its way to another shard: its stream and where each
+/// of its partitions resumes (every cursor resolved, every line before it
+/// written).
+pub struct Resume {
+    route: StreamRoute,
+    cursors: Vec<(u32, Position)>,
+}
+
+async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection: &Connection) -> Option<(Resume, u16)> {
     let (request_line, rest) = match first(read_request_line(stream), shard.lifecycle().shutdown_requested()).await {
         Either::Left(Some(read)) => read,
-        Either::Left(None) => return,
+        Either::Left(None) => return None,
         Either::Right(()) => {
             write_goodbye(stream, b"ERR shutting_down: the server is stopping\n").await;
-            return;
+            return None;
         }
     };
     if request_line.starts_with(b"GROUP") {
         super::member::serve_member(shard, stream, connection, &request_line, rest).await;
-        return;
+        return None;
     }
     let resolved = parse_subscribe(&request_line).and_then(|request| {
         let route = shard.route_for(request.stream.as_bytes());
@@ -113,11 +145,11 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         Ok(resolved) => resolved,
         Err(error) => {
             write_goodbye(stream, format!("ERR {error}\n").as_bytes()).await;
-            return;
+            return None;
         }
     };
     if !connection.greet_subscriber() {
-        return;
+        return None;
     }
     let start = match request.start {
         StartOffset::Earliest => Position::Earliest,
@@ -129,7 +161,25 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
         PartitionSelector::All => (route.base..route.base + route.partitions).collect(),
         PartitionSelector::One(partition) => vec![route.base + partition],
     };
-    let cursors: Vec<Cursor> = partitions.into_iter().map(|partition| Cursor::new(partition, start, true)).collect();
+    let cursors = partitions.into_iter().map(|partition| (partition, start)).collect();
+    serve_session(shard, stream, Resume { route, cursors }).await
+}
+
+/// Reads the partitions of `session.route` from where `session.cursors`
+/// stand until the subscriber goes, the server closes it, or it is to move
+/// to another shard: then what the next shard needs, and which shard.
+async fn serve_session(shard: &Rc<Shard>, stream: &mut TcpStream, session: Resume) -> Option<(Resume, u16)> {
+    let Resume { route, cursors } = session;
+    // A cursor that stands at an offset was resolved by its owner before
+    // (a moved session's are all resolved); a new `SUB`'s are not.
+    let cursors: Vec<Cursor> = cursors
+        .into_iter()
+        .map(|(partition, position)| {
+            let mut cursor = Cursor::new(partition, position, true);
+            cursor.resolved = matches!(position, Position::At(_));
+            cursor
+        })
+        .collect();
     // Per owner: up to STANDING_FETCH_REPLIES_MAX replies of a standing
     // fetch and the final one that may follow them; and one being written.
     let inbox_capacity =
@@ -138,7 +188,14 @@ async fn serve_subscriber(shard: &Rc<Shard>, stream: &mut TcpStream, connection:
     let registration = Registration::new(shard, inbox_sender, route.id);
     let window = FetchWindow { bytes: shard.config().fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
     let mut session = Session::new(shard, route, registration.subscription_id, cursors, Some(window));
-    let _ = session.run(stream, &inbox).await;
+    session.unresolved = session.cursors.iter().filter(|cursor| !cursor.resolved).count();
+    session.movable = true;
+    let to = session.run(stream, &inbox).await.ok().flatten()?;
+    let cursors = session.cursors.iter().map(|cursor| (cursor.partition, cursor.position)).collect();
+    // Dropping the registration cancels the fetches out: what they would
+    // have sent is read again from the cursors by the next shard.
+    drop(registration);
+    Some((Resume { route, cursors }, to))
 }
 
 /// A subscription registered with the shard; dropping it (also when the
@@ -245,6 +302,9 @@ pub(super) struct Session<'a> {
     /// Lines rendered from replies, being written; kept (empty) between
     /// writes so rendering allocates nothing ([`super::render`]).
     pub(super) out: Vec<u8>,
+    /// A `SUB` session may move to another shard (module doc of
+    /// [`crate::subscribe`]); a group member stays.
+    pub(super) movable: bool,
 }
 
 /// What a subscriber session waited for.
@@ -279,21 +339,27 @@ impl<'a> Session<'a> {
             window,
             used: vec![FetchWindow::default(); shard_count],
             out: Vec::new(),
+            movable: false,
         }
     }
 }
 
 impl Session<'_> {
+    /// Serves the session; `Ok(Some(shard))` when it is to move there (every
+    /// line before its cursors written, none held).
     async fn run(
         &mut self,
         stream: &mut TcpStream,
         inbox: &local_channel::LocalReceiver<FetchReply>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Option<u16>> {
         let mut ignored = [0u8; 512];
         loop {
             // Replies from this shard's own partitions can arrive within the
             // same poll: never run past the task's time slice on them.
             glommio::yield_if_needed().await;
+            if let Some(to) = self.move_target() {
+                return Ok(Some(to));
+            }
             self.send_fetches();
             let shutdown = self.shard.lifecycle().shutdown_requested();
             let wake = match first(inbox.recv(), first(shutdown, stream.read(&mut ignored))).await {
@@ -302,12 +368,12 @@ impl Session<'_> {
                 Either::Right(Either::Right(read)) => Wake::Read(read),
             };
             match wake {
-                Wake::Reply(None) | Wake::Read(Ok(0) | Err(_)) => return Ok(()),
+                Wake::Reply(None) | Wake::Read(Ok(0) | Err(_)) => return Ok(None),
                 Wake::Read(Ok(_)) => {}
-                Wake::Shutdown => return self.close(stream, inbox).await,
+                Wake::Shutdown => return self.close(stream, inbox).await.map(|()| None),
                 Wake::Reply(Some(reply)) => {
                     let Some(in_flight_between_owners) = self.apply_ready(stream, inbox, Some(reply)).await else {
-                        return Ok(());
+                        return Ok(None);
                     };
                     self.write_held(stream, false).await?;
                     self.give_back_windows();
@@ -324,6 +390,20 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// The shard this `SUB` session should move to now, if any: the process
+    /// is gathered and this shard keeps no partition, so every reply would
+    /// cross to it and wake it. Only between replies: every cursor resolved
+    /// and every line before it written. A session does not move back when
+    /// the process spreads again (producers do): a spread comes with a high
+    /// load, when a move costs the subscriber most, and a subscriber on a
+    /// kept shard is woken by half the replies at most.
+    fn move_target(&self) -> Option<u16> {
+        if !self.movable || self.unresolved > 0 || !self.held.is_empty() {
+            return None;
+        }
+        self.shard.connection_move_target()
     }
 
     /// The server is shutting down: write the replies already here, then the
