@@ -59,7 +59,7 @@
 //! producer than a complete event. On shutdown, what a connection has read
 //! is processed; bytes still in the kernel's buffer are not read.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -70,7 +70,7 @@ mod replies;
 
 use crate::config::FLUSH_SOON_READ_BYTES_MAX;
 use crate::net::accept::Acceptor;
-use crate::net::socket::{send_space, tune_accepted, write_goodbye};
+use crate::net::socket::{adopt_handed_over, duplicate_for_handover, send_space, tune_accepted, write_goodbye};
 use crate::net::{CloseReason, Connection, Face, ShardNet};
 use crate::protocol::control::{UnknownControl, write_err, write_ok};
 use crate::protocol::ilp::{IlpError, IlpLine, IlpScratch, parse_ilp_line};
@@ -270,10 +270,7 @@ pub fn adopt(
 ) -> Result<(), Box<dyn std::any::Any + Send>> {
     let mut handover = adoption.downcast::<Handover>()?;
     let Some(fd) = handover.fd.take() else { return Ok(()) };
-    // SAFETY: the descriptor is a connected TCP socket this process owns
-    // (duplicated by the old shard, whose copy is closed): nothing else
-    // holds it.
-    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    let stream = adopt_handed_over(fd);
     ShardMetrics::add(&shard.metrics().connections_adopted, 1);
     spawn_connection(shard, net, stream, *handover);
     Ok(())
@@ -474,9 +471,7 @@ async fn fence_for_move(
     answer_pending(shard, stream, replies, format).await?;
     write_replies(shard, stream, replies, format).await?;
     shard.ingress().sync_barrier(0..shard.shard_count()).await;
-    // SAFETY: the descriptor is the stream's own, open while it lives.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
-    Ok(borrowed.try_clone_to_owned().ok())
+    Ok(duplicate_for_handover(stream))
 }
 
 /// What waiting for the socket ended with.

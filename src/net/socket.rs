@@ -3,7 +3,7 @@
 //! descriptor with them.
 
 use std::cell::Cell;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::time::Duration;
 
 use futures_lite::AsyncWriteExt;
@@ -24,6 +24,23 @@ const KEEPALIVE_IDLE_S: u32 = 60;
 const KEEPALIVE_INTERVAL_S: u32 = 10;
 /// Unanswered keepalive probes before the connection is dropped.
 const KEEPALIVE_PROBES: u32 = 6;
+
+/// A duplicate of a connection's socket, to hand the connection to another
+/// shard ([`crate::shard::consolidation`]): the caller's copy closes with
+/// its stream. `None` when no descriptor is left to duplicate into.
+pub fn duplicate_for_handover(stream: &TcpStream) -> Option<OwnedFd> {
+    // SAFETY: the descriptor is the stream's own, open while it lives.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    borrowed.try_clone_to_owned().ok()
+}
+
+/// The stream of a socket another shard handed over
+/// ([`duplicate_for_handover`]).
+pub fn adopt_handed_over(fd: OwnedFd) -> TcpStream {
+    // SAFETY: a connected TCP socket this process owns, duplicated by the
+    // old shard, whose copy is closed: nothing else holds it.
+    unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) }
+}
 
 /// Sets the options of an accepted socket: TCP keepalive
 /// ([`KEEPALIVE_IDLE_S`], [`KEEPALIVE_INTERVAL_S`], [`KEEPALIVE_PROBES`]) and

@@ -48,7 +48,7 @@ mod overlong;
 pub mod render;
 mod session;
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
 use glommio::net::{TcpListener, TcpStream};
@@ -56,7 +56,7 @@ use glommio::net::{TcpListener, TcpStream};
 use crate::net::ShardNet;
 use crate::net::accept::Acceptor;
 use crate::net::admission::{Admit, SubscriberSlot};
-use crate::net::socket::tune_accepted;
+use crate::net::socket::{adopt_handed_over, duplicate_for_handover, tune_accepted};
 use crate::shard::Shard;
 use crate::shard::metrics::ShardMetrics;
 
@@ -75,15 +75,13 @@ pub async fn accept_subscribers(shard: Rc<Shard>, net: Rc<ShardNet>, listener: T
         // A shard that owns no partition while the process is gathered would
         // be woken by every reply for this subscriber: it goes, before its
         // first byte is read, to the shard that owns them.
-        if let Some(to) = shard.connection_move_target() {
-            // SAFETY: the descriptor is the stream's own, open while it lives.
-            let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
-            if let Ok(fd) = borrowed.try_clone_to_owned() {
-                drop(stream);
-                ShardMetrics::add(&metrics.connections_handed_over, 1);
-                shard.hand_over_connection(to, Box::new(Handover { fd }));
-                continue;
-            }
+        if let Some(to) = shard.connection_move_target()
+            && let Some(fd) = duplicate_for_handover(&stream)
+        {
+            drop(stream);
+            ShardMetrics::add(&metrics.connections_handed_over, 1);
+            shard.hand_over_connection(to, Box::new(Handover { fd }));
+            continue;
         }
         admit(&shard, &net, stream);
     }
@@ -95,12 +93,12 @@ struct Handover {
     fd: OwnedFd,
 }
 
-/// A `SUB` session moving to another shard while it reads (the process
-/// gathered, or spread again): its socket (duplicated; the old shard's copy
-/// is closed), its process-wide slot, and where it resumes.
+/// A `SUB` session moving to the kept shard while it reads (the process
+/// gathered): its socket (duplicated; the old shard's copy is closed), its
+/// process-wide slot, and where it resumes.
 struct LiveHandover {
     fd: OwnedFd,
-    slot: Option<SubscriberSlot>,
+    slot: SubscriberSlot,
     resume: session::Resume,
 }
 
@@ -114,21 +112,15 @@ pub fn adopt(
     let adoption = match adoption.downcast::<LiveHandover>() {
         Ok(live) => {
             let LiveHandover { fd, slot, resume } = *live;
-            // SAFETY: a connected TCP socket this process owns, duplicated
-            // by the old shard, whose copy is closed: nothing else holds it.
-            let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
             ShardMetrics::add(&shard.metrics().connections_adopted, 1);
-            serve(shard, net, stream, slot, Some(resume));
+            serve(shard, net, adopt_handed_over(fd), slot, Some(resume));
             return Ok(());
         }
         Err(adoption) => adoption,
     };
     let handover = adoption.downcast::<Handover>()?;
-    // SAFETY: a connected TCP socket this process owns, duplicated by the
-    // old shard, whose copy is closed: nothing else holds it.
-    let stream = unsafe { TcpStream::from_raw_fd(handover.fd.into_raw_fd()) };
     ShardMetrics::add(&shard.metrics().connections_adopted, 1);
-    admit(shard, net, stream);
+    admit(shard, net, adopt_handed_over(handover.fd));
     Ok(())
 }
 
@@ -152,7 +144,7 @@ fn admit(shard: &Rc<Shard>, net: &Rc<ShardNet>, stream: TcpStream) {
             return;
         }
     };
-    serve(shard, net, stream, Some(slot), None);
+    serve(shard, net, stream, slot, None);
 }
 
 /// Serves a subscribe connection holding `slot` (a moved `SUB` session's
@@ -162,15 +154,12 @@ fn serve(
     shard: &Rc<Shard>,
     net: &Rc<ShardNet>,
     stream: TcpStream,
-    slot: Option<SubscriberSlot>,
+    slot: SubscriberSlot,
     resume: Option<session::Resume>,
 ) {
     shard.lifecycle().session_opened();
     let moved = resume.is_some();
-    let connection = match slot {
-        Some(slot) => net.connections.register_subscriber(slot),
-        None => net.connections.register(crate::net::Face::Subscribe),
-    };
+    let connection = net.connections.register_subscriber(slot);
     if moved {
         // It sent its request line on its first shard: never shed or timed
         // out before one (the slot is active already).
@@ -182,10 +171,10 @@ fn serve(
         // The slot goes with a moving session; otherwise dropping the
         // connection frees it, or lets it be taken over again if this
         // connection was shed from it.
-        let slot = moving.as_ref().and_then(|_| connection.take_subscriber_slot());
+        let moving = moving.and_then(|moving| Some((moving, connection.take_subscriber_slot()?)));
         drop(connection);
         shard.lifecycle().session_closed();
-        if let Some((resume, to, fd)) = moving {
+        if let Some(((resume, to, fd), slot)) = moving {
             ShardMetrics::add(&shard.metrics().connections_handed_over, 1);
             shard.hand_over_connection(to, Box::new(LiveHandover { fd, slot, resume }));
         }

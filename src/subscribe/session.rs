@@ -2,7 +2,7 @@
 //! and write what comes back, until the subscriber goes, is refused, or the
 //! server shuts down (then: what is ready, the `CLOSING` notice, the close).
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use glommio::net::TcpStream;
 use crate::config::{
     CLOSING_NOTICE_CHUNK_BYTES, STANDING_FETCH_REPLIES_MAX, SUBSCRIBE_REQUEST_SIZE_MAX, SUBSCRIBER_BYTES_PER_PARTITION,
 };
-use crate::net::socket::write_goodbye;
+use crate::net::socket::{duplicate_for_handover, write_goodbye};
 use crate::net::{CloseReason, Connection};
 use crate::partition::fetch::{FetchCredit, FetchReply, FetchRequest, FetchWindow, Position};
 use crate::protocol::subscribe::{
@@ -78,13 +78,9 @@ pub async fn run_subscriber(
         }
     };
     let reason = match first(served, connection.close_requested()).await {
-        Either::Left(Some((resume, to))) => {
-            // SAFETY: the descriptor is the stream's own, open while it lives.
-            let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
-            // No descriptor left to duplicate into: the subscriber is
-            // dropped as if it had gone (it resumes from its last line).
-            return borrowed.try_clone_to_owned().ok().map(|fd| (resume, to, fd));
-        }
+        // No descriptor left to duplicate into: the subscriber is dropped
+        // as if it had gone (it resumes from its last line).
+        Either::Left(Some((resume, to))) => return duplicate_for_handover(&stream).map(|fd| (resume, to, fd)),
         // A request line that came too late (its slot was taken over) ends
         // the session with the reason set.
         Either::Left(None) => match connection.close_reason() {
@@ -188,7 +184,6 @@ async fn serve_session(shard: &Rc<Shard>, stream: &mut TcpStream, session: Resum
     let registration = Registration::new(shard, inbox_sender, route.id);
     let window = FetchWindow { bytes: shard.config().fetch_bytes_max, replies: STANDING_FETCH_REPLIES_MAX };
     let mut session = Session::new(shard, route, registration.subscription_id, cursors, Some(window));
-    session.unresolved = session.cursors.iter().filter(|cursor| !cursor.resolved).count();
     session.movable = true;
     let to = session.run(stream, &inbox).await.ok().flatten()?;
     let cursors = session.cursors.iter().map(|cursor| (cursor.partition, cursor.position)).collect();
@@ -331,7 +326,7 @@ impl<'a> Session<'a> {
             base: stream.base,
             stream_id: stream.id,
             subscription_id,
-            unresolved: cursors.len(),
+            unresolved: cursors.iter().filter(|cursor| !cursor.resolved).count(),
             cursors,
             outstanding: vec![Outstanding::None; shard_count],
             rotation: 0,
