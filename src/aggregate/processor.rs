@@ -237,15 +237,19 @@ impl PartitionProcessor {
         }
         self.values.fill(None);
         let (row, _) = self.keys.row_for(event.key);
+        // Whether some aggregate put the event in a window (then the key stays).
+        let mut tracked = false;
         for (column, aggregate) in self.aggregates.iter_mut().enumerate() {
             let keys = (&mut self.keys, column, Some(row));
             let value = &mut self.values[self.value_readers[column]];
             let prepared = aggregate.prepare((event, value), &mut self.scratch, &mut self.closing, keys, out);
             if let Some(prepared) = prepared {
-                aggregate.apply(prepared, event.offset, &mut self.keys, row, column);
+                tracked |= aggregate.apply(prepared, event.offset, &mut self.keys, row, column);
             }
         }
-        self.keys.remove_if_empty(event.key, row);
+        if !tracked {
+            self.keys.remove_if_empty(event.key, row);
+        }
     }
 
     /// Starts fetching what every event reads of each aggregate (the first

@@ -294,11 +294,20 @@ impl AggregateState {
     /// The second half: adds the event to the key's windows in `row` of
     /// the table (refused, and counted, when the key is new and the
     /// aggregate is at its key limit even after dropping idle keys).
+    /// Whether the event went to a window (so the key's state here is not
+    /// empty).
     #[inline]
-    pub(crate) fn apply(&mut self, prepared: Prepared, offset: u64, table: &mut KeyTable, row: u32, column: usize) {
+    pub(crate) fn apply(
+        &mut self,
+        prepared: Prepared,
+        offset: u64,
+        table: &mut KeyTable,
+        row: u32,
+        column: usize,
+    ) -> bool {
         if !self.admit(table, row, column) {
             self.counters.keys_refused += 1;
-            return;
+            return false;
         }
         let kind = self.kind;
         let windows_per_key = usize::from(self.windows_per_key);
@@ -317,6 +326,7 @@ impl AggregateState {
         if let Some((size_ms, _)) = self.window {
             self.min_open_end_ms = self.min_open_end_ms.min(prepared.first_start_ms + size_ms);
         }
+        refused == 0
     }
 
     /// Whether this aggregate reads the same value from an event as
@@ -390,7 +400,33 @@ impl AggregateState {
     /// Moves time forward to `time_ms` (closing what the watermark passes)
     /// and gives the windows the event goes to (first and last start, and
     /// the step between them), or `None` when it is late.
+    #[inline]
     fn place<F: FnMut(&ClosedWindow<'_>)>(
+        &mut self,
+        time_ms: u64,
+        partition: u32,
+        closing: &mut Closing,
+        keys: Column<'_>,
+        out: &mut F,
+    ) -> Option<(u64, u64, u64)> {
+        // Nearly every event: the time of the event before it (a batch shares its arrival
+        // time), so nothing moves: the maximum time stays, the watermark it gives is the one
+        // already reached, and the windows are the ones placed last.
+        let placed = self.placed;
+        if self.max_time_ms == Some(time_ms)
+            && placed.time_ms == time_ms
+            && self.watermark_ms == Some(placed.watermark_ms)
+            && time_ms.saturating_sub(self.allowed_lateness_ms) <= placed.watermark_ms
+        {
+            let (_, step_ms) = self.window.expect("windowed");
+            return self.count_placed(placed, step_ms);
+        }
+        self.place_moving(time_ms, partition, closing, keys, out)
+    }
+
+    /// [`AggregateState::place`] when time or the watermark moves.
+    #[inline(never)]
+    fn place_moving<F: FnMut(&ClosedWindow<'_>)>(
         &mut self,
         time_ms: u64,
         partition: u32,
@@ -415,6 +451,13 @@ impl AggregateState {
                 placed
             }
         };
+        self.count_placed(placed, step_ms)
+    }
+
+    /// The windows of a placed event, counting it when it is late for some
+    /// or all of them.
+    #[inline]
+    fn count_placed(&mut self, placed: Placed, step_ms: u64) -> Option<(u64, u64, u64)> {
         let Placed { oldest_start_ms, first_start_ms, last_start_ms, .. } = placed;
         if first_start_ms > last_start_ms {
             self.counters.late_events_dropped += 1;
