@@ -212,6 +212,15 @@ fn gathers_at_low_load_and_spreads_when_load_rises_without_loss_or_reordering() 
     // Each shard hands its 64 partitions over in one batch, and shard 0 sends them home in one
     // batch per home shard: a subscriber is disturbed once per batch, not once per partition.
     assert!(moves >= 16 * batches, "partitions move in batches: {moves} moves in {batches} batches");
+    // Nothing goes back and forth: shards whose views disagree (each decides on its own copy,
+    // with its own hold timers) once handed a gather's connections back and forth hundreds of
+    // times, and sent a spread's partitions straight back.
+    let adopted = server.total("connections_adopted");
+    // The idle gather, the spread, the gather and the spread again move 4 x 8 producers and 4
+    // subscribers at most, and about 4 x 192 partitions (a gather may go through two kept shards
+    // to one as the load's average falls: 512 – 832 moves in the runs before the fix as after).
+    assert!(adopted <= 4 * 8 + 4, "each connection moves at most once per gather or spread: {adopted} adoptions");
+    assert!(moves <= 6 * 192, "partitions do not go back and forth: {moves} moves");
 }
 
 /// A server started idle (default thresholds) gathers before any producer arrives: three

@@ -170,6 +170,9 @@ pub struct Consolidator {
     busy_spread_events_per_s: Option<f64>,
     /// A spread happened and this shard may still hold partitions away from their home.
     spreading: bool,
+    /// Until when this shard keeps partitions and connections that another shard, its view ahead
+    /// of this one's, just moved here ([`Consolidator::partition_arriving`]).
+    hold_until_ms: u64,
 }
 
 impl Default for Consolidator {
@@ -180,6 +183,7 @@ impl Default for Consolidator {
             busy_since_ms: None,
             busy_spread_events_per_s: None,
             spreading: false,
+            hold_until_ms: 0,
         }
     }
 }
@@ -201,6 +205,38 @@ impl Consolidator {
     /// This shard holds no partition away from its home any more.
     pub fn spread_done(&mut self) {
         self.spreading = false;
+    }
+
+    /// Shard `me` is receiving `partition`, moved by a shard whose view may be a report interval
+    /// ahead of this one's (each shard decides the mode on its own copy of the view):
+    ///
+    /// - while gathered, outside the kept set, a partition homed here: the sender spread the
+    ///   process; this shard's view would hand it straight back, a second move of the whole
+    ///   batch into a spread (`scripts/bench-gather`: a subscriber's p99 54 ms in the spread
+    ///   second, one run in two);
+    /// - while spread, a partition homed elsewhere: the sender gathered it here (or it is a
+    ///   steal); this shard's view would send the producer connections that follow it back to
+    ///   their first shard, which sends them here again, and so on until the views agree
+    ///   (about 570 moves each way in 95 ms, the subscriber's p99 73 – 82 ms in that second).
+    ///
+    /// Either way this shard gives no partition and no connection away for `hold_ms`, time for
+    /// its view to show what the sender saw (or, if the views truly disagree, for its own rule to
+    /// win as before).
+    pub fn partition_arriving(&mut self, me: u16, partition: u32, shard_count: u16, now_ms: u64, hold_ms: u64) {
+        let home = home_shard(partition, shard_count) == me;
+        let ahead = match self.mode {
+            Consolidation::Gathered { .. } => !self.mode.keeps(me) && home,
+            Consolidation::Spread => !home,
+        };
+        if ahead {
+            self.hold_until_ms = self.hold_until_ms.max(now_ms + hold_ms);
+        }
+    }
+
+    /// Whether this shard keeps its partitions and connections for now
+    /// ([`Consolidator::partition_arriving`]).
+    pub fn holding(&self, now_ms: u64) -> bool {
+        now_ms < self.hold_until_ms
     }
 
     /// Decides the mode from the view at `now_ms`, and returns it. Reports older than
@@ -375,6 +411,35 @@ mod tests {
         assert!(consolidator.spreading());
         // Spread across four shards, 325 k needs three: it gathers to three after the hold.
         assert_eq!(run(&mut consolidator, &high, 17_300, 2_000), Consolidation::Gathered { kept_shards: 3 });
+    }
+
+    #[test]
+    fn a_shard_holds_what_a_shard_with_a_later_view_moved_to_it() {
+        // Proves a gathered shard that receives partitions homed on it (a kept shard spread
+        // first) holds them for the hold time, and a spread shard that receives a partition
+        // homed elsewhere (another gathered first) holds too; a partition that arrives as this
+        // shard's own view expects holds nothing.
+        let mut consolidator = Consolidator::new();
+        run(&mut consolidator, &[(100_000.0, 0.3), (0.0, 0.0)], 0, 2_000);
+        assert_eq!(consolidator.mode(), Consolidation::Gathered { kept_shards: 1 });
+        consolidator.partition_arriving(1, 4, 2, 5_000, 500);
+        assert!(!consolidator.holding(5_000), "partition 4's home is shard 0");
+        consolidator.partition_arriving(0, 3, 2, 5_000, 500);
+        assert!(!consolidator.holding(5_000), "shard 0 is kept");
+        consolidator.partition_arriving(1, 3, 2, 5_000, 500);
+        assert!(consolidator.holding(5_000) && consolidator.holding(5_499));
+        assert!(!consolidator.holding(5_500), "the hold ends");
+        run(&mut consolidator, &[(0.0, 0.0), (0.0, 0.0)], 5_600, 0);
+        consolidator.partition_arriving(1, 3, 2, 5_600, 500);
+        assert!(consolidator.holding(5_600), "idle and gathered: a partition sent home is held too");
+        run(&mut consolidator, &[(400_000.0, 0.7), (0.0, 0.0)], 5_700, 0);
+        assert_eq!(consolidator.mode(), Consolidation::Spread);
+        let mut spread = consolidator.clone();
+        spread.hold_until_ms = 0;
+        spread.partition_arriving(1, 3, 2, 5_800, 500);
+        assert!(!spread.holding(5_800), "spread: a partition sent home is what this view expects");
+        spread.partition_arriving(0, 3, 2, 5_800, 500);
+        assert!(spread.holding(5_800), "spread: a partition gathered here means the sender gathered");
     }
 
     #[test]

@@ -363,8 +363,7 @@ async fn serve_connection(
         if shard.lifecycle().is_shutting_down() {
             return answer_pending(shard, stream, &mut replies, format).await.map(|()| Served::Closed);
         }
-        let move_back = origin.filter(|_| shard.is_spread());
-        if let Some(to) = shard.connection_move_target().or(move_back)
+        if let Some(to) = shard.connection_move_target().or_else(|| shard.move_back_target(origin))
             && let Some(fd) = fence_for_move(shard, stream, &mut replies, format).await?
         {
             return Ok(Served::Move { to, fd, route: target.stream });

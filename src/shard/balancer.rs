@@ -322,6 +322,16 @@ impl Balancer {
     /// This shard learnt that a partition is migrating to it: the answer to
     /// its steal request (or a migration it did not ask for).
     pub fn migration_began(&mut self, migration: Migration) {
+        if migration.direction == Direction::In {
+            let (shard_count, hold_ms) = (self.view.shard_count(), self.config.report_stale_ms);
+            self.consolidator.partition_arriving(
+                self.me,
+                migration.partition,
+                shard_count,
+                migration.started_ms,
+                hold_ms,
+            );
+        }
         self.ledger.migration_began(migration);
     }
 
@@ -346,7 +356,10 @@ impl Balancer {
         batch_max: usize,
         now_ms: u64,
     ) -> Option<(Vec<u32>, u16)> {
-        if self.ledger.state.is_migrating() || self.ledger.pending_request.is_some() {
+        if self.ledger.state.is_migrating()
+            || self.ledger.pending_request.is_some()
+            || self.consolidator.holding(now_ms)
+        {
             return None;
         }
         let shard_count = self.view.shard_count();
