@@ -15,7 +15,8 @@
 //! - **Gather** while the total load is at most `gather_events_per_s_max` per kept shard, that
 //!   is, to `ceil(total / gather_events_per_s_max)` shards (at least one) when that is fewer
 //!   than the shards there are, once the load has stayed that low for `gather_hold_ms` (a dip
-//!   of a second does not move 256 partitions), or at once while the process is idle (below
+//!   of a second does not move 256 partitions; a quarter of it when the load is under a quarter
+//!   of what the kept shards would carry), or at once while the process is idle (below
 //!   `idle_events_per_s_max`), so a server started idle is gathered before traffic arrives.
 //! - **Spread** (back to every shard) as soon as the total exceeds `spread_events_per_s_min` per
 //!   kept shard, or a kept shard has stayed busier than `spread_busy_ratio_min` for
@@ -283,7 +284,13 @@ impl Consolidator {
         if wanted < kept_now && calm {
             let low_since_ms = *self.low_since_ms.get_or_insert(now_ms);
             let idle = total_events_per_s < cfg.idle_events_per_s_max;
-            if idle || now_ms.saturating_sub(low_since_ms) >= cfg.gather_hold_ms {
+            // Far below what the kept shards would carry, a quarter of the hold: a server that
+            // missed its idle gather (traffic arrived within its first report intervals, as a
+            // benchmark's does) otherwise ran spread, each event waking both shards, for the
+            // whole hold: 800 ms/s of CPU at 50 k events/s for 2 s against 250 ms/s gathered.
+            let deep = total_events_per_s * DEEP_LOAD_FACTOR <= f64::from(wanted) * cfg.gather_events_per_s_max;
+            let hold_ms = if deep { cfg.gather_hold_ms / DEEP_LOAD_FACTOR as u64 } else { cfg.gather_hold_ms };
+            if idle || now_ms.saturating_sub(low_since_ms) >= hold_ms {
                 self.busy_spread_events_per_s = None;
                 self.set(Consolidation::Gathered { kept_shards: wanted });
             }
@@ -305,6 +312,10 @@ impl Consolidator {
         self.busy_since_ms = None;
     }
 }
+
+/// A load this many times below what the kept shards would carry gathers after this fraction of
+/// `gather_hold_ms`.
+const DEEP_LOAD_FACTOR: f64 = 4.0;
 
 /// The process's load as the decision sees it: the sum of the shards' averages, or of their last
 /// intervals' rates when that is higher and the average is already past the gather threshold of
@@ -443,6 +454,20 @@ mod tests {
     }
 
     #[test]
+    fn a_load_far_below_the_threshold_gathers_after_a_quarter_of_the_hold() {
+        // Proves the deep-load rule: 30 k events/s (a fifth of the 150 k one kept shard carries)
+        // gathers after 500 ms of the 2 s hold, while 100 k (two thirds) still waits for all of it.
+        let mut deep = Consolidator::new();
+        let light = [(15_000.0, 0.2), (15_000.0, 0.2)];
+        assert_eq!(run(&mut deep, &light, 10_000, 400), Consolidation::Spread);
+        assert_eq!(run(&mut deep, &light, 10_500, 0), Consolidation::Gathered { kept_shards: 1 });
+        let mut near = Consolidator::new();
+        let medium = [(50_000.0, 0.3), (50_000.0, 0.3)];
+        assert_eq!(run(&mut near, &medium, 10_000, 1_900), Consolidation::Spread);
+        assert_eq!(run(&mut near, &medium, 12_000, 0), Consolidation::Gathered { kept_shards: 1 });
+    }
+
+    #[test]
     fn a_load_near_either_threshold_does_not_flap() {
         // Proves the hysteresis band: loads wobbling around the gather threshold, once gathered,
         // stay gathered; wobbling around it while spread, stay spread (never below it long enough).
@@ -494,7 +519,9 @@ mod tests {
         // Proves a shard with no fresh report freezes the decision, and disabling spreads.
         let mut consolidator = Consolidator::new();
         let cfg = rule_config();
-        let mut view = view_at(&[(50.0, 0.0), (50.0, 0.0)], 0);
+        // 80 k in all: low enough to gather after the full hold, not so low that a quarter of
+        // it (the deep-load rule) would fit in the 500 ms shard 1's last report stays fresh.
+        let mut view = view_at(&[(40_000.0, 0.0), (40_000.0, 0.0)], 0);
         for now_ms in (0..=3_000).step_by(100) {
             let mut report = view.report(0).cloned().expect("reported");
             report.sequence = now_ms + 1;
