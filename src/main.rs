@@ -2,6 +2,11 @@
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc for the whole process: why, what it measured, and how freed
+/// memory goes back to the kernel are in `spate::runtime::memory`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// spate: a thread-per-core event stream engine.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]

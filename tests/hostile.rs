@@ -231,11 +231,22 @@ fn idle_connections_give_buffers_back() {
     }
     let gauge = server.wait_for_total("read_buffer_bytes", Duration::from_secs(5), |bytes| bytes <= 40 * 4096);
     assert!(gauge <= 40 * 4096, "idle connections hold {gauge} bytes of read buffers");
-    let rss_after = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
-    let grown = rss_after.saturating_sub(rss_before);
     // Stored events take 36 MiB; buffers kept would add another 36 MiB
     // (72+). Measured 41-52 MiB when the other tests of this file run
-    // alongside (allocator arenas of their threads), hence the margin.
+    // alongside (allocator arenas of their threads), hence the margin. The
+    // allocator hands freed memory back after its purge delay (1 s), at the
+    // shard's next connection sweep (`runtime::memory`): within 2 - 3 s
+    // alone (measured: 72 MiB at once, 32 - 45 MiB after 2.5 s), later
+    // beside the other tests of this file.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let grown = loop {
+        let rss_after = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
+        let grown = rss_after.saturating_sub(rss_before);
+        if grown < 60 << 20 || Instant::now() > deadline {
+            break grown;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(grown < 60 << 20, "RSS grew {} MiB for 40 idle connections (+36 MiB of stored events)", grown >> 20);
 }
 

@@ -312,6 +312,9 @@ impl Connections {
         let mut next = Instant::now() + interval_min;
         loop {
             if self.count() == 0 {
+                // What the last connections freed goes back to the kernel
+                // now: nothing may call the allocator on a quiet shard.
+                crate::runtime::memory::purge_all();
                 self.registered.notified().await;
                 next = Instant::now() + interval_min;
                 continue;
@@ -324,6 +327,9 @@ impl Connections {
             }
             let now = Instant::now();
             let sweep = self.sweep(now, lifecycle.shutdown_deadline());
+            // Buffers trimmed or freed since go back once their purge
+            // delay has passed ([`crate::runtime::memory`]).
+            crate::runtime::memory::purge_due();
             next = sweep.next_due.map_or(now + interval_max, |due| due.clamp(now + interval_min, now + interval_max));
         }
     }

@@ -1,10 +1,12 @@
 //! Single-threaded async building blocks that every layer may use and that
 //! know nothing of spate: wake-ups and waits for tasks on one shard
 //! ([`notify`]), software prefetch hints ([`prefetch`]), and the server's
-//! log lines with their rate limit per episode ([`log`]), and where each
-//! executor's start-up is ([`stage`]).
+//! log lines with their rate limit per episode ([`log`]), where each
+//! executor's start-up is ([`stage`]), and the process's allocator
+//! ([`memory`]).
 
 pub mod log;
+pub mod memory;
 pub mod notify;
 pub mod prefetch;
 pub mod stage;
