@@ -64,6 +64,7 @@ fn simulate(args: &SimulateArgs) -> Result<(), String> {
 }
 
 fn main() {
+    spate::runtime::memory::configure();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(config) => spate::serve(config).map_err(|error| error.to_string()),

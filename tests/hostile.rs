@@ -234,10 +234,8 @@ fn idle_connections_give_buffers_back() {
     // Stored events take 36 MiB; buffers kept would add another 36 MiB
     // (72+). Measured 41-52 MiB when the other tests of this file run
     // alongside (allocator arenas of their threads), hence the margin. The
-    // allocator hands freed memory back after its purge delay (1 s), at the
-    // shard's next connection sweep (`runtime::memory`): within 2 - 3 s
-    // alone (measured: 72 MiB at once, 32 - 45 MiB after 2.5 s), later
-    // beside the other tests of this file.
+    // allocator hands freed memory back once the shard's connections have
+    // all been quiet for 2 s (`runtime::memory`).
     let deadline = Instant::now() + Duration::from_secs(10);
     let grown = loop {
         let rss_after = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
