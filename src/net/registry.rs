@@ -201,16 +201,6 @@ impl Connections {
         self.entries.borrow().len() - self.free.borrow().len()
     }
 
-    /// Whether every connection has waited on its socket since at least
-    /// `quiet` before `now` (a subscriber being served is never quiet).
-    pub fn all_quiet(&self, now: Instant, quiet: Duration) -> bool {
-        self.entries
-            .borrow()
-            .iter()
-            .flatten()
-            .all(|entry| entry.reading_since.get().is_some_and(|since| now.saturating_duration_since(since) >= quiet))
-    }
-
     /// Looks at every connection at `now`: asks those past a timeout (or
     /// all, past the shutdown `deadline`) to close, and idle ones holding
     /// spare memory to trim it.
@@ -320,13 +310,8 @@ impl Connections {
         let interval_min = Duration::from_millis(CONNECTION_SWEEP_INTERVAL_MS);
         let interval_max = self.sweep_interval_max();
         let mut next = Instant::now() + interval_min;
-        let mut purged_quiet = false;
         loop {
             if self.count() == 0 {
-                // What the last connections freed goes back to the kernel
-                // now: nothing may call the allocator on a quiet shard.
-                crate::runtime::memory::purge_all();
-                purged_quiet = true;
                 self.registered.notified().await;
                 next = Instant::now() + interval_min;
                 continue;
@@ -339,18 +324,6 @@ impl Connections {
             }
             let now = Instant::now();
             let sweep = self.sweep(now, lifecycle.shutdown_deadline());
-            // Freed memory goes back to the kernel once its purge delay has
-            // passed; all of it, once, when every connection went quiet
-            // (after their trims): a quiet shard calls the allocator no more
-            // ([`crate::runtime::memory`]).
-            if self.all_quiet(now, Duration::from_millis(2 * IDLE_TRIM_MS)) {
-                if !std::mem::replace(&mut purged_quiet, true) {
-                    crate::runtime::memory::purge_all();
-                }
-            } else {
-                purged_quiet = false;
-                crate::runtime::memory::purge_due();
-            }
             next = sweep.next_due.map_or(now + interval_max, |due| due.clamp(now + interval_min, now + interval_max));
         }
     }

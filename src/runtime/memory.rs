@@ -30,11 +30,11 @@
 //! A shard that went quiet after a burst (forty connections that each sent
 //! a 900 KiB line, then idle) might never call the allocator again, and its
 //! RSS would keep what the memory formula no longer counts. So each shard's
-//! connection sweeper, which runs at least every second while the shard has
-//! connections, purges what is due ([`purge_due`]), and purges everything
-//! ([`purge_all`]) once every connection has waited on its socket for 2 s
-//! (after their idle trims) and once its last connection is gone: a quiet
-//! shard's RSS falls within about 3 s, a busy one's within about 11 s.
+//! gossip loop (`Shard::run_balancer`), which ticks every report interval
+//! (100 ms) while anything moves and every 5 s while the whole process is
+//! idle, purges what is due at each busy tick ([`purge_due`]) and everything
+//! at each idle tick ([`purge_all`]): a shard's RSS falls within a tick or
+//! two of the process going idle, and within about 10 s on a busy one.
 
 /// mimalloc's purge delay, in ms (module doc).
 pub const PURGE_DELAY_MS: std::ffi::c_long = 10_000;

@@ -741,6 +741,15 @@ impl Shard {
             let idle = balancer.is_idle() && !balancer.gather_pending() && !self.is_migrating();
             drop(balancer);
             self.gossip_pace.set_idle(idle);
+            // Freed memory goes back to the kernel once its purge delay has
+            // passed, and all of it at every tick of an idle process (every
+            // 5 s): an idle shard may call the allocator no more
+            // ([`crate::runtime::memory`]).
+            if idle {
+                crate::runtime::memory::purge_all();
+            } else {
+                crate::runtime::memory::purge_due();
+            }
         }
     }
 
