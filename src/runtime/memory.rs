@@ -22,7 +22,8 @@
 //! table it was about to reuse and then fault it in again, a 2 MiB
 //! transparent huge page at a time: `clear_page_erms` was 23 % of the
 //! shards' samples with two aggregates, and memory storage ran at 6.1 M
-//! events/s against glibc's 7.5 M; with 10 s it runs at 9.2 M. Purging at
+//! events/s against glibc's 7.5 M; with 10 s it moves within this VM's
+//! noise of glibc (9.2, 5.3, 5.6 against 6.6, 5.3, 6.1 M). Purging at
 //! once on every free (delay 0) cost disk ingest 740 instead of 538 ns an
 //! event. Without huge pages (mimalloc's `no_thp`) the disk path lost what
 //! it gained (1.85 against glibc's 1.71 M events/s, 2.24 with them).
