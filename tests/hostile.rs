@@ -222,7 +222,8 @@ fn control_tokens_are_bounded() {
 #[test]
 fn idle_connections_give_buffers_back() {
     let server = Server::start(&["--shards", "2"]);
-    let rss_before = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
+    let rss = |server: &Server| server.stats()["process"]["rss_bytes"].as_u64().unwrap();
+    let rss_before = rss(&server);
     let huge = format!("k {}\n#PING done\n", "x".repeat(900 * 1024));
     let connections: Vec<TcpStream> = (0..40).map(|_| TcpStream::connect(server.ingest).unwrap()).collect();
     for mut connection in &connections {
@@ -237,16 +238,13 @@ fn idle_connections_give_buffers_back() {
     // allocator hands freed memory back at the shards' gossip ticks once
     // the process is idle (`runtime::memory`): the first one, and 5 s
     // later the trimmed buffers.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let grown = loop {
-        let rss_after = server.stats()["process"]["rss_bytes"].as_u64().unwrap();
-        let grown = rss_after.saturating_sub(rss_before);
-        if grown < 60 << 20 || Instant::now() > deadline {
-            break grown;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(grown < 60 << 20, "RSS grew {} MiB for 40 idle connections (+36 MiB of stored events)", grown >> 20);
+    const GROWN_MAX: u64 = 60 << 20;
+    let grown = server.wait_for_value(
+        Duration::from_secs(10),
+        |server| rss(server).saturating_sub(rss_before),
+        |grown| grown < GROWN_MAX,
+    );
+    assert!(grown < GROWN_MAX, "RSS grew {} MiB for 40 idle connections (+36 MiB of stored events)", grown >> 20);
 }
 
 /// Finding 6c: an endless admin request header is cut off (431 and close)

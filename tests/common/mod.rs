@@ -230,9 +230,15 @@ impl Server {
     /// Polls `/stats` until `total(name)` satisfies `ready` or `limit` passes;
     /// returns the last value.
     pub fn wait_for_total(&self, name: &str, limit: Duration, ready: impl Fn(u64) -> bool) -> u64 {
+        self.wait_for_value(limit, |server| server.total(name), ready)
+    }
+
+    /// Polls `value` until it satisfies `ready` or `limit` passes; returns
+    /// the last value.
+    pub fn wait_for_value(&self, limit: Duration, value: impl Fn(&Server) -> u64, ready: impl Fn(u64) -> bool) -> u64 {
         let started = Instant::now();
         loop {
-            let value = self.total(name);
+            let value = value(self);
             if ready(value) || started.elapsed() > limit {
                 return value;
             }
