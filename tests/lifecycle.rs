@@ -752,3 +752,26 @@ fn stream_churn_soak_with_kill_9() {
     drop(server);
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+fn without_huge_pages(command: &mut std::process::Command) {
+    command.env("MIMALLOC_ALLOW_THP", "0");
+}
+
+/// A disk server says at start whether its write buffers can be on transparent huge pages,
+/// and warns, naming the cause, when the process has them turned off (MIMALLOC_ALLOW_THP=0).
+#[test]
+fn a_disk_server_says_whether_huge_pages_are_on() {
+    let thp_mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let off = Server::start_prepared(&["--storage", "disk"], without_huge_pages);
+    let log = off.log();
+    assert!(log.contains("transparent huge pages are off (MIMALLOC_ALLOW_THP=0"), "{log}");
+    drop(off);
+    let on = Server::start(&["--storage", "disk"]);
+    let log = on.log();
+    if thp_mode.contains("[never]") || thp_mode.is_empty() {
+        eprintln!("THP mode {thp_mode:?} here: only the warning can be checked");
+        assert!(log.contains("transparent huge pages are off"), "{log}");
+    } else {
+        assert!(log.contains("transparent huge pages: ") && !log.contains("are off"), "{log}");
+    }
+}

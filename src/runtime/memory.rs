@@ -26,7 +26,13 @@
 //! noise of glibc (9.2, 5.3, 5.6 against 6.6, 5.3, 6.1 M). Purging at
 //! once on every free (delay 0) cost disk ingest 740 instead of 538 ns an
 //! event. Without huge pages (mimalloc's `no_thp`) the disk path lost what
-//! it gained (1.85 against glibc's 1.71 M events/s, 2.24 with them).
+//! it gained (1.85 against glibc's 1.71 M events/s, 2.24 with them): the
+//! O_DIRECT writes then go out from 4 KiB pages, which this VM's disk
+//! writes at 0.46 – 0.69x the rate of the same writes from huge pages
+//! (`scripts/bench-disk-pages`; README, "Disk writes from huge pages").
+//! glibc serves a large allocation with an `mmap` of about its own size,
+//! too small and unaligned to hold a huge page: likely why THP `always`
+//! gave glibc little (1.87 M events/s; not checked in `smaps`).
 //!
 //! A shard that went quiet after a burst (forty connections that each sent
 //! a 900 KiB line, then idle) might never call the allocator again, and its

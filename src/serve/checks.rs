@@ -172,3 +172,31 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
     log::info!("file descriptors: limit {available}{raised}; this configuration needs at most {budget}");
     Ok(())
 }
+
+/// Says on stderr whether disk storage's write buffers can be on transparent
+/// huge pages, and warns when they cannot: an O_DIRECT write hands the disk
+/// one piece per page, and on a virtio disk writes from 4 KiB pages ran at
+/// 0.5 – 0.8x of the same writes from 2 MiB pages (`scripts/bench-disk-pages`;
+/// README, "Disk writes from huge pages"). The kernel's mode is
+/// `/sys/kernel/mm/transparent_hugepage/enabled`; `MIMALLOC_ALLOW_THP=0`
+/// turns them off for the whole process (`THP_enabled: 0` in its status).
+pub fn note_huge_pages(config: &Config) {
+    if config.storage != crate::config::Storage::Disk {
+        return;
+    }
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|modes| Some(modes.split('[').nth(1)?.split(']').next()?.to_string()));
+    let process_off = std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|status| status.lines().any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])));
+    match (mode.as_deref(), process_off) {
+        (Some("never"), _) | (_, true) => log::warn!(
+            "transparent huge pages are off ({}): disk writes go out from 4 KiB pages, which a virtio disk \
+             wrote at 0.5 - 0.8x the rate of 2 MiB pages (scripts/bench-disk-pages measures this disk); \
+             `madvise` in /sys/kernel/mm/transparent_hugepage/enabled and no MIMALLOC_ALLOW_THP=0 turn them on",
+            if process_off { "MIMALLOC_ALLOW_THP=0 or prctl".to_string() } else { "kernel mode never".to_string() }
+        ),
+        (Some(mode), false) => log::info!("transparent huge pages: {mode} (disk write buffers may use them)"),
+        (None, false) => {}
+    }
+}

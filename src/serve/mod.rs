@@ -166,6 +166,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     checks::check_io_uring(&config)?;
     checks::check_fd_limit(&config)?;
     checks::check_addresses(&config)?;
+    checks::note_huge_pages(&config);
     // Held until the server exits: a second server on the data directory is
     // refused with the holder's pid.
     let _data_dir_lock = lock_data_dir(&config)?;
