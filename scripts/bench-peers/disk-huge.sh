@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Peer: the disk from huge pages. The same bytes as dd.sh (N*(S+8)), written with O_DIRECT in
+# 1 MiB writes from a buffer on 2 MiB transparent huge pages (scripts/bench-disk-pages, one
+# cell), then fdatasync. On a disk that takes one piece per physical page (this VM's virtio
+# disk) this is the ceiling for a writer whose buffers are on huge pages; dd's buffer is 4 KiB
+# pages. Its "events" are bytes / (S+8); MB/s is raw bytes.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/bench-peers/lib.sh
+. "$here/lib.sh"
+bp_parse_args "$@"
+bp_need python3
+
+line=$((S + 8))
+mib=$(((N * line + (1 << 20) - 1) >> 20))
+bp_log "scripts/bench-disk-pages $BP_TMP $mib (MODES=huge SIZES=1024 ROUNDS=1)"
+out=$(MODES=huge SIZES=1024 ROUNDS=1 "$here/../bench-disk-pages" "$BP_TMP" "$mib")
+bp_log "$out"
+rate=$(awk '/^huge/ {print $5; exit}' <<<"$out")
+[[ -n $rate ]] || { echo "disk-huge: no rate in: $out" >&2; exit 1; }
+python3 - "$mib" "$line" "$rate" <<'PY'
+import sys
+mib, line, rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) * 1e6
+nbytes = mib << 20
+print(f'RESULT peer=disk-huge events={nbytes // line} seconds={nbytes / rate:.3f} events_per_s={rate / line:.0f} '
+      f'mb_per_s={rate / 1e6:.1f} note="O_DIRECT 1 MiB writes from huge pages + fdatasync, {mib} MiB"')
+PY
