@@ -176,8 +176,8 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
 /// Says on stderr whether disk storage's write buffers can be on transparent
 /// huge pages, and warns when they cannot: an O_DIRECT write hands the disk
 /// one piece per page, and on a virtio disk writes from 4 KiB pages ran at
-/// 0.5 – 0.8x of the same writes from 2 MiB pages (`scripts/bench-disk-pages`;
-/// README, "Disk writes from huge pages"). The kernel's mode is
+/// 0.46 – 0.74x of the same writes from 2 MiB pages (`scripts/bench-disk-pages`
+/// and fio; README, "Disk writes from huge pages"). The kernel's mode is
 /// `/sys/kernel/mm/transparent_hugepage/enabled`; `MIMALLOC_ALLOW_THP=0`
 /// turns them off for the whole process (`THP_enabled: 0` in its status).
 pub fn note_huge_pages(config: &Config) {
@@ -192,9 +192,9 @@ pub fn note_huge_pages(config: &Config) {
     match (mode.as_deref(), process_off) {
         (Some("never"), _) | (_, true) => log::warn!(
             "transparent huge pages are off ({}): disk writes go out from 4 KiB pages, which a virtio disk \
-             wrote at 0.5 - 0.8x the rate of 2 MiB pages (scripts/bench-disk-pages measures this disk); \
+             wrote at 0.46 - 0.74x the rate of 2 MiB pages (scripts/bench-disk-pages measures this disk); \
              `madvise` in /sys/kernel/mm/transparent_hugepage/enabled and no MIMALLOC_ALLOW_THP=0 turn them on",
-            if process_off { "MIMALLOC_ALLOW_THP=0 or prctl".to_string() } else { "kernel mode never".to_string() }
+            if process_off { "MIMALLOC_ALLOW_THP=0 or prctl" } else { "kernel mode never" }
         ),
         (Some(mode), false) => log::info!("transparent huge pages: {mode} (disk write buffers may use them)"),
         (None, false) => {}
