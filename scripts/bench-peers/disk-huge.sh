@@ -16,12 +16,9 @@ mib=$(((N * line + (1 << 20) - 1) >> 20))
 bp_log "scripts/bench-disk-pages $BP_TMP $mib (MODES=huge SIZES=1024 ROUNDS=1)"
 out=$(MODES=huge SIZES=1024 ROUNDS=1 "$here/../bench-disk-pages" "$BP_TMP" "$mib")
 bp_log "$out"
+# The cell's line: "huge  1024 KiB writes  <MB/s> MB/s ...".
 rate=$(awk '/^huge/ {print $5; exit}' <<<"$out")
-[[ -n $rate ]] || { echo "disk-huge: no rate in: $out" >&2; exit 1; }
-python3 - "$mib" "$line" "$rate" <<'PY'
-import sys
-mib, line, rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) * 1e6
-nbytes = mib << 20
-print(f'RESULT peer=disk-huge events={nbytes // line} seconds={nbytes / rate:.3f} events_per_s={rate / line:.0f} '
-      f'mb_per_s={rate / 1e6:.1f} note="O_DIRECT 1 MiB writes from huge pages + fdatasync, {mib} MiB"')
-PY
+[[ -n $rate ]] || bp_die "no rate in: $out"
+nbytes=$((mib << 20))
+seconds=$(python3 -c "print($nbytes / ($rate * 1e6))")
+bp_result disk-huge $((nbytes / line)) "$seconds" "O_DIRECT 1 MiB writes from huge pages + fdatasync, $mib MiB" "$rate"
