@@ -66,19 +66,27 @@ fn groups_ready(view: &Value, partitions: u32) -> bool {
     ready.count() == partitions as usize
 }
 
-/// The node leading partition `partition`, by index into `nodes`.
+/// The node leading partition `partition`, by index into `nodes`. The
+/// nodes are asked one by one, so a leadership moving between two of them
+/// (placement balances leaders once a stream is created) can be missed by
+/// one pass: they are asked again for up to 5 s.
 fn leader_of(nodes: &[&Node], partition: u32) -> usize {
-    nodes
-        .iter()
-        .position(|node| {
+    let started = Instant::now();
+    loop {
+        let leader = nodes.iter().position(|node| {
             let view = cluster_of(&node.server);
             view["partitions"].as_array().is_some_and(|groups| {
                 groups.iter().any(|group| {
                     group["stream"] == STREAM && group["partition"] == partition && group["leader_is_self"] == true
                 })
             })
-        })
-        .expect("a leader")
+        });
+        match leader {
+            Some(leader) => return leader,
+            None if started.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(20)),
+            None => panic!("no node leads partition {partition} (asked for 5 s)"),
+        }
+    }
 }
 
 /// Sends `count` events from `first` on, `#SYNC` every 50; every SYNC
@@ -692,6 +700,25 @@ fn leader_views(nodes: &[&Node], partitions: u32) -> Option<BTreeMap<u32, (usize
     (views.len() == partitions as usize).then_some(views)
 }
 
+/// How long a view of every partition's leader may take to be whole: the
+/// views are read node by node, so a leadership moving between two of them
+/// (placement rebalances leaders among the nodes left) can be missed by
+/// one pass. Below the 1 s election timeout, so a group that needed an
+/// election (its leader gone without a handover) is not waited for.
+const TRANSFER_WITHIN: Duration = Duration::from_millis(800);
+
+/// [`leader_views`], read again until whole or `within` passed.
+fn leader_views_within(nodes: &[&Node], partitions: u32, within: Duration) -> Option<BTreeMap<u32, (usize, Value)>> {
+    let started = Instant::now();
+    loop {
+        let views = leader_views(nodes, partitions);
+        if views.is_some() || started.elapsed() > within {
+            return views;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether every group is settled on `members` (ids): three voters, all
 /// of them members, no learner, and each led by its node.
 fn settled_on(views: &BTreeMap<u32, (usize, Value)>, members: &[String]) -> bool {
@@ -762,7 +789,13 @@ fn check_after_change(
     for event in logs.values().flatten() {
         let sequence: u64 = String::from_utf8_lossy(&event.payload).parse().expect("a sequence payload");
         if let Some(last) = last_by_key.insert(event.key.clone(), sequence) {
-            assert!(sequence > last, "{:?}: {sequence} at offset {} after {last}", event.key, event.offset);
+            assert!(
+                sequence > last,
+                "{:?}: {sequence} at offset {} after {last}; the nodes' proposal counters: {}",
+                event.key,
+                event.offset,
+                proposal_counters(nodes)
+            );
         }
         let key = String::from_utf8_lossy(&event.key).to_string();
         let connection = key[1..].split('k').next().and_then(|text| text.parse().ok()).expect("c<n>k<m>");
@@ -770,7 +803,13 @@ fn check_after_change(
     }
     for producer in produced {
         let stored = count_by_connection.get(&producer.connection).copied().unwrap_or(0);
-        assert_eq!(stored, producer.sent, "connection {}: events stored once each", producer.connection);
+        assert_eq!(
+            stored,
+            producer.sent,
+            "connection {}: events stored once each; the nodes' proposal counters: {}",
+            producer.connection,
+            proposal_counters(nodes)
+        );
     }
     for (index, events) in seen {
         let id = node_id(&nodes[*index].server);
@@ -791,6 +830,26 @@ fn check_after_change(
             }
         }
     }
+}
+
+/// Each node's counters of proposals sent again, refused, deduplicated
+/// and timed out, for a failed order or count check to say which path
+/// stored a proposal twice.
+fn proposal_counters(nodes: &[&Node]) -> String {
+    let names = [
+        "spate_raft_proposals_retried_total",
+        "spate_raft_proposals_deduplicated_total",
+        "spate_raft_refusals_of_resent_total",
+        "spate_replication_refusals_total",
+    ];
+    let per_node: Vec<String> = nodes
+        .iter()
+        .map(|node| {
+            let counts: Vec<String> = names.iter().map(|name| format!("{}", node.server.metric(name))).collect();
+            format!("[{}]", counts.join(", "))
+        })
+        .collect();
+    format!("({}) per node: {}", names.join(", "), per_node.join(" "))
 }
 
 /// How long the leaving node may take from SIGTERM to exit: its handover
@@ -860,12 +919,13 @@ fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
     assert!(log.contains("handed over in"), "the newcomer did not report its handover done; log: {log}");
     eprintln!("the newcomer handed its share over and exited {took:?} after SIGTERM");
     let firsts: Vec<&Node> = nodes.iter().collect();
-    let views = leader_views(&firsts, JOIN_PARTITIONS).expect("a leader for every partition as the newcomer exits");
+    let views = leader_views_within(&firsts, JOIN_PARTITIONS, TRANSFER_WITHIN)
+        .expect("a leader for every partition as the newcomer exits");
     assert!(settled_on(&views, &members[..3]), "groups not back on the three first nodes: {views:#?}");
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
     let produced: Vec<Produced> = producers.into_iter().map(|producer| producer.join().expect("a producer")).collect();
-    let views = leader_views(&firsts, JOIN_PARTITIONS).expect("a leader for every partition");
+    let views = leader_views_within(&firsts, JOIN_PARTITIONS, TRANSFER_WITHIN).expect("a leader for every partition");
     for (index, target) in targets.iter().enumerate() {
         let id = node_id(&firsts[index].server);
         let voter_of = views.iter().filter(|(_, (_, group))| {

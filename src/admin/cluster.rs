@@ -152,6 +152,12 @@ fn replication_metrics(out: &mut String, view: &ClusterView) {
             "Retried proposals this node, as the leader, found already in its log and did not store again.",
             stats.proposals_deduplicated,
         ),
+        (
+            "spate_raft_refusals_of_resent_total",
+            "counter",
+            "Refusals of a proposal sent more than once (another send may have been taken): sent again with a lookup in the leader's log, not answered refused.",
+            stats.refusals_of_resent,
+        ),
         ("spate_raft_entries_applied_total", "counter", "Committed entries applied.", stats.applied_entries),
         (
             "spate_raft_delivery_waves_total",

@@ -106,6 +106,18 @@
 //! taken by a leader that then loses its leadership before the commit is
 //! sent again (next section).
 //!
+//! A refusal is about one send, and a proposal sent again (next section)
+//! may be refused through one send after another was taken: the deposed
+//! leader of its first send refuses it (it was in a leadership transfer)
+//! after its retry reached the new leader, or a node that knows no leader
+//! refuses the retry of one the old leader took. Answered refused, its
+//! records would be proposed again by the shard under a new header and
+//! stored twice (seen in CI as a key's events going back, in the
+//! join-and-leave test). So only a proposal sent once is answered
+//! refused; one sent more than once is sent again at the next tick as
+//! [`Channel::ProposeAfterRefusal`], which the leader, like a retry, looks
+//! up in its log before it takes it (`spate_raft_refusals_of_resent_total`).
+//!
 //! # Retries
 //!
 //! A leader that dies (or is deposed) may have taken proposals it never
@@ -330,6 +342,9 @@ pub enum ProposalRefused {
     LeaderRefused,
     /// The queue from the shard to the cluster thread had no room.
     NotQueued,
+    /// An earlier proposal of the group, refused after it was sent more
+    /// than once, is being sent again: module doc, "Refused forwards".
+    EarlierResent,
 }
 
 impl std::fmt::Display for ProposalRefused {
@@ -343,6 +358,7 @@ impl std::fmt::Display for ProposalRefused {
             ProposalRefused::OutOfOrder => write!(f, "an earlier proposal of this shard and partition was refused"),
             ProposalRefused::LeaderRefused => write!(f, "the leader it was forwarded to did not take it"),
             ProposalRefused::NotQueued => write!(f, "the queue to the cluster thread is full"),
+            ProposalRefused::EarlierResent => write!(f, "an earlier proposal of the partition is being sent again"),
         }
     }
 }
@@ -545,6 +561,17 @@ struct Pending {
     records: Vec<Bytes>,
     /// When it was last sent.
     sent_at: Instant,
+    /// How many times it was sent: a refusal of a proposal sent more than
+    /// once may be about one send while another was taken (module doc,
+    /// "Refused forwards").
+    sends: u32,
+    /// Refused after more than one send: sent again at the next tick, as
+    /// [`Channel::ProposeAfterRefusal`], which the leader looks up in its
+    /// log before it takes it.
+    retry_after_refusal: bool,
+    /// Refused after more than one send and not answered yet: the group
+    /// takes no new proposal meanwhile ([`ReplicationNode::held`]).
+    held: bool,
 }
 
 /// Where a group's proposals go now: this node (its leader) or a peer.
@@ -638,6 +665,9 @@ pub struct ReplicationNode {
     /// Groups whose next forwarded proposal goes as
     /// [`Channel::ProposeAfterRefusal`]: a forward of this node was refused.
     restart: HashSet<GroupId>,
+    /// Groups that may have a held proposal ([`Pending::held`]); cleared
+    /// when a new proposal finds none left.
+    held_groups: HashSet<GroupId>,
     /// For groups this node holds no replica of: the leader the last
     /// refusal named ([`ReplicationNode::leader_elsewhere`]); at most
     /// [`REFUSING_MAX`].
@@ -713,6 +743,10 @@ pub struct ReplicationStats {
     /// did not store again.
     pub proposals_retried: u64,
     pub proposals_deduplicated: u64,
+    /// Refusals of a proposal sent more than once, which send it again
+    /// with a lookup instead of answering it refused
+    /// ([`ReplicationNode::receive_propose_refused`]).
+    pub refusals_of_resent: u64,
 }
 
 impl ReplicationNode {
@@ -736,6 +770,7 @@ impl ReplicationNode {
             in_flight: HashMap::new(),
             refusing: HashSet::new(),
             restart: HashSet::new(),
+            held_groups: HashSet::new(),
             leader_hints: HashMap::new(),
             cursors: HashMap::new(),
             owners: HashMap::new(),
@@ -963,6 +998,9 @@ impl ReplicationNode {
                     header,
                     records: run.records,
                     sent_at: now,
+                    sends: 1,
+                    retry_after_refusal: false,
+                    held: false,
                 };
                 self.pending.insert(sequence, pending);
                 let in_flight = self.in_flight.entry(run.group).or_default();
@@ -981,6 +1019,9 @@ impl ReplicationNode {
         let expected = *self.expected.entry((run.shard, run.group)).or_insert(0);
         if !run.resync && expected != run.first_sequence {
             return Err(ProposalRefused::OutOfOrder);
+        }
+        if self.held(run.group) {
+            return Err(ProposalRefused::EarlierResent);
         }
         let replica_leader = self.host.leader_of(run.group);
         let leader = replica_leader.unwrap_or_else(|| self.leader_elsewhere(run.group));
@@ -1022,6 +1063,22 @@ impl ReplicationNode {
         self.next_sequence += 1;
         self.last_target.insert(run.group, Target::of(sent_to));
         Ok((header, sent_to))
+    }
+
+    /// Whether `group` has a proposal refused after more than one send and
+    /// not answered yet: a new one waits (the shard proposes it again a
+    /// moment later), since the node it would go to may take it while the
+    /// held one's later proposals, refused, are on their way back, and
+    /// answering those refused would then sweep the new one along.
+    fn held(&mut self, group: GroupId) -> bool {
+        if !self.held_groups.contains(&group) {
+            return false;
+        }
+        let held = self.pending.values().any(|pending| pending.group == group && pending.held);
+        if !held {
+            self.held_groups.remove(&group);
+        }
+        held
     }
 
     /// Where `group`'s proposals go now, as [`Self::take_run`] chooses;
@@ -1068,7 +1125,10 @@ impl ReplicationNode {
         for (sequence, pending) in &self.pending {
             let target = *targets.entry(pending.group).or_insert_with(|| self.target_of(pending.group));
             let Some(target) = target else { continue };
-            if target != Target::of(pending.sent_to) || pending.sent_at.elapsed() >= retry_after {
+            if target != Target::of(pending.sent_to)
+                || pending.sent_at.elapsed() >= retry_after
+                || pending.retry_after_refusal
+            {
                 due.push((*sequence, target));
             }
         }
@@ -1088,6 +1148,7 @@ impl ReplicationNode {
     fn resend(&mut self, sequence: u64, target: Target) {
         let Some(pending) = self.pending.get(&sequence) else { return };
         let (group, header, records) = (pending.group, pending.header, pending.records.clone());
+        let channel = if pending.retry_after_refusal { Channel::ProposeAfterRefusal } else { Channel::ProposeRetry };
         self.stats.proposals_retried += 1;
         let sent = match target {
             Target::Here => match self.host.find_proposal(group, header) {
@@ -1102,13 +1163,13 @@ impl ReplicationNode {
                 Some(false) => true,
                 None => self.host.propose(group, header, &records).is_ok(),
             },
-            Target::Peer(node) => {
-                self.send_to_peer(node, Channel::ProposeRetry, forward_payload(group, header, &records))
-            }
+            Target::Peer(node) => self.send_to_peer(node, channel, forward_payload(group, header, &records)),
         };
         if sent && let Some(pending) = self.pending.get_mut(&sequence) {
             pending.sent_to = target.sent_to();
             pending.sent_at = Instant::now();
+            pending.sends += 1;
+            pending.retry_after_refusal = false;
         }
     }
 
@@ -1149,10 +1210,12 @@ impl ReplicationNode {
     /// leader it last knew, which learns of a transfer and so knows better.
     /// One not taken is refused at once (module doc, "Refused forwards").
     ///
-    /// A leader asks its log first for a `retry` ([`Channel::ProposeRetry`])
-    /// and for a proposal passed on by another node (it may be the first
-    /// send of one whose retry got here before it): one it holds is not
-    /// stored again, only answered if applied (module doc, "Retries").
+    /// A leader asks its log first for a `retry` ([`Channel::ProposeRetry`]),
+    /// for one that comes after a refusal (it may be a refused proposal
+    /// sent again, whose other send was taken) and for a proposal passed
+    /// on by another node (it may be the first send of one whose retry got
+    /// here before it): one it holds is not stored again, only answered if
+    /// applied (module doc, "Retries").
     pub fn propose_forwarded(&mut self, from: NodeId, payload: &Bytes, after_refusal: bool, retry: bool) {
         let Some((group_bytes, proposal)) = payload.split_at_checked(8) else { return };
         let group = GroupId {
@@ -1166,7 +1229,7 @@ impl ReplicationNode {
         }
         let leader_known = |node: &Self| node.host.leader_of(group).unwrap_or(0);
         let proposer = self.node_ids.get(&header.source_node).copied();
-        if (retry || proposer != Some(from))
+        if (retry || after_refusal || proposer != Some(from))
             && self.host.is_leader(group)
             && let Some(applied) = self.host.find_proposal(group, header)
         {
@@ -1227,6 +1290,13 @@ impl ReplicationNode {
     /// on the same connection) are answered now, each shard's next expected
     /// sequence goes back to its first refused one, and the group's next
     /// forward says it comes after a refusal.
+    ///
+    /// Only a proposal sent once is answered so: one sent more than once
+    /// may have been taken through another send, and answering it refused
+    /// would have the shard propose its records a second time. It is sent
+    /// again at the next tick instead ([`Self::retry_proposals`]), as
+    /// [`Channel::ProposeAfterRefusal`], which the leader looks up in its
+    /// log first (`spate_raft_refusals_of_resent_total`).
     pub fn receive_propose_refused(&mut self, payload: &[u8]) {
         let Some((group, sequence)) = decode_propose_ack(payload) else { return };
         let hint = payload.get(16..24).and_then(|bytes| bytes.try_into().ok()).map_or(0, u64::from_le_bytes);
@@ -1236,10 +1306,15 @@ impl ReplicationNode {
             }
             self.leader_hints.insert(group, hint);
         }
-        let Some(sent_to) = self.pending.get(&sequence).filter(|pending| pending.group == group).map(|p| p.sent_to)
-        else {
+        let Some(pending) = self.pending.get_mut(&sequence).filter(|pending| pending.group == group) else { return };
+        let sent_to = pending.sent_to;
+        if pending.sends > 1 {
+            pending.retry_after_refusal = true;
+            pending.held = true;
+            self.held_groups.insert(group);
+            self.stats.refusals_of_resent += 1;
             return;
-        };
+        }
         let mut refused: Vec<u64> = self
             .pending
             .iter()
@@ -2090,5 +2165,70 @@ mod tests {
         let mut runs = runs_of(vec![first, second]);
         runs[0].replies.answer(Ok(()));
         assert_eq!((first_answer.try_recv(), second_answer.try_recv()), (Ok(Ok(())), Ok(Ok(()))));
+    }
+
+    /// A node with one pending proposal of `ORDERS` (source sequence 1),
+    /// sent `sends` times, last to `sent_to`; and its answer.
+    fn node_with_pending(
+        sent_to: NodeId,
+        sends: u32,
+    ) -> (ReplicationNode, flume::Receiver<Result<(), ProposalRefused>>) {
+        let mut node = ReplicationNode::new(NodeId(1), FileLogStore::in_memory(), TransportHandle::new());
+        let (request, answer) = request(0, ORDERS, 0, false, b"a");
+        let run = Run::of(request);
+        let header = ProposalHeader { source_node: node.self_id, source_sequence: 1, record_count: 1 };
+        let now = Instant::now();
+        let pending = Pending {
+            group: ORDERS,
+            shard: 0,
+            shard_sequence: 0,
+            sent_to: Some(sent_to),
+            replies: run.replies,
+            since: now,
+            header,
+            records: run.records,
+            sent_at: now,
+            sends,
+            retry_after_refusal: false,
+            held: false,
+        };
+        node.pending.insert(1, pending);
+        node.in_flight.insert(ORDERS, (1, 1));
+        node.expected.insert((0, ORDERS), 1);
+        (node, answer)
+    }
+
+    #[test]
+    fn a_refusal_answers_a_proposal_sent_once_and_sends_one_sent_twice_again() {
+        let refusal = propose_answer(ORDERS, 1);
+        // Sent once: the refusal is about that send (from the node it went
+        // to, or the leader that node passed it on to).
+        let (mut node, answer) = node_with_pending(NodeId(2), 1);
+        node.receive_propose_refused(&refusal);
+        assert_eq!(answer.try_recv(), Ok(Err(ProposalRefused::LeaderRefused)));
+        assert!(node.pending.is_empty());
+        // Sent twice (the leader changed in between): the other send may
+        // have been taken, and answering it refused would have the shard
+        // propose its records again under a new header, stored twice. It
+        // stays, due to be sent again (looked up by the leader) next tick.
+        let (mut node, answer) = node_with_pending(NodeId(3), 2);
+        node.receive_propose_refused(&refusal);
+        assert!(answer.try_recv().is_err(), "a proposal sent twice was answered refused");
+        assert!(node.pending[&1].retry_after_refusal, "not due to be sent again");
+        assert_eq!(node.stats.refusals_of_resent, 1);
+        // Meanwhile the group takes no new proposal: it would go out while
+        // the held one's later proposals are refused on their way back.
+        let (second, second_answer) = request(0, ORDERS, 1, false, b"b");
+        node.propose(second);
+        assert_eq!(second_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
+        let (other, other_answer) = request(0, OTHER, 0, false, b"x");
+        node.propose(other);
+        assert_ne!(other_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
+        // Once it is answered (here: committed), the group takes them again.
+        node.receive_propose_ack(&refusal);
+        assert_eq!(answer.try_recv(), Ok(Ok(())));
+        let (second, second_answer) = request(0, ORDERS, 1, false, b"b");
+        node.propose(second);
+        assert_ne!(second_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
     }
 }
