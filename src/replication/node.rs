@@ -113,10 +113,18 @@
 //! refuses the retry of one the old leader took. Answered refused, its
 //! records would be proposed again by the shard under a new header and
 //! stored twice (seen in CI as a key's events going back, in the
-//! join-and-leave test). So only a proposal sent once is answered
-//! refused; one sent more than once is sent again at the next tick as
-//! [`Channel::ProposeAfterRefusal`], which the leader, like a retry, looks
-//! up in its log before it takes it (`spate_raft_refusals_of_resent_total`).
+//! join-and-leave test). So a refusal answers the proposal (and sweeps
+//! the later ones) only when each of them was sent once; else the refused
+//! one is sent again at the next tick as [`Channel::ProposeAfterRefusal`],
+//! which the leader, like a retry, looks up in its log before it takes it
+//! (`spate_raft_refusals_of_resent_total`), and the group takes no new
+//! proposal until the ones pending then are answered: the resend ends the
+//! refusing node's refusals, and a new proposal taken there would be swept
+//! along by the refusals of the earlier ones still on their way back. For
+//! the same reason a node that passes proposals on refuses one whose
+//! leader is another than the one it passed the proposer's last one of the
+//! group to: the old leader may refuse the earlier one while the new one
+//! takes this one.
 //!
 //! # Retries
 //!
@@ -569,9 +577,6 @@ struct Pending {
     /// [`Channel::ProposeAfterRefusal`], which the leader looks up in its
     /// log before it takes it.
     retry_after_refusal: bool,
-    /// Refused after more than one send and not answered yet: the group
-    /// takes no new proposal meanwhile ([`ReplicationNode::held`]).
-    held: bool,
 }
 
 /// Where a group's proposals go now: this node (its leader) or a peer.
@@ -665,9 +670,15 @@ pub struct ReplicationNode {
     /// Groups whose next forwarded proposal goes as
     /// [`Channel::ProposeAfterRefusal`]: a forward of this node was refused.
     restart: HashSet<GroupId>,
-    /// Groups that may have a held proposal ([`Pending::held`]); cleared
-    /// when a new proposal finds none left.
+    /// Groups holding new proposals back ([`ReplicationNode::held`]): one
+    /// of their proposals was refused and not answered (module doc,
+    /// "Refused forwards"); cleared when a new proposal finds the group
+    /// with nothing pending.
     held_groups: HashSet<GroupId>,
+    /// Per (proposer, group), the leader this node last passed a forwarded
+    /// proposal on to ([`Self::propose_forwarded`]), at most
+    /// [`REFUSING_MAX`].
+    relayed: HashMap<(ReplicaId, GroupId), ReplicaId>,
     /// For groups this node holds no replica of: the leader the last
     /// refusal named ([`ReplicationNode::leader_elsewhere`]); at most
     /// [`REFUSING_MAX`].
@@ -771,6 +782,7 @@ impl ReplicationNode {
             refusing: HashSet::new(),
             restart: HashSet::new(),
             held_groups: HashSet::new(),
+            relayed: HashMap::new(),
             leader_hints: HashMap::new(),
             cursors: HashMap::new(),
             owners: HashMap::new(),
@@ -1000,7 +1012,6 @@ impl ReplicationNode {
                     sent_at: now,
                     sends: 1,
                     retry_after_refusal: false,
-                    held: false,
                 };
                 self.pending.insert(sequence, pending);
                 let in_flight = self.in_flight.entry(run.group).or_default();
@@ -1036,10 +1047,13 @@ impl ReplicationNode {
         let header =
             ProposalHeader { source_node: self.self_id, source_sequence: sequence, record_count: run.record_count };
         let target = self.target_for(leader);
-        if let Some(target) = target {
-            // The group's earlier proposals go there first, so this one
-            // does not overtake them (module doc, "Retries").
-            self.resend_if_moved(run.group, target);
+        // The group's earlier proposals go there first, so this one does
+        // not overtake them (module doc, "Retries"); if one cannot, neither
+        // can this one.
+        if let Some(target) = target
+            && !self.resend_if_moved(run.group, target)
+        {
+            return Err(ProposalRefused::NoLeader);
         }
         let sent_to = match target {
             Some(Target::Here) => {
@@ -1065,16 +1079,18 @@ impl ReplicationNode {
         Ok((header, sent_to))
     }
 
-    /// Whether `group` has a proposal refused after more than one send and
-    /// not answered yet: a new one waits (the shard proposes it again a
-    /// moment later), since the node it would go to may take it while the
-    /// held one's later proposals, refused, are on their way back, and
-    /// answering those refused would then sweep the new one along.
+    /// Whether `group` holds new proposals back: since one of its
+    /// proposals was refused and not answered (it is sent again instead),
+    /// until none of those pending then is left. A new one waits (the
+    /// shard proposes it again a moment later): the refused one's resend
+    /// ends the refusing node's refusals, so a new one could be taken there
+    /// while the group's later proposals, refused before, are on their way
+    /// back, and answering those refused would sweep the new one along.
     fn held(&mut self, group: GroupId) -> bool {
         if !self.held_groups.contains(&group) {
             return false;
         }
-        let held = self.pending.values().any(|pending| pending.group == group && pending.held);
+        let held = self.pending.values().any(|pending| pending.group == group);
         if !held {
             self.held_groups.remove(&group);
         }
@@ -1096,12 +1112,12 @@ impl ReplicationNode {
     }
 
     /// Sends `group`'s pending proposals that went elsewhere to `target`,
-    /// in their order, if the group's last proposal went elsewhere.
-    fn resend_if_moved(&mut self, group: GroupId, target: Target) {
+    /// in their order, if the group's last proposal went elsewhere; whether
+    /// every one went (the group's target moves only then).
+    fn resend_if_moved(&mut self, group: GroupId, target: Target) -> bool {
         if self.last_target.get(&group).is_none_or(|last| *last == target) {
-            return;
+            return true;
         }
-        self.last_target.insert(group, target);
         let mut moved: Vec<u64> = self
             .pending
             .iter()
@@ -1110,8 +1126,12 @@ impl ReplicationNode {
             .collect();
         moved.sort_unstable();
         for sequence in moved {
-            self.resend(sequence, target);
+            if !self.resend(sequence, target) {
+                return false;
+            }
         }
+        self.last_target.insert(group, target);
+        true
     }
 
     /// Sends pending proposals again (module doc, "Retries"), each Raft
@@ -1133,20 +1153,28 @@ impl ReplicationNode {
             }
         }
         due.sort_unstable_by_key(|(sequence, _)| *sequence);
+        // A group whose resend could not go sends none of its later ones
+        // (they would overtake it) and keeps its target.
+        let mut failed: HashSet<GroupId> = HashSet::new();
         for (sequence, target) in due {
-            if let Some(group) = self.pending.get(&sequence).map(|pending| pending.group) {
-                self.last_target.insert(group, target);
+            let Some(group) = self.pending.get(&sequence).map(|pending| pending.group) else { continue };
+            if failed.contains(&group) {
+                continue;
             }
-            self.resend(sequence, target);
+            if self.resend(sequence, target) {
+                self.last_target.insert(group, target);
+            } else {
+                failed.insert(group);
+            }
         }
     }
 
     /// Sends one pending proposal again to `target`, with its header: a
     /// leader that has it in its log does not take it again (and answers
     /// it if applied), so the retry of a proposal that did get in costs a
-    /// look, not a second copy.
-    fn resend(&mut self, sequence: u64, target: Target) {
-        let Some(pending) = self.pending.get(&sequence) else { return };
+    /// look, not a second copy. Whether it went (or was found answered).
+    fn resend(&mut self, sequence: u64, target: Target) -> bool {
+        let Some(pending) = self.pending.get(&sequence) else { return true };
         let (group, header, records) = (pending.group, pending.header, pending.records.clone());
         let channel = if pending.retry_after_refusal { Channel::ProposeAfterRefusal } else { Channel::ProposeRetry };
         self.stats.proposals_retried += 1;
@@ -1157,7 +1185,7 @@ impl ReplicationNode {
                         self.leave_flight(group);
                         pending.replies.answer(Ok(()));
                     }
-                    return;
+                    return true;
                 }
                 // Its apply here answers it.
                 Some(false) => true,
@@ -1171,6 +1199,7 @@ impl ReplicationNode {
             pending.sends += 1;
             pending.retry_after_refusal = false;
         }
+        sent
     }
 
     /// Where a proposal for a group this node holds no replica of goes: the
@@ -1252,6 +1281,17 @@ impl ReplicationNode {
             Err(ProposeError::NotLeader { leader: Some(leader), .. })
                 if proposer == Some(from) && leader != self.self_id =>
             {
+                // Passed on to another leader than the proposer's last one
+                // of the group: that one may refuse the earlier proposal
+                // (a transfer) while this one is taken, and its refusal
+                // would sweep this one along at the proposer. Refused here
+                // instead, it and the later ones follow the earlier one.
+                if self.relayed.len() >= REFUSING_MAX {
+                    self.relayed.clear();
+                }
+                if self.relayed.insert(source, leader).is_some_and(|last| last != leader) {
+                    return self.refuse_forwarded(group, header, leader);
+                }
                 let next = self.node_ids.get(&leader).copied();
                 let channel = match (after_refusal, retry) {
                     (true, _) => Channel::ProposeAfterRefusal,
@@ -1291,12 +1331,14 @@ impl ReplicationNode {
     /// sequence goes back to its first refused one, and the group's next
     /// forward says it comes after a refusal.
     ///
-    /// Only a proposal sent once is answered so: one sent more than once
-    /// may have been taken through another send, and answering it refused
-    /// would have the shard propose its records a second time. It is sent
-    /// again at the next tick instead ([`Self::retry_proposals`]), as
-    /// [`Channel::ProposeAfterRefusal`], which the leader looks up in its
-    /// log first (`spate_raft_refusals_of_resent_total`).
+    /// Only when it and every later one swept were sent once are they
+    /// answered so: one sent more than once may have been taken through
+    /// another send, and answering it refused would have the shard propose
+    /// its records a second time. It is sent again at the next tick instead
+    /// ([`Self::retry_proposals`]), as [`Channel::ProposeAfterRefusal`],
+    /// which the leader looks up in its log first, and the group holds new
+    /// proposals back until the ones pending now are answered
+    /// ([`Self::held`]; `spate_raft_refusals_of_resent_total`).
     pub fn receive_propose_refused(&mut self, payload: &[u8]) {
         let Some((group, sequence)) = decode_propose_ack(payload) else { return };
         let hint = payload.get(16..24).and_then(|bytes| bytes.try_into().ok()).map_or(0, u64::from_le_bytes);
@@ -1306,21 +1348,26 @@ impl ReplicationNode {
             }
             self.leader_hints.insert(group, hint);
         }
-        let Some(pending) = self.pending.get_mut(&sequence).filter(|pending| pending.group == group) else { return };
-        let sent_to = pending.sent_to;
-        if pending.sends > 1 {
-            pending.retry_after_refusal = true;
-            pending.held = true;
-            self.held_groups.insert(group);
-            self.stats.refusals_of_resent += 1;
+        let Some(sent_to) = self.pending.get(&sequence).filter(|pending| pending.group == group).map(|p| p.sent_to)
+        else {
             return;
-        }
+        };
         let mut refused: Vec<u64> = self
             .pending
             .iter()
             .filter(|(later, pending)| **later >= sequence && pending.group == group && pending.sent_to == sent_to)
             .map(|(later, _)| *later)
             .collect();
+        // Sent more than once (it or a later one the refusal would sweep):
+        // another send may have been taken, so it is sent again instead.
+        if refused.iter().any(|later| self.pending.get(later).is_some_and(|pending| pending.sends > 1)) {
+            if let Some(pending) = self.pending.get_mut(&sequence) {
+                pending.retry_after_refusal = true;
+            }
+            self.held_groups.insert(group);
+            self.stats.refusals_of_resent += 1;
+            return;
+        }
         refused.sort_unstable();
         let mut restarted = HashSet::new();
         for later in refused {
@@ -2167,21 +2214,30 @@ mod tests {
         assert_eq!((first_answer.try_recv(), second_answer.try_recv()), (Ok(Ok(())), Ok(Ok(()))));
     }
 
-    /// A node with one pending proposal of `ORDERS` (source sequence 1),
-    /// sent `sends` times, last to `sent_to`; and its answer.
-    fn node_with_pending(
+    /// A node with no peer and no group (proposals to it are pending ones
+    /// put in place by [`pend`]).
+    fn bare_node() -> ReplicationNode {
+        ReplicationNode::new(NodeId(1), FileLogStore::in_memory(), TransportHandle::new())
+    }
+
+    /// Puts a pending proposal of `ORDERS` from shard 0 in place, as
+    /// [`ReplicationNode::propose_run`] would have: source sequence
+    /// `sequence` (also its shard sequence), sent `sends` times, last to
+    /// `sent_to`; its answer.
+    fn pend(
+        node: &mut ReplicationNode,
+        sequence: u64,
         sent_to: NodeId,
         sends: u32,
-    ) -> (ReplicationNode, flume::Receiver<Result<(), ProposalRefused>>) {
-        let mut node = ReplicationNode::new(NodeId(1), FileLogStore::in_memory(), TransportHandle::new());
-        let (request, answer) = request(0, ORDERS, 0, false, b"a");
+    ) -> flume::Receiver<Result<(), ProposalRefused>> {
+        let (request, answer) = request(0, ORDERS, sequence, false, b"a");
         let run = Run::of(request);
-        let header = ProposalHeader { source_node: node.self_id, source_sequence: 1, record_count: 1 };
+        let header = ProposalHeader { source_node: node.self_id, source_sequence: sequence, record_count: 1 };
         let now = Instant::now();
         let pending = Pending {
             group: ORDERS,
             shard: 0,
-            shard_sequence: 0,
+            shard_sequence: sequence,
             sent_to: Some(sent_to),
             replies: run.replies,
             since: now,
@@ -2190,45 +2246,57 @@ mod tests {
             sent_at: now,
             sends,
             retry_after_refusal: false,
-            held: false,
         };
-        node.pending.insert(1, pending);
-        node.in_flight.insert(ORDERS, (1, 1));
-        node.expected.insert((0, ORDERS), 1);
-        (node, answer)
+        node.pending.insert(sequence, pending);
+        node.in_flight.entry(ORDERS).or_default().0 += 1;
+        node.expected.insert((0, ORDERS), sequence + 1);
+        answer
     }
 
     #[test]
     fn a_refusal_answers_a_proposal_sent_once_and_sends_one_sent_twice_again() {
-        let refusal = propose_answer(ORDERS, 1);
         // Sent once: the refusal is about that send (from the node it went
-        // to, or the leader that node passed it on to).
-        let (mut node, answer) = node_with_pending(NodeId(2), 1);
-        node.receive_propose_refused(&refusal);
-        assert_eq!(answer.try_recv(), Ok(Err(ProposalRefused::LeaderRefused)));
+        // to, or the leader that node passed it on to), and about the later
+        // ones sent the same way.
+        let mut node = bare_node();
+        let (first, later) = (pend(&mut node, 1, NodeId(2), 1), pend(&mut node, 2, NodeId(2), 1));
+        node.receive_propose_refused(&propose_answer(ORDERS, 1));
+        assert_eq!(first.try_recv(), Ok(Err(ProposalRefused::LeaderRefused)));
+        assert_eq!(later.try_recv(), Ok(Err(ProposalRefused::OutOfOrder)));
         assert!(node.pending.is_empty());
+        assert_eq!(node.expected[&(0, ORDERS)], 1, "the shard proposes them again from the first");
+
         // Sent twice (the leader changed in between): the other send may
         // have been taken, and answering it refused would have the shard
         // propose its records again under a new header, stored twice. It
         // stays, due to be sent again (looked up by the leader) next tick.
-        let (mut node, answer) = node_with_pending(NodeId(3), 2);
-        node.receive_propose_refused(&refusal);
+        let mut node = bare_node();
+        let answer = pend(&mut node, 1, NodeId(3), 2);
+        node.receive_propose_refused(&propose_answer(ORDERS, 1));
         assert!(answer.try_recv().is_err(), "a proposal sent twice was answered refused");
         assert!(node.pending[&1].retry_after_refusal, "not due to be sent again");
         assert_eq!(node.stats.refusals_of_resent, 1);
         // Meanwhile the group takes no new proposal: it would go out while
         // the held one's later proposals are refused on their way back.
-        let (second, second_answer) = request(0, ORDERS, 1, false, b"b");
+        let (second, second_answer) = request(0, ORDERS, 2, false, b"b");
         node.propose(second);
         assert_eq!(second_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
         let (other, other_answer) = request(0, OTHER, 0, false, b"x");
         node.propose(other);
         assert_ne!(other_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
         // Once it is answered (here: committed), the group takes them again.
-        node.receive_propose_ack(&refusal);
+        node.receive_propose_ack(&propose_answer(ORDERS, 1));
         assert_eq!(answer.try_recv(), Ok(Ok(())));
-        let (second, second_answer) = request(0, ORDERS, 1, false, b"b");
+        let (second, second_answer) = request(0, ORDERS, 2, false, b"b");
         node.propose(second);
         assert_ne!(second_answer.try_recv(), Ok(Err(ProposalRefused::EarlierResent)));
+
+        // Sent once, but a later one the refusal would sweep was sent twice:
+        // that one may have been taken, so neither is answered.
+        let mut node = bare_node();
+        let (first, later) = (pend(&mut node, 1, NodeId(2), 1), pend(&mut node, 2, NodeId(2), 2));
+        node.receive_propose_refused(&propose_answer(ORDERS, 1));
+        assert!(first.try_recv().is_err() && later.try_recv().is_err(), "answered a sweep with a proposal sent twice");
+        assert!(node.pending[&1].retry_after_refusal);
     }
 }
