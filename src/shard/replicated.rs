@@ -321,6 +321,10 @@ async fn complete(shard: Rc<Shard>) {
 async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
     for item in sent {
         let mut retry_ms = PROPOSE_RETRY_FIRST_MS;
+        // Once it timed out, it and the later ones may have been taken: it
+        // is sent with resync from then on, whatever refuses it next (a
+        // held group, no leader), and the later ones are not sent again.
+        let mut timed_out = false;
         loop {
             let refused = match item.answer.take() {
                 Some(answer) => match answer.recv_async().await {
@@ -348,7 +352,7 @@ async fn await_commits(shard: &Rc<Shard>, sent: &mut [Sent]) {
                 retry_ms = (retry_ms * 2).min(PROPOSE_RETRY_MS);
             }
             let Some(sender) = shard.replication.proposals.borrow().clone() else { continue };
-            let timed_out = refused == ProposalRefused::TimedOut;
+            timed_out |= refused == ProposalRefused::TimedOut;
             item.answer = send(shard.id, &sender, &item.proposal, timed_out || out_of_order);
             if !timed_out {
                 resend_queued(shard, item.proposal.group, &sender);
