@@ -71,21 +71,29 @@ fn groups_ready(view: &Value, partitions: u32) -> bool {
 /// (placement balances leaders once a stream is created) can be missed by
 /// one pass: they are asked again for up to 5 s.
 fn leader_of(nodes: &[&Node], partition: u32) -> usize {
-    let started = Instant::now();
-    loop {
-        let leader = nodes.iter().position(|node| {
+    let leader = read_again_within(Duration::from_secs(5), || {
+        nodes.iter().position(|node| {
             let view = cluster_of(&node.server);
             view["partitions"].as_array().is_some_and(|groups| {
                 groups.iter().any(|group| {
                     group["stream"] == STREAM && group["partition"] == partition && group["leader_is_self"] == true
                 })
             })
-        });
-        match leader {
-            Some(leader) => return leader,
-            None if started.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(20)),
-            None => panic!("no node leads partition {partition} (asked for 5 s)"),
+        })
+    });
+    leader.unwrap_or_else(|| panic!("no node leads partition {partition} (asked for 5 s)"))
+}
+
+/// `read` again every 20 ms until it gives something or `within` passed;
+/// its last answer.
+fn read_again_within<T>(within: Duration, mut read: impl FnMut() -> Option<T>) -> Option<T> {
+    let started = Instant::now();
+    loop {
+        let answer = read();
+        if answer.is_some() || started.elapsed() > within {
+            return answer;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -707,18 +715,6 @@ fn leader_views(nodes: &[&Node], partitions: u32) -> Option<BTreeMap<u32, (usize
 /// election (its leader gone without a handover) is not waited for.
 const TRANSFER_WITHIN: Duration = Duration::from_millis(800);
 
-/// [`leader_views`], read again until whole or `within` passed.
-fn leader_views_within(nodes: &[&Node], partitions: u32, within: Duration) -> Option<BTreeMap<u32, (usize, Value)>> {
-    let started = Instant::now();
-    loop {
-        let views = leader_views(nodes, partitions);
-        if views.is_some() || started.elapsed() > within {
-            return views;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Whether every group is settled on `members` (ids): three voters, all
 /// of them members, no learner, and each led by its node.
 fn settled_on(views: &BTreeMap<u32, (usize, Value)>, members: &[String]) -> bool {
@@ -919,13 +915,14 @@ fn a_joining_node_takes_its_share_and_a_leaving_one_hands_it_back_under_load() {
     assert!(log.contains("handed over in"), "the newcomer did not report its handover done; log: {log}");
     eprintln!("the newcomer handed its share over and exited {took:?} after SIGTERM");
     let firsts: Vec<&Node> = nodes.iter().collect();
-    let views = leader_views_within(&firsts, JOIN_PARTITIONS, TRANSFER_WITHIN)
+    let views = read_again_within(TRANSFER_WITHIN, || leader_views(&firsts, JOIN_PARTITIONS))
         .expect("a leader for every partition as the newcomer exits");
     assert!(settled_on(&views, &members[..3]), "groups not back on the three first nodes: {views:#?}");
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
     let produced: Vec<Produced> = producers.into_iter().map(|producer| producer.join().expect("a producer")).collect();
-    let views = leader_views_within(&firsts, JOIN_PARTITIONS, TRANSFER_WITHIN).expect("a leader for every partition");
+    let views = read_again_within(TRANSFER_WITHIN, || leader_views(&firsts, JOIN_PARTITIONS))
+        .expect("a leader for every partition");
     for (index, target) in targets.iter().enumerate() {
         let id = node_id(&firsts[index].server);
         let voter_of = views.iter().filter(|(_, (_, group))| {
