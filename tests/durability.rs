@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -63,22 +64,52 @@ fn produce_until_cut(address: SocketAddr, stream: &str, connection: u64, stop: &
     acked
 }
 
-/// What a check of one stream found.
+/// The (connection, seq) pairs a check found: one bit per pair, by
+/// connection. The crash loops read millions of events after every kill, so
+/// this is a bitset rather than a hash set (which cost most of the test's
+/// time).
 #[derive(Default)]
-struct StreamContents {
-    /// (connection, seq) of every event, each present once.
-    present: HashSet<(u64, u64)>,
+struct Seen {
+    by_connection: Vec<Vec<u64>>,
+    count: u64,
+}
+
+impl Seen {
+    /// Records a pair; false if it was there already.
+    fn insert(&mut self, connection: u64, seq: u64) -> bool {
+        let (connection, word, bit) = (connection as usize, (seq / 64) as usize, seq % 64);
+        if self.by_connection.len() <= connection {
+            self.by_connection.resize_with(connection + 1, Vec::new);
+        }
+        let words = &mut self.by_connection[connection];
+        if words.len() <= word {
+            words.resize(word + 1, 0);
+        }
+        let fresh = words[word] & (1 << bit) == 0;
+        words[word] |= 1 << bit;
+        self.count += u64::from(fresh);
+        fresh
+    }
+
+    fn contains(&self, connection: u64, seq: u64) -> bool {
+        self.by_connection
+            .get(connection as usize)
+            .and_then(|words| words.get((seq / 64) as usize))
+            .is_some_and(|word| word & (1 << (seq % 64)) != 0)
+    }
 }
 
 /// Reads all of `stream` from offset 0 and checks it: dense offsets from 0 in
-/// every partition, every event whole and present once, each (connection,
-/// key)'s events in order.
-fn check_stream(server: &Server, stream: &str) -> StreamContents {
+/// every partition, every event whole and present once (in `seen`, which
+/// the streams of one check share), each (connection, key)'s events in
+/// order.
+fn check_stream(server: &Server, stream: &str, seen: &mut Seen) {
     let total = server.stream_end(stream);
     let mut subscriber = Subscriber::connect(server.subscribe, &format!("SUB {stream} * earliest"));
     let mut next_offset: HashMap<u32, u64> = HashMap::new();
-    let mut last_seq: HashMap<(u64, u64), u64> = HashMap::new();
-    let mut contents = StreamContents::default();
+    // By connection * KEYS_PER_CONNECTION + key: the last seq seen, plus one.
+    let mut last_seq: Vec<u64> = Vec::new();
+    let mut expected_key = String::new();
     for index in 0..total {
         let event = subscriber
             .next_event()
@@ -93,15 +124,21 @@ fn check_stream(server: &Server, stream: &str) -> StreamContents {
             .and_then(|rest| rest.split_once('-'))
             .and_then(|(connection, seq)| Some((connection.parse::<u64>().ok()?, seq.parse::<u64>().ok()?)))
             .unwrap_or_else(|| panic!("{stream}: a damaged event {key:?} {payload:?}"));
-        assert_eq!(key, format!("c{connection}k{}", seq % KEYS_PER_CONNECTION), "{stream}: key and payload agree");
-        assert!(contents.present.insert((connection, seq)), "{stream}: c{connection}-{seq} is there twice");
         let key_index = seq % KEYS_PER_CONNECTION;
-        if let Some(previous) = last_seq.insert((connection, key_index), seq) {
+        expected_key.clear();
+        write!(expected_key, "c{connection}k{key_index}").unwrap();
+        assert_eq!(key, expected_key, "{stream}: key and payload agree");
+        assert!(seen.insert(connection, seq), "{stream}: c{connection}-{seq} is there twice");
+        let slot = (connection * KEYS_PER_CONNECTION + key_index) as usize;
+        if last_seq.len() <= slot {
+            last_seq.resize(slot + 1, 0);
+        }
+        if let Some(previous) = last_seq[slot].checked_sub(1) {
             assert!(previous < seq, "{stream}: {key} has c{connection}-{seq} after c{connection}-{previous}");
         }
+        last_seq[slot] = seq + 1;
     }
     assert!(subscriber.notices.is_empty(), "{stream}: {:?}", subscriber.notices);
-    contents
 }
 
 /// At least ten `kill -9`s at random moments while producers write to three
@@ -206,20 +243,20 @@ fn kill_9_loop(args: &[&str]) {
             acknowledged.insert(connection, (stream, acked));
         }
         server.spawn();
-        let mut present = HashSet::new();
+        let mut present = Seen::default();
         for stream in streams {
-            present.extend(check_stream(&server, stream).present);
+            check_stream(&server, stream, &mut present);
         }
         for (&connection, &(stream, acked)) in &acknowledged {
             for seq in 0..acked {
                 assert!(
-                    present.contains(&(connection, seq)),
+                    present.contains(connection, seq),
                     "after kill {kill}: acknowledged c{connection}-{seq} of {stream} is missing (seed {})",
                     rng.seed
                 );
             }
         }
-        eprintln!("kill {kill}: {total_acked} acknowledged events, {} present", present.len());
+        eprintln!("kill {kill}: {total_acked} acknowledged events, {} present", present.count);
     }
     assert!(total_acked >= KILLS * SYNC_EVERY, "the producers got acknowledgements: {total_acked}");
     let log = server.log();
