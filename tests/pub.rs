@@ -85,7 +85,7 @@ fn pub_reports_a_rejected_line_by_file_and_line_and_exits_one() {
 /// No server listening: exit status 3, with the reason on stderr.
 #[test]
 fn pub_without_a_server_exits_three() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let output = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["pub", "--server", &format!("127.0.0.1:{port}"), "/dev/null"])
         .output()
@@ -101,8 +101,7 @@ fn pub_without_a_server_exits_three() {
 #[test]
 fn pub_and_sub_take_several_servers_and_use_the_first_that_answers() {
     let server = Server::start(&[]);
-    let dead =
-        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let dead = format!("127.0.0.1:{}", common::free_port());
     let path = write_events("several", 500, None);
     let output = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["pub", "--server", &format!("{dead},{}", server.ingest)])
@@ -118,8 +117,7 @@ fn pub_and_sub_take_several_servers_and_use_the_first_that_answers() {
         .expect("run spate sub");
     assert_eq!(output.status.code(), Some(0), "spate sub failed: {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 500);
-    let other_dead =
-        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let other_dead = format!("127.0.0.1:{}", common::free_port());
     let output = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["pub", "--server", &format!("{dead},{other_dead}"), "/dev/null"])
         .output()

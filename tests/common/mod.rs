@@ -36,18 +36,50 @@ fn fresh_data_dir(port: u16) -> std::path::PathBuf {
 }
 
 /// A free loopback port, never one this test process handed out before:
-/// tests run in parallel threads, the kernel may give a just-released port
-/// again, and spate binds with SO_REUSEPORT, so two servers would silently
-/// share it and split each other's connections.
+/// tests run in parallel threads, and spate binds with SO_REUSEPORT, so two
+/// servers given one port would silently share it and split each other's
+/// connections.
+///
+/// The port comes from outside the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), which is where the local
+/// port of every outgoing connection comes from: a port asked of the
+/// kernel with a bind to port 0 is in that range, and between its release
+/// here and the server's bind, any connection a test (or the server) opens
+/// could take it as its local port. The server's bind then failed with
+/// "Address already in use" (seen when several test binaries ran at once).
+/// A port below the range is taken only by an explicit bind, which the
+/// check here (TCP and UDP: a cluster node binds both) makes unlikely.
 pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap();
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
+    static NEXT: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+    let (low, high) = ports_outside_ephemeral_range();
+    let span = high - low;
+    let mut next = NEXT.lock().unwrap();
+    // Each process starts at its own place, so test processes running at
+    // the same time rarely try the same ports.
+    let cursor = next.get_or_insert_with(|| low + std::process::id().wrapping_mul(7919) % span);
+    for _ in 0..span {
+        let port = *cursor as u16;
+        *cursor = low + (*cursor - low + 1) % span;
+        let free =
+            TcpListener::bind(("127.0.0.1", port)).is_ok() && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
             return port;
         }
+    }
+    panic!("no free loopback port in {low}..{high}");
+}
+
+/// Ports to hand out: `[low, high)` outside the ephemeral range.
+fn ports_outside_ephemeral_range() -> (u32, u32) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
+        let mut bounds = text.split_whitespace().map(|bound| bound.parse::<u32>().ok());
+        Some((bounds.next()??, bounds.next()??))
+    });
+    match range {
+        Some((ephemeral_low, _)) if ephemeral_low >= 12_000 => (10_000, ephemeral_low),
+        Some((_, ephemeral_high)) if ephemeral_high <= 63_000 => (ephemeral_high + 1, 65_536),
+        // An ephemeral range over nearly everything: the old way's odds.
+        _ => (10_000, 65_536),
     }
 }
 
