@@ -182,7 +182,19 @@ fn kill_9_during_checkpoints_file_switches_and_migrations() {
 fn a_log_that_fills_while_checkpoints_run_never_stalls_ingest() {
     let data_dir = fresh_data_dir("wal-full");
     let data = data_dir.display().to_string();
-    let args = ["--shards", "2", "--partitions", "8", "--data-dir", &data, "--wal-bytes-max", "8519680"];
+    // Every round through the log (rounds this large would bypass it).
+    let args = [
+        "--shards",
+        "2",
+        "--partitions",
+        "8",
+        "--data-dir",
+        &data,
+        "--wal-bytes-max",
+        "8519680",
+        "--wal-bypass",
+        "off",
+    ];
     let server = Server::start(&args);
     let started = std::time::Instant::now();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -263,6 +275,90 @@ fn kill_9_loop(args: &[&str]) {
     assert!(!log.contains("panicked"), "{log}");
 }
 
+/// Writes the events `seqs` of connection `connection` to `default`
+/// (`c<conn>k<j> c<conn>-<seq>`, as the crash loops do) without a `#SYNC`.
+fn produce_unsynced(address: SocketAddr, connection: u64, seqs: std::ops::Range<u64>) {
+    let mut producer = common::Producer::connect(address);
+    let mut batch = String::new();
+    for seq in seqs {
+        writeln!(batch, "c{connection}k{} c{connection}-{seq}", seq % KEYS_PER_CONNECTION).unwrap();
+        if batch.len() > 64 * 1024 {
+            producer.send(batch.as_bytes());
+            batch.clear();
+        }
+    }
+    producer.send(batch.as_bytes());
+    producer.flush();
+}
+
+/// `connections` producers write the events `seqs` each, at once, without
+/// a `#SYNC`; `subscriber` (on `default`) reads all of them.
+fn produce_and_read(server: &Server, subscriber: &mut Subscriber, connections: u64, seqs: std::ops::Range<u64>) {
+    let producers: Vec<_> = (0..connections)
+        .map(|connection| {
+            let (address, seqs) = (server.ingest, seqs.clone());
+            std::thread::spawn(move || produce_unsynced(address, connection, seqs))
+        })
+        .collect();
+    let expected = (connections * (seqs.end - seqs.start)) as usize;
+    assert_eq!(subscriber.take(expected).len(), expected, "the subscriber saw every event");
+    for producer in producers {
+        producer.join().unwrap();
+    }
+}
+
+/// Under the default `--fsync interval`, rounds that carry a block or more
+/// per partition bypass the write-ahead log: their frames go straight to
+/// the segment files, and a filesystem sync makes them durable. Such an
+/// event survives kill -9 once written, `#SYNC` or not: producers write
+/// without one, a subscriber reads every event (it sees only written
+/// ones), the server is killed at once and restarted, and every event is
+/// there once, in order; the log carried less than the segments.
+/// Then a large batch with a `#SYNC` goes through a filesystem sync, and
+/// survives a second kill -9 too.
+#[test]
+fn rounds_that_bypass_the_write_ahead_log_lose_nothing_to_kill_9() {
+    const CONNECTIONS: u64 = 4;
+    const EVENTS: u64 = 100_000;
+    // No interval sync during the test (and its 16 MB stay below the
+    // unsynced bound): only the rounds' own writes keep the events.
+    let mut server = Server::start(&["--shards", "2", "--partitions", "8", "--fsync-interval-ms", "60000"]);
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
+    produce_and_read(&server, &mut subscriber, CONNECTIONS, 0..EVENTS);
+    let bypassed = server.metric("spate_wal_bypassed_rounds_total");
+    let logged = server.metric("spate_wal_written_bytes_total");
+    let stored = server.metric("spate_storage_written_bytes_total");
+    assert!(bypassed > 0.0, "rounds bypassed the log: {}", server.get("/metrics"));
+    // Through the log alone it would carry every byte the segments got,
+    // and more (record headers, rewritten blocks).
+    assert!(logged < stored, "the log carried {logged} bytes of {stored}");
+    // Killed once the subscriber has read the last event, with no sync
+    // since: what it saw was written, and nothing more.
+    produce_and_read(&server, &mut subscriber, CONNECTIONS, EVENTS..2 * EVENTS);
+    server.crash();
+    server.spawn();
+    let mut seen = Seen::default();
+    check_stream(&server, "default", &mut seen);
+    assert_eq!(seen.count, CONNECTIONS * 2 * EVENTS, "every written event after kill -9");
+
+    // Over 4 MiB per shard held unwritten when the `#SYNC` comes: it is
+    // answered by a filesystem sync, not by writing them to the log.
+    const SYNCED: u64 = 1_000_000;
+    let mut producer = server.producer();
+    for seq in 0..SYNCED {
+        producer.send(format!("c{CONNECTIONS}k{} c{CONNECTIONS}-{seq}\n", seq % KEYS_PER_CONNECTION).as_bytes());
+    }
+    let replies = producer.sync();
+    assert!(replies.iter().all(|reply| !reply.starts_with("ERR")), "{replies:?}");
+    assert!(server.metric("spate_wal_filesystem_syncs_total") >= 1.0, "{}", server.get("/metrics"));
+    server.crash();
+    server.spawn();
+    let mut seen = Seen::default();
+    check_stream(&server, "default", &mut seen);
+    assert_eq!(seen.count, CONNECTIONS * 2 * EVENTS + SYNCED, "every synced event after a second kill -9");
+    assert!(!server.log().contains("panicked"));
+}
+
 /// The frames of a segment file: (position, size, next offset after it).
 fn frames_of(bytes: &[u8]) -> Vec<(usize, usize, u64)> {
     let mut frames = Vec::new();
@@ -295,9 +391,22 @@ fn last_segment(data_dir: &std::path::Path) -> std::path::PathBuf {
 fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str, fsync: &str) {
     let data_dir = fresh_data_dir(&format!("torn-{name}-{fsync}"));
     let data = data_dir.display().to_string();
-    // No checkpoint during the test: the log holds every frame.
-    let args =
-        ["--shards", "1", "--partitions", "1", "--data-dir", &data, "--fsync", fsync, "--wal-checkpoint-ms", "600000"];
+    // No checkpoint during the test, and no round bypasses the log: the
+    // log holds every frame.
+    let args = [
+        "--shards",
+        "1",
+        "--partitions",
+        "1",
+        "--data-dir",
+        &data,
+        "--fsync",
+        fsync,
+        "--wal-checkpoint-ms",
+        "600000",
+        "--wal-bypass",
+        "off",
+    ];
     let mut server = Server::start(&args);
     write_4000_synced(&server);
     let written = server.stream_end("default");
@@ -486,14 +595,25 @@ fn fresh_data_dir(name: &str) -> std::path::PathBuf {
 }
 
 /// A server with one shard and one partition whose write-ahead log keeps
-/// every frame (no checkpoint after the start), in a fresh data directory,
+/// every frame (no checkpoint after the start, no round bypassing it), in
+/// a fresh data directory,
 /// holding 4000 acknowledged events ([`write_4000_synced`]); with its data
 /// directory and the log's first file.
 fn one_logged_partition_with_4000_synced(name: &str) -> (Server, std::path::PathBuf, std::path::PathBuf) {
     let data_dir = fresh_data_dir(name);
     let data = data_dir.display().to_string();
-    let server =
-        Server::start(&["--shards", "1", "--partitions", "1", "--data-dir", &data, "--wal-checkpoint-ms", "600000"]);
+    let server = Server::start(&[
+        "--shards",
+        "1",
+        "--partitions",
+        "1",
+        "--data-dir",
+        &data,
+        "--wal-checkpoint-ms",
+        "600000",
+        "--wal-bypass",
+        "off",
+    ]);
     write_4000_synced(&server);
     assert_eq!(server.stream_end("default"), 4000);
     let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");

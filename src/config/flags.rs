@@ -256,6 +256,16 @@ pub struct Config {
     #[arg(long, default_value_t = WAL_BYTES_MAX_DEFAULT)]
     pub wal_bytes_max: usize,
 
+    /// With `--fsync interval`: `on` lets a commit round whose log write
+    /// would carry a block (4 KiB) or more per partition write its frames
+    /// straight to the segment files instead, and make them durable with
+    /// one syncfs of the data directory's filesystem when a sync is due, so
+    /// each byte is written once instead of twice (log and segment); `off`
+    /// writes every round to the log. Either keeps the promise of
+    /// `interval` (README, Storage and durability).
+    #[arg(long, value_enum, default_value_t = WalBypass::On)]
+    pub wal_bypass: WalBypass,
+
     /// With a write-ahead log: how often the segment files written since
     /// the last checkpoint are fdatasynced in bulk, freeing the log behind
     /// them, in ms (sooner when half the log is used).
@@ -563,6 +573,13 @@ pub enum FsyncPolicy {
     Always,
     Interval,
     Never,
+}
+
+/// Whether `--fsync interval` rounds may bypass the write-ahead log.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalBypass {
+    On,
+    Off,
 }
 
 /// Whether shards move partitions between them at runtime.

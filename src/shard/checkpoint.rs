@@ -56,7 +56,15 @@ pub(super) fn take_snapshot_if_requested(shard: &Shard) {
     if !state.snapshot_requested.replace(false) {
         return;
     }
-    let Some(lsn) = state.wal.borrow().as_ref().map(Wal::end_lsn) else { return };
+    // At a record boundary: a round that bypassed the log, or one that
+    // failed, may leave a record open, and a checkpoint inside a record
+    // would start replay in the middle of it.
+    let Some(lsn) = state.wal.borrow_mut().as_mut().map(|wal| {
+        wal.close_open_record();
+        wal.end_lsn()
+    }) else {
+        return;
+    };
     let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
     dirty.sort_unstable();
     dirty.dedup();
@@ -345,8 +353,9 @@ async fn replace_with_dma(path: &std::path::Path, bytes: &[u8]) -> Result<(), Se
     sync_parent_dir(path).await
 }
 
-/// Writes the checkpoint at `lsn` and frees the log behind it.
-async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
+/// Writes the checkpoint at `lsn` and frees the log behind it. One the log
+/// owes (a restart whose checkpoint failed) is paid by any at or past it.
+pub(super) async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
     let state = &shard.committer.as_ref().expect("disk storage").wal;
     if lsn <= state.checkpoint_lsn.get() {
         return Ok(());
@@ -356,7 +365,97 @@ async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
     state.checkpoint.replace(Some(checkpoint));
     written?;
     state.checkpoint_lsn.set(lsn);
+    if state.checkpoint_owed.get().is_some_and(|owed| owed <= lsn) {
+        state.checkpoint_owed.set(None);
+    }
     Ok(())
+}
+
+/// After [`Wal::restart_after_direct_sync`]: the checkpoint at the new
+/// position, or, when it cannot be written, a debt the next write of the
+/// log pays first.
+async fn checkpoint_restart(shard: &Shard, restart_lsn: u64) -> Result<(), SegmentError> {
+    let written = write_checkpoint(shard, restart_lsn).await;
+    if written.is_err() {
+        let state = &shard.committer.as_ref().expect("disk storage").wal;
+        state.checkpoint_owed.set(Some(restart_lsn));
+    }
+    written
+}
+
+/// Under `--fsync interval`, in place of writing the log (see
+/// [`super::commit`], "Rounds that bypass the log"): inside a round, with
+/// every writer in its partition, writes what every partition written
+/// since the last snapshot still holds, makes all of it durable with one
+/// `syncfs` of the segments' filesystem (on glommio's blocking thread),
+/// and starts the log again at its next file, so the records it held in
+/// memory are never written. While a checkpoint runs it waits for it
+/// when `wait`, and otherwise returns `Ok(false)` at once, having done
+/// nothing. Counted as `spate_wal_filesystem_syncs_total`.
+pub(super) async fn sync_by_filesystem(shard: &Rc<Shard>, wal: &mut Wal, wait: bool) -> Result<bool, SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    if state.running.get() && !wait {
+        return Ok(false);
+    }
+    state.ended.wait_until(|| !state.running.get()).await;
+    state.running.set(true);
+    let synced = async {
+        let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
+        dirty.sort_unstable();
+        dirty.dedup();
+        let flushed = in_chunks(&dirty, |&id| super::commit::flush_partition(shard.clone(), id)).await;
+        let flushed = match flushed {
+            Ok(flushed) => flushed,
+            Err(error) => {
+                state.dirty.borrow_mut().extend(dirty);
+                return Err(error);
+            }
+        };
+        if let Err(error) = syncfs(shard).await {
+            state.dirty.borrow_mut().extend(dirty);
+            return Err(error);
+        }
+        // Durable now: what recovery may trust without a scan.
+        state.positions.borrow_mut().extend(flushed.into_iter().flatten().map(|index| (index.log_id(), index)));
+        let restart_lsn = wal.restart_after_direct_sync();
+        state.unwritten_after_failure.set(false);
+        checkpoint_restart(shard, restart_lsn).await
+    }
+    .await;
+    state.running.set(false);
+    state.ended.wake_all();
+    synced?;
+    ShardMetrics::add(&shard.metrics.wal_filesystem_syncs, 1);
+    Ok(true)
+}
+
+/// `syncfs` of the filesystem that holds the segments (`<data-dir>/streams`,
+/// [`crate::storage::dir::stream_dir`]), through a handle kept open for the
+/// run.
+async fn syncfs(shard: &Shard) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let dir = shard.config.data_dir.join("streams");
+    let failed = |op, source| SegmentError::Io { op, path: dir.clone(), position: 0, source };
+    let kept = state.filesystem.borrow().clone();
+    let file = match kept {
+        Some(file) => file,
+        None => {
+            let file = std::sync::Arc::new(
+                std::fs::File::open(&dir).map_err(|source| failed("open segments directory", source))?,
+            );
+            state.filesystem.replace(Some(file.clone()));
+            file
+        }
+    };
+    let synced = glommio::executor()
+        .spawn_blocking(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: syncfs takes any open descriptor; `file` keeps it open.
+            if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        })
+        .await;
+    synced.map_err(|source| failed("syncfs", source))
 }
 
 /// The log is full (a checkpoint could not keep up): inside a round, with
@@ -381,7 +480,8 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
             return Err(error);
         }
         let restart_lsn = wal.restart_after_direct_sync();
-        write_checkpoint(shard, restart_lsn).await
+        state.unwritten_after_failure.set(false);
+        checkpoint_restart(shard, restart_lsn).await
     }
     .await;
     state.running.set(false);

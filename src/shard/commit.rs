@@ -12,7 +12,11 @@
 //! 3. sync, when the policy says: always with `--fsync always`; with
 //!    `interval` when `--fsync-interval-ms` has passed, when a `#SYNC` asked
 //!    for it, or when the unsynced bytes pass their bound; never with
-//!    `never` (a write handed to the kernel survives `kill -9`);
+//!    `never` (a write handed to the kernel survives `kill -9`). With the
+//!    write-ahead log, a round writes and syncs the log once for all its
+//!    partitions ([`commit_round_logged`]); under `interval` a large round
+//!    writes its segments instead and syncs them with one `syncfs`
+//!    ([`commit_bypassing_log`]);
 //! 4. then, and only then: readers see the new records (visible = written,
 //!    or durable with `always`), the grants go back to their sources, and
 //!    the grants of batches that carried a `#SYNC` go back once a round
@@ -44,7 +48,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, FsyncPolicy, STORAGE_RETRY_MS};
+use crate::config::{Config, FsyncPolicy, STORAGE_RETRY_MS, WalBypass};
 use crate::partition::Partition;
 use crate::partition::disk::{Deferred, DiskLog, Encoded, encode_pending, now_unix_ms};
 use crate::routing::CreditGrant;
@@ -112,6 +116,22 @@ pub(super) struct WalState {
     /// Allocating the log ahead of its end failed once this run
     /// ([`allocate_ahead`]): not tried again.
     pub(super) allocation_failed: Cell<bool>,
+    /// The segments' directory, opened once for the run's filesystem
+    /// syncs ([`super::checkpoint::sync_by_filesystem`]): an error of the
+    /// filesystem is reported to each open file once, so one kept open
+    /// reports every error since the last sync.
+    pub(super) filesystem: RefCell<Option<std::sync::Arc<std::fs::File>>>,
+    /// A round failed since the log was last written in full: some of the
+    /// records it holds may have frames in no file, so no round bypasses
+    /// the log until one writes it ([`bypasses_log`]).
+    pub(super) unwritten_after_failure: Cell<bool>,
+    /// The log restarted at this position ([`Wal::restart_after_direct_sync`])
+    /// and the checkpoint there could not be written: the next write of the
+    /// log writes it first, or fails (records past it would be out of
+    /// replay's reach).
+    pub(super) checkpoint_owed: Cell<Option<u64>>,
+    /// A filesystem sync failed and the failure is logged (once per episode).
+    pub(super) filesystem_sync_failing: Cell<bool>,
     /// The start-up replay, until this shard has done its part.
     replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
 }
@@ -119,6 +139,8 @@ pub(super) struct WalState {
 /// One shard's committer state.
 pub struct Committer {
     policy: FsyncPolicy,
+    /// `--wal-bypass on` (see [`bypasses_log`]).
+    bypass: bool,
     interval: Duration,
     unsynced_bytes_max: usize,
     pub(super) notify: Notify,
@@ -168,6 +190,7 @@ impl Committer {
     pub fn new(config: &Config) -> Committer {
         Committer {
             policy: config.fsync,
+            bypass: config.wal_bypass == WalBypass::On,
             interval: Duration::from_millis(config.fsync_interval_ms),
             unsynced_bytes_max: config.fsync_pending_bytes_max,
             notify: Notify::default(),
@@ -378,6 +401,7 @@ pub async fn run_committer(shard: Rc<Shard>) {
             }
             Err(error) => {
                 committer.sync_requested.set(committer.sync_requested.get() || requested);
+                committer.wal.unwritten_after_failure.set(true);
                 report_error(&shard, &error);
                 true
             }
@@ -525,6 +549,8 @@ async fn write_partitions(shard: &Rc<Shard>, partitions: &[u32]) -> Result<(), S
 async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     reap_write_behinds(shard);
+    let appended_from = log_end(committer);
+    let backlog = appended_from.saturating_sub(committer.wal.wal.borrow().as_ref().map_or(0, Wal::written_lsn));
     let mut slow = Vec::new();
     let mut first_error = None;
     for &partition_id in &dirty {
@@ -544,7 +570,149 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
         return Err(error);
     }
     slow_written?;
+    let appended = log_end(committer).saturating_sub(appended_from);
+    if bypasses_log(committer, backlog + appended, dirty.len(), sync_requested) {
+        return commit_bypassing_log(shard, &dirty, sync_requested).await;
+    }
     commit_to_wal(shard, sync_requested).await
+}
+
+/// The log's end: where the next appended frame goes.
+fn log_end(committer: &Committer) -> u64 {
+    committer.wal.wal.borrow().as_ref().map_or(0, Wal::end_lsn)
+}
+
+/// Bytes per partition it touched that a round's log write would carry
+/// for the round to bypass the log instead: one block. Writing a
+/// partition's new frames to its file at once costs them rounded out to
+/// whole blocks (the partial last block is written again by the next
+/// round); through the log every byte is written twice (the log now, the
+/// segment behind it). So from one block per partition on, the direct
+/// writes cost the device less, and below it the log does (many
+/// partitions at a low rate: a `#SYNC` every 10 ms over 1024 partitions
+/// at 100 k events/s carries about a hundred bytes for each).
+pub const BYPASS_BYTES_PER_PARTITION: u64 = 4096;
+
+/// Bytes a round that must sync (a `#SYNC` or a handoff asked) must carry
+/// to the log to bypass it: a `syncfs` (metadata of every file written,
+/// then a flush) and the checkpoint after it cost more than writing and
+/// fdatasyncing a few MiB of log (`scripts/bench-sync` at 16 partitions:
+/// a `#SYNC` p50 of 3.1 ms against 1.6 through the log, p99 up to 354 ms
+/// when the `syncfs` waited for a checkpoint).
+pub const SYNC_BYPASS_BYTES_MIN: u64 = 4 << 20;
+
+/// Whether this round bypasses the log: under `interval` with
+/// `--wal-bypass on`, when the log write it would make (`log_bytes`: its
+/// own frames and those earlier rounds that bypassed the log left
+/// unwritten) is at least [`BYPASS_BYTES_PER_PARTITION`] per partition it
+/// touched, and at least [`SYNC_BYPASS_BYTES_MIN`] when it must sync. Not
+/// after a failed round until the log is written in full: a failed round
+/// may leave frames in the log's memory and in no file, and a bypassing
+/// round writes only its own partitions.
+fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_requested: bool) -> bool {
+    committer.bypass
+        && committer.policy == FsyncPolicy::Interval
+        && !committer.wal.unwritten_after_failure.get()
+        && log_bytes >= partitions.max(1) as u64 * BYPASS_BYTES_PER_PARTITION
+        && (!sync_requested || log_bytes >= SYNC_BYPASS_BYTES_MIN)
+}
+
+/// The rest of a round that bypasses the log (module doc of
+/// [`crate::storage::wal`], "Rounds that bypass the log"). Its frames
+/// stay in the log's memory, unwritten, and are written to their segment
+/// files now, whole, so they survive `kill -9` as a written log would
+/// have kept them. When a sync is due (a `#SYNC` or a handoff asked, the
+/// interval passed, or the log's unsynced bytes reached
+/// `--fsync-pending-bytes-max`), one `syncfs` makes every written segment
+/// durable and the log starts again past those records: they are never
+/// written to it. A sync due only to the interval waits for the next
+/// round while a checkpoint runs; any other waits for the checkpoint. A
+/// `syncfs` that fails leaves it to the log: written and fdatasynced,
+/// with every record it holds.
+async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: bool) -> Result<bool, SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let state = &committer.wal;
+    flush_partitions(shard, dirty).await?;
+    ShardMetrics::add(&shard.metrics.wal_bypassed_rounds, 1);
+    let unsynced = state.wal.borrow().as_ref().map_or(0, |wal| wal.end_lsn().saturating_sub(wal.synced_lsn()));
+    committer.unsynced_bytes.set(unsynced as usize);
+    state.logged_lsn.set(log_end(committer));
+    state.logged.notify();
+    if !committer.sync_due(sync_requested) {
+        return Ok(false);
+    }
+    let must = sync_requested || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
+    let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+    let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
+    state.logged_lsn.set(wal.end_lsn());
+    state.wal.replace(Some(wal));
+    match synced {
+        Ok(true) => {
+            if state.filesystem_sync_failing.replace(false) {
+                log::info!(shard = shard.id, "filesystem syncs succeed again");
+            }
+            committer.unsynced.borrow_mut().clear();
+            committer.unsynced_bytes.set(0);
+            committer.last_sync.set(Instant::now());
+            ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+            Ok(true)
+        }
+        Ok(false) => Ok(false),
+        Err(error) => {
+            ShardMetrics::add(&shard.metrics.storage_errors, 1);
+            if !state.filesystem_sync_failing.replace(true) {
+                log::warn!(shard = shard.id, "filesystem sync: {error}; syncing the write-ahead log instead");
+            }
+            commit_to_wal(shard, true).await
+        }
+    }
+}
+
+/// Writes everything `partitions`' writers hold to their files,
+/// concurrently ([`flush_partition`]); a partition that fails is retried by
+/// the next round.
+async fn flush_partitions(shard: &Rc<Shard>, partitions: &[u32]) -> Result<(), SegmentError> {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    let flushes: Vec<_> =
+        partitions.iter().map(|&partition| glommio::spawn_local(flush_partition(shard.clone(), partition))).collect();
+    let mut first_error = None;
+    for (flush, &partition) in flushes.into_iter().zip(partitions) {
+        if let Err(error) = flush.await {
+            committer.retry.borrow_mut().push(partition);
+            first_error = first_error.or(Some(error));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Writes everything a partition's writer holds (its partial last block
+/// too) to the file, without an fdatasync (one that has no room for
+/// another buffer syncs instead, as [`write_partition`] does). Returns the
+/// index of what the active segment then holds: durable once the
+/// filesystem is synced. `None` when the partition is gone or has no
+/// writer.
+pub(super) async fn flush_partition(
+    shard: Rc<Shard>,
+    partition_id: u32,
+) -> Result<Option<crate::storage::index::SegmentIndex>, SegmentError> {
+    let mut writer = {
+        let mut partitions = shard.partitions.borrow_mut();
+        let Some(partition) = partitions.get_mut(partition_id) else { return Ok(None) };
+        let Some(disk) = partition.log.parts_mut().1 else { return Ok(None) };
+        let Some(writer) = disk.take_writer() else { return Ok(None) };
+        writer
+    };
+    let before = writer.written().0;
+    let flushed = if writer.needs_sync() { writer.sync().await } else { writer.flush().await };
+    ShardMetrics::add(&shard.metrics.storage_written_bytes, writer.written().0.saturating_sub(before));
+    let written = flushed.map(|_| {
+        // The log holds these frames until the filesystem is synced.
+        writer.forget_written();
+        let (end, next_offset) = writer.written();
+        writer.index().prefix(end, next_offset)
+    });
+    put_back(&shard, partition_id, writer);
+    written.map(Some)
 }
 
 /// Bytes a writer buffers before it writes them behind the log: large
@@ -646,9 +814,15 @@ pub(super) fn reap_write_behind(shard: &Shard, partition_id: u32) -> Reaped {
 async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
+    if let Some(lsn) = state.checkpoint_owed.get() {
+        super::checkpoint::write_checkpoint(shard, lsn).await?;
+    }
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let written_before = wal.written_lsn();
     let mut written = wal.write(state.checkpoint_lsn.get()).await;
+    if written.is_ok() {
+        state.unwritten_after_failure.set(false);
+    }
     while matches!(written, Err(WalError::Full)) && state.running.get() {
         // A checkpoint is under way: it frees the log without this round
         // (every writer is in its partition now), so wait for it and try

@@ -48,6 +48,26 @@
 //! take the room a small or nearly full disk needs for data. Once a lap is
 //! done every file is allocated and nothing more is written.
 //!
+//! # Rounds that bypass the log
+//!
+//! Under `--fsync interval` (with `--wal-bypass on`, the default) a round
+//! whose log write would carry a block or more per partition it touched
+//! ([`crate::shard::commit`]) does not write the log: its records stay in
+//! the writer's memory, its frames are written straight to their segment
+//! files in the round (so they survive `kill -9`, as a written log record
+//! would), and when a sync is due one `syncfs` of the segments' filesystem
+//! makes every written segment durable; the log then starts again at its
+//! next file ([`Wal::restart_after_direct_sync`]) with a checkpoint there,
+//! so the records it held in memory are never written. A `#SYNC` that
+//! comes while such records are held is answered the same way when its
+//! round is large; a small round writes and fdatasyncs the log as usual,
+//! those records with it. So at a high rate every byte is written once
+//! (measured here: 435 – 459 MB of device writes for 381 MB of segments,
+//! against 786 – 816 MB through the log), and at a low rate over many
+//! partitions, where a direct write would rewrite a whole block for a few
+//! bytes, the log still batches them. The records held are bounded like
+//! any unsynced bytes (`--fsync-pending-bytes-max`, then a sync).
+//!
 //! # Record
 //!
 //! ```text
@@ -557,6 +577,15 @@ impl Wal {
         self.carried = self.used;
     }
 
+    /// Closes the open record and seals it into a write (no I/O), so the
+    /// log's end is a record boundary: after a round that bypassed the log
+    /// ([`crate::shard::commit`]), where a checkpoint snapshot may take
+    /// that end as its position.
+    pub fn close_open_record(&mut self) {
+        self.close_record();
+        self.seal_active();
+    }
+
     /// Closes the open record and writes every sealed record, in order
     /// (not durably: see [`Wal::sync`]). [`WalError::Full`] when a write
     /// would reach a file not freed by the checkpoint at `checkpoint_lsn`;
@@ -651,15 +680,21 @@ impl Wal {
 
     /// Zero-fills the next allocation due ([`Wal::allocation_due`]) and
     /// fdatasyncs it; returns the bytes zero-filled, 0 when none was due.
-    /// Call only between rounds:
-    /// every record is written, so the zeros land past all of them (past
-    /// what the file holds) and a later round overwrites them in place.
+    /// Call only between rounds: every record is written (it does nothing
+    /// while records are held unwritten), so the zeros land past all of
+    /// them (past what the file holds) and a later round overwrites them
+    /// in place.
     pub async fn allocate_ahead(&mut self) -> Result<u64, SegmentError> {
+        // Records held unwritten (rounds that bypassed the log) would land
+        // where the zeros go: no allocation until they are written or
+        // dropped.
+        if self.pending.iter().any(|write| !write.written) {
+            return Ok(0);
+        }
         let Some((file_index, position, bytes)) = self.allocation_due() else { return Ok(0) };
         if !room_for_allocation(&self.dir, bytes) {
             return Ok(0);
         }
-        debug_assert!(self.pending.iter().all(|write| write.written), "allocation runs between rounds");
         let file = self.files[file_index as usize].clone();
         let path = file_path(&self.dir, file_index);
         let zeroed = |size: u64| {
