@@ -706,8 +706,9 @@ pub(super) async fn flush_partition(
     let flushed = if writer.needs_sync() { writer.sync().await } else { writer.flush().await };
     ShardMetrics::add(&shard.metrics.storage_written_bytes, writer.written().0.saturating_sub(before));
     let written = flushed.map(|_| {
-        // The log holds these frames until the filesystem is synced.
-        writer.forget_written();
+        // The log holds these frames until the filesystem is synced (or
+        // a checkpoint or a direct sync fdatasyncs the file).
+        writer.drop_written();
         let (end, next_offset) = writer.written();
         writer.index().prefix(end, next_offset)
     });
@@ -797,7 +798,7 @@ pub(super) fn reap_write_behind(shard: &Shard, partition_id: u32) -> Reaped {
         return Reaped::Running;
     }
     let written_bytes = writer.written().0.saturating_sub(before);
-    writer.forget_written();
+    writer.drop_written();
     disk.record_progress();
     cache.keep_from(disk.written_offset());
     ShardMetrics::add(&shard.metrics.storage_written_bytes, written_bytes);
@@ -815,7 +816,14 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
     if let Some(lsn) = state.checkpoint_owed.get() {
-        super::checkpoint::write_checkpoint(shard, lsn).await?;
+        // One checkpoint writer at a time: after a running checkpoint (its
+        // writers are all back in their partitions here, so it ends).
+        state.ended.wait_until(|| !state.running.get()).await;
+        state.running.set(true);
+        let paid = super::checkpoint::write_checkpoint(shard, lsn).await;
+        state.running.set(false);
+        state.ended.wake_all();
+        paid?;
     }
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let written_before = wal.written_lsn();
@@ -1056,7 +1064,7 @@ async fn write_partition(shard: Rc<Shard>, partition_id: u32) -> Result<usize, S
         if flushed.is_ok() && shard.committer.as_ref().is_some_and(|committer| committer.wal.enabled.get()) {
             // The log holds these frames: the segment file is synced in
             // bulk by a checkpoint, and needs no copy kept for a retry.
-            writer.forget_written();
+            writer.drop_written();
         }
         if let Err(error) = flushed {
             put_back(&shard, partition_id, writer);

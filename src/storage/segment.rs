@@ -412,6 +412,18 @@ impl SegmentWriter {
         self.end() + frame_size as u64 > self.config.segment_bytes_max
     }
 
+    /// Drops flushed buffers once written, without counting them durable:
+    /// with a write-ahead log, which holds their frames until a checkpoint
+    /// or a filesystem sync makes the file durable, no copy is needed for
+    /// a retry, and the next [`SegmentWriter::sync`] still fdatasyncs them
+    /// (a handoff, a direct sync, a roll). [`SegmentWriter::forget_written`]
+    /// also counts them durable, which only `--fsync never` may.
+    pub fn drop_written(&mut self) {
+        while self.unsynced.front().is_some_and(|pending| pending.written) {
+            self.unsynced.pop_front();
+        }
+    }
+
     /// Forgets flushed buffers once written, without an fdatasync: for
     /// `--fsync never`, where a write handed to the kernel is the promise.
     pub fn forget_written(&mut self) {
