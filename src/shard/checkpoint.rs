@@ -371,13 +371,16 @@ pub(super) async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), Segm
     Ok(())
 }
 
-/// After [`Wal::restart_after_direct_sync`]: the checkpoint at the new
-/// position, or, when it cannot be written, a debt the next write of the
-/// log pays first.
-async fn checkpoint_restart(shard: &Shard, restart_lsn: u64) -> Result<(), SegmentError> {
+/// Once the segments hold everything the log held, durably: starts the log
+/// again at its next file ([`Wal::restart_after_direct_sync`]) and writes
+/// the checkpoint there, or, when it cannot be written, leaves a debt the
+/// next write of the log pays first.
+async fn restart_log(shard: &Shard, wal: &mut Wal) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let restart_lsn = wal.restart_after_direct_sync();
+    state.unwritten_after_failure.set(false);
     let written = write_checkpoint(shard, restart_lsn).await;
     if written.is_err() {
-        let state = &shard.committer.as_ref().expect("disk storage").wal;
         state.checkpoint_owed.set(Some(restart_lsn));
     }
     written
@@ -418,9 +421,7 @@ pub(super) async fn sync_by_filesystem(shard: &Rc<Shard>, wal: &mut Wal, wait: b
         }
         // Durable now: what recovery may trust without a scan.
         state.positions.borrow_mut().extend(flushed.into_iter().flatten().map(|index| (index.log_id(), index)));
-        let restart_lsn = wal.restart_after_direct_sync();
-        state.unwritten_after_failure.set(false);
-        checkpoint_restart(shard, restart_lsn).await
+        restart_log(shard, wal).await
     }
     .await;
     state.running.set(false);
@@ -479,9 +480,7 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
             state.dirty.borrow_mut().extend(dirty);
             return Err(error);
         }
-        let restart_lsn = wal.restart_after_direct_sync();
-        state.unwritten_after_failure.set(false);
-        checkpoint_restart(shard, restart_lsn).await
+        restart_log(shard, wal).await
     }
     .await;
     state.running.set(false);
