@@ -391,23 +391,7 @@ fn last_segment(data_dir: &std::path::Path) -> std::path::PathBuf {
 fn recovery_after(damage: impl Fn(&std::path::Path, &[(usize, usize, u64)]), name: &str, fsync: &str) {
     let data_dir = fresh_data_dir(&format!("torn-{name}-{fsync}"));
     let data = data_dir.display().to_string();
-    // No checkpoint during the test, and no round bypasses the log: the
-    // log holds every frame.
-    let args = [
-        "--shards",
-        "1",
-        "--partitions",
-        "1",
-        "--data-dir",
-        &data,
-        "--fsync",
-        fsync,
-        "--wal-checkpoint-ms",
-        "600000",
-        "--wal-bypass",
-        "off",
-    ];
-    let mut server = Server::start(&args);
+    let mut server = start_logging_everything(&data, &["--fsync", fsync]);
     write_4000_synced(&server);
     let written = server.stream_end("default");
     assert_eq!(written, 4000);
@@ -594,6 +578,26 @@ fn fresh_data_dir(name: &str) -> std::path::PathBuf {
     data_dir
 }
 
+/// A server on `data` with one shard and one partition, and `more` flags,
+/// whose write-ahead log keeps every frame: no checkpoint after the start,
+/// no round bypassing it.
+fn start_logging_everything(data: &str, more: &[&str]) -> Server {
+    let mut args = vec![
+        "--shards",
+        "1",
+        "--partitions",
+        "1",
+        "--data-dir",
+        data,
+        "--wal-checkpoint-ms",
+        "600000",
+        "--wal-bypass",
+        "off",
+    ];
+    args.extend_from_slice(more);
+    Server::start(&args)
+}
+
 /// A server with one shard and one partition whose write-ahead log keeps
 /// every frame (no checkpoint after the start, no round bypassing it), in
 /// a fresh data directory,
@@ -602,18 +606,7 @@ fn fresh_data_dir(name: &str) -> std::path::PathBuf {
 fn one_logged_partition_with_4000_synced(name: &str) -> (Server, std::path::PathBuf, std::path::PathBuf) {
     let data_dir = fresh_data_dir(name);
     let data = data_dir.display().to_string();
-    let server = Server::start(&[
-        "--shards",
-        "1",
-        "--partitions",
-        "1",
-        "--data-dir",
-        &data,
-        "--wal-checkpoint-ms",
-        "600000",
-        "--wal-bypass",
-        "off",
-    ]);
+    let server = start_logging_everything(&data, &[]);
     write_4000_synced(&server);
     assert_eq!(server.stream_end("default"), 4000);
     let wal_file = data_dir.join("wal").join("shard-0").join("0000.wal");

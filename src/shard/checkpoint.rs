@@ -29,6 +29,7 @@ use std::time::Duration;
 use crate::config::STORAGE_RETRY_MS;
 use crate::runtime::log;
 use crate::shard::Shard;
+use crate::shard::commit::WalState;
 use crate::shard::commit::{Reaped, reap_write_behind};
 use crate::shard::metrics::ShardMetrics;
 use crate::storage::index::SegmentIndex;
@@ -355,7 +356,7 @@ async fn replace_with_dma(path: &std::path::Path, bytes: &[u8]) -> Result<(), Se
 
 /// Writes the checkpoint at `lsn` and frees the log behind it. One the log
 /// owes (a restart whose checkpoint failed) is paid by any at or past it.
-pub(super) async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
+async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
     let state = &shard.committer.as_ref().expect("disk storage").wal;
     if lsn <= state.checkpoint_lsn.get() {
         return Ok(());
@@ -369,6 +370,27 @@ pub(super) async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), Segm
         state.checkpoint_owed.set(None);
     }
     Ok(())
+}
+
+/// Runs `work` as the one writer of checkpoints: once a running
+/// checkpoint or direct sync has ended, holding the next ones off until it
+/// is done. Inside a round every writer is in its partition, so a
+/// checkpoint waited for ends.
+async fn exclusively<T>(state: &WalState, work: impl std::future::Future<Output = T>) -> T {
+    state.ended.wait_until(|| !state.running.get()).await;
+    state.running.set(true);
+    let done = work.await;
+    state.running.set(false);
+    state.ended.wake_all();
+    done
+}
+
+/// Writes the checkpoint the log owes (a restart whose checkpoint could
+/// not be written), if any: before the log writes anything past it.
+pub(super) async fn pay_owed_checkpoint(shard: &Shard) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let Some(lsn) = state.checkpoint_owed.get() else { return Ok(()) };
+    exclusively(state, write_checkpoint(shard, lsn)).await
 }
 
 /// Once the segments hold everything the log held, durably: starts the log
@@ -401,9 +423,7 @@ pub(super) async fn sync_by_filesystem(shard: &Rc<Shard>, wal: &mut Wal, wait: b
     if state.running.get() && !wait {
         return Ok(false);
     }
-    state.ended.wait_until(|| !state.running.get()).await;
-    state.running.set(true);
-    let synced = async {
+    let synced = exclusively(state, async {
         let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
         dirty.sort_unstable();
         dirty.dedup();
@@ -422,10 +442,8 @@ pub(super) async fn sync_by_filesystem(shard: &Rc<Shard>, wal: &mut Wal, wait: b
         // Durable now: what recovery may trust without a scan.
         state.positions.borrow_mut().extend(flushed.into_iter().flatten().map(|index| (index.log_id(), index)));
         restart_log(shard, wal).await
-    }
+    })
     .await;
-    state.running.set(false);
-    state.ended.wake_all();
     synced?;
     ShardMetrics::add(&shard.metrics.wal_filesystem_syncs, 1);
     Ok(true)
@@ -466,10 +484,8 @@ async fn syncfs(shard: &Shard) -> Result<(), SegmentError> {
 pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> Result<(), SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
-    state.ended.wait_until(|| !state.running.get()).await;
-    state.running.set(true);
-    ShardMetrics::add(&shard.metrics.wal_direct_syncs, 1);
-    let synced = async {
+    exclusively(state, async {
+        ShardMetrics::add(&shard.metrics.wal_direct_syncs, 1);
         let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
         dirty.sort_unstable();
         dirty.dedup();
@@ -481,9 +497,6 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
             return Err(error);
         }
         restart_log(shard, wal).await
-    }
-    .await;
-    state.running.set(false);
-    state.ended.wake_all();
-    synced
+    })
+    .await
 }

@@ -632,7 +632,9 @@ fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_r
 async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
-    flush_partitions(shard, dirty).await?;
+    // Encoded already: this writes what each writer holds, partial last
+    // block included.
+    write_partitions(shard, dirty).await?;
     ShardMetrics::add(&shard.metrics.wal_bypassed_rounds, 1);
     let unsynced = state.wal.borrow().as_ref().map_or(0, |wal| wal.end_lsn().saturating_sub(wal.synced_lsn()));
     committer.unsynced_bytes.set(unsynced as usize);
@@ -666,23 +668,6 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
             commit_to_wal(shard, true).await
         }
     }
-}
-
-/// Writes everything `partitions`' writers hold to their files,
-/// concurrently ([`flush_partition`]); a partition that fails is retried by
-/// the next round.
-async fn flush_partitions(shard: &Rc<Shard>, partitions: &[u32]) -> Result<(), SegmentError> {
-    let committer = shard.committer.as_ref().expect("disk storage");
-    let flushes: Vec<_> =
-        partitions.iter().map(|&partition| glommio::spawn_local(flush_partition(shard.clone(), partition))).collect();
-    let mut first_error = None;
-    for (flush, &partition) in flushes.into_iter().zip(partitions) {
-        if let Err(error) = flush.await {
-            committer.retry.borrow_mut().push(partition);
-            first_error = first_error.or(Some(error));
-        }
-    }
-    first_error.map_or(Ok(()), Err)
 }
 
 /// Writes everything a partition's writer holds (its partial last block
@@ -815,16 +800,7 @@ pub(super) fn reap_write_behind(shard: &Shard, partition_id: u32) -> Reaped {
 async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
-    if let Some(lsn) = state.checkpoint_owed.get() {
-        // One checkpoint writer at a time: after a running checkpoint (its
-        // writers are all back in their partitions here, so it ends).
-        state.ended.wait_until(|| !state.running.get()).await;
-        state.running.set(true);
-        let paid = super::checkpoint::write_checkpoint(shard, lsn).await;
-        state.running.set(false);
-        state.ended.wake_all();
-        paid?;
-    }
+    super::checkpoint::pay_owed_checkpoint(shard).await?;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let written_before = wal.written_lsn();
     let mut written = wal.write(state.checkpoint_lsn.get()).await;

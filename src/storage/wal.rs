@@ -53,7 +53,7 @@
 //! Under `--fsync interval` (with `--wal-bypass on`, the default) a round
 //! whose log write would carry a block or more per partition it touched
 //! ([`crate::shard::commit`]) does not write the log: its records stay in
-//! the writer's memory, its frames are written straight to their segment
+//! the log's memory, its frames are written straight to their segment
 //! files in the round (so they survive `kill -9`, as a written log record
 //! would), and when a sync is due one `syncfs` of the segments' filesystem
 //! makes every written segment durable; the log then starts again at its
