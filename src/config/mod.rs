@@ -17,7 +17,7 @@ pub mod flags;
 pub mod limits;
 pub mod memory;
 
-pub use flags::{Config, ConfigError, Cpus, FsyncPolicy, Listen, Rebalance, Storage, WalBypass};
+pub use flags::{Config, ConfigError, Cpus, FsyncPolicy, HugePages, Listen, Rebalance, Storage, WalBypass};
 pub use limits::*;
 pub use memory::{FdBudget, MemoryBound, memory_formula_text};
 

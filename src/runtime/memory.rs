@@ -34,6 +34,21 @@
 //! too small and unaligned to hold a huge page: likely why THP `always`
 //! gave glibc little (1.87 M events/s; not checked in `smaps`).
 //!
+//! **Huge pages are off for a server by default** (`--huge-pages off`,
+//! `crate::serve` sets PR_SET_THP_DISABLE before its shards start; mimalloc
+//! still `madvise`s its arenas, and the kernel ignores it). The measurements
+//! above were taken when every byte reached the disk twice and the device
+//! bounded disk ingest. Since large `interval` rounds bypass the log, it no
+//! longer does, and what huge pages cost came first: each fresh 2 MiB page
+//! is zeroed in one fault that on this VM takes milliseconds, so the thread
+//! that touches it stalls. With them, the replicated `#SYNC` p99 at 16
+//! partitions was 25 – 97 ms against 6 – 7 ms without (it came with
+//! mimalloc, bisected), and memory and disk ingest ran slower in the median
+//! of four alternating runs (memory 11.45 against 9.72 M events/s, disk
+//! `interval` 5.06 against 4.65, `always` 4.74 against 4.14; README,
+//! "Transparent huge pages"). `--huge-pages on` gives them back where the
+//! disk bounds ingest and page faults are cheap.
+//!
 //! A shard that went quiet after a burst (forty connections that each sent
 //! a 900 KiB line, then idle) might never call the allocator again, and its
 //! RSS would keep what the memory formula no longer counts. So each shard's

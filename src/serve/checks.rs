@@ -173,15 +173,29 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Says on stderr whether disk storage's write buffers can be on transparent
-/// huge pages, and warns when they cannot: an O_DIRECT write hands the disk
-/// one piece per page, and on a virtio disk writes from 4 KiB pages ran at
-/// 0.46 – 0.74x of the same writes from 2 MiB pages (`scripts/bench-disk-pages`
-/// and fio; README, "Disk writes from huge pages"). The kernel's mode is
-/// `/sys/kernel/mm/transparent_hugepage/enabled`; `MIMALLOC_ALLOW_THP=0`
-/// turns them off for the whole process (`THP_enabled: 0` in its status).
-pub fn note_huge_pages(config: &Config) {
-    if config.storage != crate::config::Storage::Disk {
+/// Applies `--huge-pages` before any shard starts, and says on stderr what
+/// the process got. `off` (the default) sets PR_SET_THP_DISABLE, so no
+/// later fault maps a 2 MiB page: on the VM spate is measured on, a fresh
+/// huge page held the thread that touched it for milliseconds (README,
+/// "Transparent huge pages"). `on` leaves them to the kernel's mode,
+/// `/sys/kernel/mm/transparent_hugepage/enabled`, and warns when they are
+/// off anyway: the kernel's `never`, or `MIMALLOC_ALLOW_THP=0` (or a
+/// parent's prctl), which turns them off for the whole process
+/// (`THP_enabled: 0` in its status). Disk writes from 4 KiB pages ran at
+/// 0.46 – 0.74x of the same writes from 2 MiB pages on a virtio disk
+/// (`scripts/bench-disk-pages`).
+pub fn set_huge_pages(config: &Config) {
+    if config.huge_pages == crate::config::HugePages::Off {
+        // SAFETY: prctl with PR_SET_THP_DISABLE reads its integer
+        // arguments only; it sets a flag on this process's memory map.
+        if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } == 0 {
+            log::info!("transparent huge pages: off for this process (--huge-pages on lets the kernel use them)");
+        } else {
+            let error = std::io::Error::last_os_error();
+            log::warn!(
+                "--huge-pages off: could not turn transparent huge pages off ({error}); the kernel's mode applies"
+            );
+        }
         return;
     }
     let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -191,12 +205,15 @@ pub fn note_huge_pages(config: &Config) {
         .is_ok_and(|status| status.lines().any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])));
     match (mode.as_deref(), process_off) {
         (Some("never"), _) | (_, true) => log::warn!(
-            "transparent huge pages are off ({}): disk writes go out from 4 KiB pages, which a virtio disk \
-             wrote at 0.46 - 0.74x the rate of 2 MiB pages (scripts/bench-disk-pages measures this disk); \
-             `madvise` in /sys/kernel/mm/transparent_hugepage/enabled and no MIMALLOC_ALLOW_THP=0 turn them on",
+            "--huge-pages on, but transparent huge pages are off ({}): disk writes go out from 4 KiB pages, \
+             which a virtio disk wrote at 0.46 - 0.74x the rate of 2 MiB pages (scripts/bench-disk-pages \
+             measures this disk); `madvise` in /sys/kernel/mm/transparent_hugepage/enabled and no \
+             MIMALLOC_ALLOW_THP=0 turn them on",
             if process_off { "MIMALLOC_ALLOW_THP=0 or prctl" } else { "kernel mode never" }
         ),
-        (Some(mode), false) => log::info!("transparent huge pages: {mode} (disk write buffers may use them)"),
+        (Some(mode), false) => {
+            log::info!("transparent huge pages: {mode} (--huge-pages on: memory and disk write buffers may use them)")
+        }
         (None, false) => {}
     }
 }

@@ -161,12 +161,13 @@ impl std::error::Error for ServeError {}
 pub fn serve(mut config: Config) -> Result<(), ServeError> {
     install_fail_fast_hook();
     config.validate().map_err(ServeError::Config)?;
+    // Before anything allocates much: the flag applies to later faults.
+    checks::set_huge_pages(&config);
     checks::check_memlock()?;
     checks::check_eager_memory(&config)?;
     checks::check_io_uring(&config)?;
     checks::check_fd_limit(&config)?;
     checks::check_addresses(&config)?;
-    checks::note_huge_pages(&config);
     // Held until the server exits: a second server on the data directory is
     // refused with the holder's pid.
     let _data_dir_lock = lock_data_dir(&config)?;
