@@ -359,6 +359,40 @@ fn rounds_that_bypass_the_write_ahead_log_lose_nothing_to_kill_9() {
     assert!(!server.log().contains("panicked"));
 }
 
+/// The kill -9 loop under `--fsync always`: every round syncs, so an
+/// acknowledged event is durable whether its round wrote the log or (a
+/// round of 4 MiB or more) bypassed it and was synced by `syncfs`.
+#[test]
+fn acknowledged_events_survive_kill_9_loops_under_always() {
+    kill_9_loop(&["--shards", "2", "--partitions", "3", "--fsync", "always"]);
+}
+
+/// Under `--fsync always` a burst makes rounds of 4 MiB and more, which
+/// bypass the log and are synced by `syncfs` in the round; every event is
+/// there once, in order, after kill -9, and the log carried less than the
+/// segments.
+#[test]
+fn rounds_that_bypass_the_log_under_always_lose_nothing_to_kill_9() {
+    const CONNECTIONS: u64 = 8;
+    const EVENTS: u64 = 400_000;
+    let mut server = Server::start(&["--shards", "2", "--partitions", "8", "--fsync", "always"]);
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
+    produce_and_read(&server, &mut subscriber, CONNECTIONS, 0..EVENTS);
+    let bypassed = server.metric("spate_wal_bypassed_rounds_total");
+    let synced = server.metric("spate_wal_filesystem_syncs_total");
+    let logged = server.metric("spate_wal_written_bytes_total");
+    let stored = server.metric("spate_storage_written_bytes_total");
+    eprintln!("always: {bypassed} rounds bypassed the log, {synced} filesystem syncs, log {logged} of {stored} bytes");
+    assert!(bypassed > 0.0 && synced >= bypassed, "large rounds bypassed the log: {}", server.get("/metrics"));
+    assert!(logged < stored, "the log carried {logged} bytes of {stored}");
+    server.crash();
+    server.spawn();
+    let mut seen = Seen::default();
+    check_stream(&server, "default", &mut seen);
+    assert_eq!(seen.count, CONNECTIONS * EVENTS, "every written event after kill -9");
+    assert!(!server.log().contains("panicked"));
+}
+
 /// The frames of a segment file: (position, size, next offset after it).
 fn frames_of(bytes: &[u8]) -> Vec<(usize, usize, u64)> {
     let mut frames = Vec::new();

@@ -256,13 +256,14 @@ pub struct Config {
     #[arg(long, default_value_t = WAL_BYTES_MAX_DEFAULT)]
     pub wal_bytes_max: usize,
 
-    /// With `--fsync interval`: `on` lets a commit round whose log write
-    /// would carry a block (4 KiB) or more per partition write its frames
-    /// straight to the segment files instead, and make them durable with
-    /// one syncfs of the data directory's filesystem when a sync is due, so
-    /// each byte is written once instead of twice (log and segment); `off`
-    /// writes every round to the log. Either keeps the promise of
-    /// `interval` (README, Storage and durability).
+    /// With `--fsync interval` or `always`: `on` lets a commit round whose
+    /// log write would carry a block (4 KiB) or more per partition (4 MiB
+    /// or more for a round that must sync: a `#SYNC`'s, or any under
+    /// `always`) write its frames straight to the segment files instead,
+    /// and make them durable with one syncfs of the data directory's
+    /// filesystem when a sync is due, so each byte is written once instead
+    /// of twice (log and segment); `off` writes every round to the log.
+    /// Either keeps the policy's promise (README, Storage and durability).
     #[arg(long, value_enum, default_value_t = WalBypass::On)]
     pub wal_bypass: WalBypass,
 

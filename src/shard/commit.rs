@@ -601,28 +601,31 @@ pub const BYPASS_BYTES_PER_PARTITION: u64 = 4096;
 /// when the `syncfs` waited for a checkpoint).
 pub const SYNC_BYPASS_BYTES_MIN: u64 = 4 << 20;
 
-/// Whether this round bypasses the log: under `interval` with
+/// Whether this round bypasses the log: under `interval` or `always` with
 /// `--wal-bypass on`, when the log write it would make (`log_bytes`: its
 /// own frames and those earlier rounds that bypassed the log left
 /// unwritten) is at least [`BYPASS_BYTES_PER_PARTITION`] per partition it
-/// touched, and at least [`SYNC_BYPASS_BYTES_MIN`] when it must sync. Not
+/// touched, and at least [`SYNC_BYPASS_BYTES_MIN`] when it must sync (a
+/// `#SYNC` or a handoff asked, or every round under `always`). Not
 /// after a failed round until the log is written in full: a failed round
 /// may leave frames in the log's memory and in no file, and a bypassing
 /// round writes only its own partitions.
 fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_requested: bool) -> bool {
+    // Under `always` every round syncs, as a `#SYNC` round does.
+    let syncs = sync_requested || committer.policy == FsyncPolicy::Always;
     committer.bypass
-        && committer.policy == FsyncPolicy::Interval
+        && committer.policy != FsyncPolicy::Never
         && !committer.wal.unwritten_after_failure.get()
         && log_bytes >= partitions.max(1) as u64 * BYPASS_BYTES_PER_PARTITION
-        && (!sync_requested || log_bytes >= SYNC_BYPASS_BYTES_MIN)
+        && (!syncs || log_bytes >= SYNC_BYPASS_BYTES_MIN)
 }
 
 /// The rest of a round that bypasses the log (module doc of
 /// [`crate::storage::wal`], "Rounds that bypass the log"). Its frames
 /// stay in the log's memory, unwritten, and are written to their segment
 /// files now, whole, so they survive `kill -9` as a written log would
-/// have kept them. When a sync is due (a `#SYNC` or a handoff asked, the
-/// interval passed, or the log's unsynced bytes reached
+/// have kept them. When a sync is due (every round under `always`, a
+/// `#SYNC` or a handoff asked, the interval passed, or the log's unsynced bytes reached
 /// `--fsync-pending-bytes-max`), one `syncfs` makes every written segment
 /// durable and the log starts again past those records: they are never
 /// written to it. A sync due only to the interval waits for the next
@@ -643,7 +646,9 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
     if !committer.sync_due(sync_requested) {
         return Ok(false);
     }
-    let must = sync_requested || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
+    let must = sync_requested
+        || committer.policy == FsyncPolicy::Always
+        || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
     state.logged_lsn.set(wal.end_lsn());

@@ -66,7 +66,10 @@
 //! against 786 – 816 MB through the log), and at a low rate over many
 //! partitions, where a direct write would rewrite a whole block for a few
 //! bytes, the log still batches them. The records held are bounded like
-//! any unsynced bytes (`--fsync-pending-bytes-max`, then a sync).
+//! any unsynced bytes (`--fsync-pending-bytes-max`, then a sync). Under
+//! `--fsync always` every round syncs, so a round bypasses the log only
+//! when it is large enough for a `#SYNC` round to (4 MiB), and is synced
+//! by `syncfs` in the round.
 //!
 //! # Record
 //!
