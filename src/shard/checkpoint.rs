@@ -408,7 +408,7 @@ async fn restart_log(shard: &Shard, wal: &mut Wal) -> Result<(), SegmentError> {
     written
 }
 
-/// Under `--fsync interval`, in place of writing the log (see
+/// Under `--fsync interval` or `always`, in place of writing the log (see
 /// [`super::commit`], "Rounds that bypass the log"): inside a round, with
 /// every writer in its partition, writes what every partition written
 /// since the last snapshot still holds, makes all of it durable with one

@@ -14,9 +14,9 @@
 //!    for it, or when the unsynced bytes pass their bound; never with
 //!    `never` (a write handed to the kernel survives `kill -9`). With the
 //!    write-ahead log, a round writes and syncs the log once for all its
-//!    partitions ([`commit_round_logged`]); under `interval` a large round
-//!    writes its segments instead and syncs them with one `syncfs`
-//!    ([`commit_bypassing_log`]);
+//!    partitions ([`commit_round_logged`]); under `interval` and `always`
+//!    a large round writes its segments instead and syncs them with one
+//!    `syncfs` ([`commit_bypassing_log`]);
 //! 4. then, and only then: readers see the new records (visible = written,
 //!    or durable with `always`), the grants go back to their sources, and
 //!    the grants of batches that carried a `#SYNC` go back once a round
@@ -593,8 +593,8 @@ fn log_end(committer: &Committer) -> u64 {
 /// at 100 k events/s carries about a hundred bytes for each).
 pub const BYPASS_BYTES_PER_PARTITION: u64 = 4096;
 
-/// Bytes a round that must sync (a `#SYNC` or a handoff asked) must carry
-/// to the log to bypass it: a `syncfs` (metadata of every file written,
+/// Bytes a round that must sync (a `#SYNC` or a handoff asked, or any
+/// round under `always`) must carry to the log to bypass it: a `syncfs` (metadata of every file written,
 /// then a flush) and the checkpoint after it cost more than writing and
 /// fdatasyncing a few MiB of log (`scripts/bench-sync` at 16 partitions:
 /// a `#SYNC` p50 of 3.1 ms against 1.6 through the log, p99 up to 354 ms
@@ -625,11 +625,13 @@ fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_r
 /// stay in the log's memory, unwritten, and are written to their segment
 /// files now, whole, so they survive `kill -9` as a written log would
 /// have kept them. When a sync is due (every round under `always`, a
-/// `#SYNC` or a handoff asked, the interval passed, or the log's unsynced bytes reached
+/// `#SYNC` or a handoff asked, the interval passed, or the log's unsynced
+/// bytes reached
 /// `--fsync-pending-bytes-max`), one `syncfs` makes every written segment
 /// durable and the log starts again past those records: they are never
 /// written to it. A sync due only to the interval waits for the next
-/// round while a checkpoint runs; any other waits for the checkpoint. A
+/// round while a checkpoint runs, one under `always` writes the log
+/// instead, and any other waits for the checkpoint. A
 /// `syncfs` that fails leaves it to the log: written and fdatasynced,
 /// with every record it holds.
 async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: bool) -> Result<bool, SegmentError> {
@@ -646,9 +648,9 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
     if !committer.sync_due(sync_requested) {
         return Ok(false);
     }
-    let must = sync_requested
-        || committer.policy == FsyncPolicy::Always
-        || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
+    // Under `always` a round that would wait for a running checkpoint
+    // writes the log instead (below): the wait would hold every grant.
+    let must = sync_requested || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
     state.logged_lsn.set(wal.end_lsn());
@@ -664,6 +666,9 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
             ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
             Ok(true)
         }
+        // Not synced: under `always` the round must be, and the log still
+        // holds every record since the last checkpoint.
+        Ok(false) if committer.policy == FsyncPolicy::Always => commit_to_wal(shard, true).await,
         Ok(false) => Ok(false),
         Err(error) => {
             ShardMetrics::add(&shard.metrics.storage_errors, 1);
@@ -1257,11 +1262,14 @@ fn finish_round(shard: &Shard, grants_before: usize, synced: bool) {
         }
     }
     let durable = synced || committer.policy == FsyncPolicy::Never;
+    // Under `always` every grant waits for durability (every round there
+    // syncs or fails; this keeps it so if one ever did not).
+    let all_wait = committer.policy == FsyncPolicy::Always;
     for _ in 0..grants_before {
         let released = {
             let mut grants = committer.grants.borrow_mut();
             match grants.front() {
-                Some((_, grant)) if grant.sync && !durable => None,
+                Some((_, grant)) if (grant.sync || all_wait) && !durable => None,
                 _ => grants.pop_front(),
             }
         };
