@@ -322,24 +322,12 @@ fn rounds_that_bypass_the_write_ahead_log_lose_nothing_to_kill_9() {
     const EVENTS: u64 = 100_000;
     // No interval sync during the test (and its 16 MB stay below the
     // unsynced bound): only the rounds' own writes keep the events.
-    let mut server = Server::start(&["--shards", "2", "--partitions", "8", "--fsync-interval-ms", "60000"]);
-    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
-    produce_and_read(&server, &mut subscriber, CONNECTIONS, 0..EVENTS);
-    let bypassed = server.metric("spate_wal_bypassed_rounds_total");
-    let logged = server.metric("spate_wal_written_bytes_total");
-    let stored = server.metric("spate_storage_written_bytes_total");
-    assert!(bypassed > 0.0, "rounds bypassed the log: {}", server.get("/metrics"));
-    // Through the log alone it would carry every byte the segments got,
-    // and more (record headers, rewritten blocks).
-    assert!(logged < stored, "the log carried {logged} bytes of {stored}");
+    let args = ["--shards", "2", "--partitions", "8", "--fsync-interval-ms", "60000"];
+    let (mut server, mut subscriber) = burst_that_bypasses_the_log(&args, CONNECTIONS, EVENTS);
     // Killed once the subscriber has read the last event, with no sync
     // since: what it saw was written, and nothing more.
     produce_and_read(&server, &mut subscriber, CONNECTIONS, EVENTS..2 * EVENTS);
-    server.crash();
-    server.spawn();
-    let mut seen = Seen::default();
-    check_stream(&server, "default", &mut seen);
-    assert_eq!(seen.count, CONNECTIONS * 2 * EVENTS, "every written event after kill -9");
+    assert_eq!(crash_and_count(&mut server), CONNECTIONS * 2 * EVENTS, "every written event after kill -9");
 
     // Over 4 MiB per shard held unwritten when the `#SYNC` comes: it is
     // answered by a filesystem sync, not by writing them to the log.
@@ -351,12 +339,37 @@ fn rounds_that_bypass_the_write_ahead_log_lose_nothing_to_kill_9() {
     let replies = producer.sync();
     assert!(replies.iter().all(|reply| !reply.starts_with("ERR")), "{replies:?}");
     assert!(server.metric("spate_wal_filesystem_syncs_total") >= 1.0, "{}", server.get("/metrics"));
+    let expected = CONNECTIONS * 2 * EVENTS + SYNCED;
+    assert_eq!(crash_and_count(&mut server), expected, "every synced event after a second kill -9");
+    assert!(!server.log().contains("panicked"));
+}
+
+/// Starts a server with `args`, has `connections` producers write `events`
+/// each without a `#SYNC` while a subscriber on `default` reads them all,
+/// and checks that rounds bypassed the log and that the log carried fewer
+/// bytes than the segments (through the log alone it would carry every
+/// byte the segments got, and more: record headers, rewritten blocks).
+fn burst_that_bypasses_the_log(args: &[&str], connections: u64, events: u64) -> (Server, Subscriber) {
+    let server = Server::start(args);
+    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
+    produce_and_read(&server, &mut subscriber, connections, 0..events);
+    let bypassed = server.metric("spate_wal_bypassed_rounds_total");
+    let logged = server.metric("spate_wal_written_bytes_total");
+    let stored = server.metric("spate_storage_written_bytes_total");
+    eprintln!("{bypassed} rounds bypassed the log, which carried {logged} bytes of the segments' {stored}");
+    assert!(bypassed > 0.0, "rounds bypassed the log: {}", server.get("/metrics"));
+    assert!(logged < stored, "the log carried {logged} bytes of {stored}");
+    (server, subscriber)
+}
+
+/// Kills the server with kill -9, restarts it, checks all of `default`
+/// ([`check_stream`]) and returns how many events it holds.
+fn crash_and_count(server: &mut Server) -> u64 {
     server.crash();
     server.spawn();
     let mut seen = Seen::default();
-    check_stream(&server, "default", &mut seen);
-    assert_eq!(seen.count, CONNECTIONS * 2 * EVENTS + SYNCED, "every synced event after a second kill -9");
-    assert!(!server.log().contains("panicked"));
+    check_stream(server, "default", &mut seen);
+    seen.count
 }
 
 /// The kill -9 loop under `--fsync always`: every round syncs, so an
@@ -375,21 +388,12 @@ fn acknowledged_events_survive_kill_9_loops_under_always() {
 fn rounds_that_bypass_the_log_under_always_lose_nothing_to_kill_9() {
     const CONNECTIONS: u64 = 8;
     const EVENTS: u64 = 400_000;
-    let mut server = Server::start(&["--shards", "2", "--partitions", "8", "--fsync", "always"]);
-    let mut subscriber = Subscriber::connect(server.subscribe, "SUB default * earliest");
-    produce_and_read(&server, &mut subscriber, CONNECTIONS, 0..EVENTS);
+    let args = ["--shards", "2", "--partitions", "8", "--fsync", "always"];
+    let (mut server, _subscriber) = burst_that_bypasses_the_log(&args, CONNECTIONS, EVENTS);
     let bypassed = server.metric("spate_wal_bypassed_rounds_total");
     let synced = server.metric("spate_wal_filesystem_syncs_total");
-    let logged = server.metric("spate_wal_written_bytes_total");
-    let stored = server.metric("spate_storage_written_bytes_total");
-    eprintln!("always: {bypassed} rounds bypassed the log, {synced} filesystem syncs, log {logged} of {stored} bytes");
-    assert!(bypassed > 0.0 && synced >= bypassed, "large rounds bypassed the log: {}", server.get("/metrics"));
-    assert!(logged < stored, "the log carried {logged} bytes of {stored}");
-    server.crash();
-    server.spawn();
-    let mut seen = Seen::default();
-    check_stream(&server, "default", &mut seen);
-    assert_eq!(seen.count, CONNECTIONS * EVENTS, "every written event after kill -9");
+    assert!(synced >= bypassed, "every bypassing round synced: {}", server.get("/metrics"));
+    assert_eq!(crash_and_count(&mut server), CONNECTIONS * EVENTS, "every written event after kill -9");
     assert!(!server.log().contains("panicked"));
 }
 

@@ -66,9 +66,7 @@ pub(super) fn take_snapshot_if_requested(shard: &Shard) {
     }) else {
         return;
     };
-    let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
-    dirty.sort_unstable();
-    dirty.dedup();
+    let dirty = take_dirty(state);
     let partitions = shard.partitions.borrow();
     let targets = dirty
         .into_iter()
@@ -372,6 +370,15 @@ async fn write_checkpoint(shard: &Shard, lsn: u64) -> Result<(), SegmentError> {
     Ok(())
 }
 
+/// Takes the partitions written since the last snapshot, each once, in
+/// order (a failed pass over them puts them back).
+fn take_dirty(state: &WalState) -> Vec<u32> {
+    let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
+    dirty.sort_unstable();
+    dirty.dedup();
+    dirty
+}
+
 /// Runs `work` as the one writer of checkpoints: once a running
 /// checkpoint or direct sync has ended, holding the next ones off until it
 /// is done. Inside a round every writer is in its partition, so a
@@ -424,9 +431,7 @@ pub(super) async fn sync_by_filesystem(shard: &Rc<Shard>, wal: &mut Wal, wait: b
         return Ok(false);
     }
     let synced = exclusively(state, async {
-        let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
-        dirty.sort_unstable();
-        dirty.dedup();
+        let dirty = take_dirty(state);
         let flushed = in_chunks(&dirty, |&id| super::commit::flush_partition(shard.clone(), id)).await;
         let flushed = match flushed {
             Ok(flushed) => flushed,
@@ -486,9 +491,7 @@ pub(super) async fn sync_segments_directly(shard: &Rc<Shard>, wal: &mut Wal) -> 
     let state = &committer.wal;
     exclusively(state, async {
         ShardMetrics::add(&shard.metrics.wal_direct_syncs, 1);
-        let mut dirty = std::mem::take(&mut *state.dirty.borrow_mut());
-        dirty.sort_unstable();
-        dirty.dedup();
+        let dirty = take_dirty(state);
         // Written and synced in full, each writer taken out for the awaits
         // (only inside a round, where rounds cannot collide).
         let synced = in_chunks(&dirty, |&id| super::commit::sync_partition(shard.clone(), id)).await;

@@ -594,9 +594,9 @@ fn log_end(committer: &Committer) -> u64 {
 pub const BYPASS_BYTES_PER_PARTITION: u64 = 4096;
 
 /// Bytes a round that must sync (a `#SYNC` or a handoff asked, or any
-/// round under `always`) must carry to the log to bypass it: a `syncfs` (metadata of every file written,
-/// then a flush) and the checkpoint after it cost more than writing and
-/// fdatasyncing a few MiB of log (`scripts/bench-sync` at 16 partitions:
+/// round under `always`) must carry to the log to bypass it: a `syncfs`
+/// (metadata of every file written, then a flush) and the checkpoint after
+/// it cost more than writing and fdatasyncing a few MiB of log (`scripts/bench-sync` at 16 partitions:
 /// a `#SYNC` p50 of 3.1 ms against 1.6 through the log, p99 up to 354 ms
 /// when the `syncfs` waited for a checkpoint).
 pub const SYNC_BYPASS_BYTES_MIN: u64 = 4 << 20;
@@ -626,14 +626,13 @@ fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_r
 /// files now, whole, so they survive `kill -9` as a written log would
 /// have kept them. When a sync is due (every round under `always`, a
 /// `#SYNC` or a handoff asked, the interval passed, or the log's unsynced
-/// bytes reached
-/// `--fsync-pending-bytes-max`), one `syncfs` makes every written segment
-/// durable and the log starts again past those records: they are never
-/// written to it. A sync due only to the interval waits for the next
-/// round while a checkpoint runs, one under `always` writes the log
-/// instead, and any other waits for the checkpoint. A
-/// `syncfs` that fails leaves it to the log: written and fdatasynced,
-/// with every record it holds.
+/// bytes reached `--fsync-pending-bytes-max`), one `syncfs` makes every
+/// written segment durable and the log starts again past those records:
+/// they are never written to it. While a checkpoint runs, a sync due only
+/// to the interval waits for the next round, one under `always` writes
+/// the log instead, and any other waits for the checkpoint. A `syncfs`
+/// that fails leaves it to the log: written and fdatasynced, with every
+/// record it holds.
 async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: bool) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;

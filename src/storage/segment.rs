@@ -427,11 +427,11 @@ impl SegmentWriter {
     /// Forgets flushed buffers once written, without an fdatasync: for
     /// `--fsync never`, where a write handed to the kernel is the promise.
     pub fn forget_written(&mut self) {
-        while self.unsynced.front().is_some_and(|pending| pending.written) {
-            let pending = self.unsynced.pop_front().expect("checked above");
-            self.durable_end = pending.end;
-            self.durable_next_offset = pending.next_offset;
+        if let Some(last) = self.unsynced.iter().take_while(|pending| pending.written).last() {
+            self.durable_end = last.end;
+            self.durable_next_offset = last.next_offset;
         }
+        self.drop_written();
     }
 
     /// The frames appended since the writer's end was `position`, still in
