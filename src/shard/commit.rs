@@ -183,6 +183,11 @@ pub struct Committer {
     /// Where a probe file could not be written: writing one there again is
     /// the check that space is back.
     space_check_dir: RefCell<Option<PathBuf>>,
+    /// A clean stop asks the committer to cut every segment file after its
+    /// last block ([`Committer::trim_at_stop`]); `trims` counts the times
+    /// it did.
+    trim_requested: Cell<bool>,
+    trims: Cell<u64>,
     pub(super) wal: WalState,
 }
 
@@ -212,6 +217,8 @@ impl Committer {
             detached: RefCell::default(),
             read_only: RefCell::new(None),
             space_check_dir: RefCell::new(None),
+            trim_requested: Cell::new(false),
+            trims: Cell::new(0),
             wal: WalState { interval: Duration::from_millis(config.wal_checkpoint_ms), ..WalState::default() },
         }
     }
@@ -225,6 +232,21 @@ impl Committer {
     /// checkpoint recorded, if any (recovery then scans only what follows).
     pub fn take_replay_position(&self, log_id: u64) -> Option<crate::storage::index::SegmentIndex> {
         self.wal.replay.borrow().as_ref()?.take_position(log_id)
+    }
+
+    /// At a clean stop, once every event is applied and written: has the
+    /// committer cut each active segment file after its last block at the
+    /// next gap between rounds (writers grow their files ahead of their
+    /// writes, [`crate::storage::segment`]), so the next start finds
+    /// nothing to cut and no space stays allocated past the data. Waits at
+    /// most [`TRIM_AT_STOP_MS`]; a file left long is cut by the next start.
+    pub async fn trim_at_stop(&self) {
+        let before = self.trims.get();
+        self.trim_requested.set(true);
+        self.notify.notify();
+        let done = self.round_waiters.wait_until(|| self.trims.get() > before);
+        let bound = glommio::timer::sleep(Duration::from_millis(TRIM_AT_STOP_MS));
+        let _ = crate::runtime::notify::first(done, bound).await;
     }
 
     /// Takes partitions out of the shard (a stream deletion, a handoff) at
@@ -361,6 +383,11 @@ pub async fn run_committer(shard: Rc<Shard>) {
     loop {
         // Between rounds: every writer is in its partition.
         detach_requested(&shard);
+        if committer.trim_requested.replace(false) {
+            trim_writers(&shard).await;
+            committer.trims.set(committer.trims.get() + 1);
+            committer.round_waiters.wake_all();
+        }
         super::checkpoint::take_snapshot_if_requested(&shard);
         if !has_work(&shard) && allocate_ahead(&shard).await {
             // A chunk of the log's files allocated: look for work again
@@ -447,6 +474,30 @@ async fn allocate_ahead(shard: &Shard) -> bool {
     }
 }
 
+/// The longest a clean stop waits for [`Committer::trim_at_stop`], in ms.
+const TRIM_AT_STOP_MS: u64 = 2000;
+
+/// Cuts every writer's file after its last block (between rounds, so every
+/// writer is in its partition; each is taken out for its await). An error
+/// is logged: the file keeps its allocated tail, which the next start cuts.
+async fn trim_writers(shard: &Rc<Shard>) {
+    let ids: Vec<u32> = shard.partitions.borrow().iter().map(|(id, _)| id).collect();
+    for partition_id in ids {
+        let writer = {
+            let mut partitions = shard.partitions.borrow_mut();
+            let Some(partition) = partitions.get_mut(partition_id) else { continue };
+            let Some(disk) = partition.log.parts_mut().1 else { continue };
+            disk.take_writer()
+        };
+        let Some(mut writer) = writer else { continue };
+        let trimmed = writer.trim_allocated().await;
+        put_back(shard, partition_id, writer);
+        if let Err(error) = trimmed {
+            log::warn!(shard = shard.id, "cutting partition {partition_id}'s file after its data: {error}");
+        }
+    }
+}
+
 /// Takes the partitions [`Committer::detach`] asked for out of the shard.
 /// Runs only between rounds, when no writer is out.
 fn detach_requested(shard: &Shard) {
@@ -477,6 +528,7 @@ fn has_work(shard: &Shard) -> bool {
     releasable
         || committer.sync_requested.get()
         || committer.wal.snapshot_requested.get()
+        || committer.trim_requested.get()
         || committer.is_read_only()
         || !committer.retry.borrow().is_empty()
         || shard.partitions.borrow().has_dirty()

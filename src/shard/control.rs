@@ -167,6 +167,9 @@ pub async fn serve_control(
                 glommio::spawn_local(async move {
                     let complete = drain(&shard, deadline).await;
                     crate::shard::checkpoint::checkpoint_at_stop(&shard).await;
+                    if let Some(committer) = &shard.committer {
+                        committer.trim_at_stop().await;
+                    }
                     let _ = events.send(ShardEvent::Drained { complete });
                 })
                 .detach();
