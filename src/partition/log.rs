@@ -96,6 +96,23 @@ impl MemoryLog {
         self.segments.front().map_or(self.next_offset, |segment| segment.base_offset)
     }
 
+    /// Bytes of the records from `offset` to the end (0 when `offset` is
+    /// at or past the end; from the earliest record when before it).
+    pub fn bytes_from(&self, offset: u64) -> usize {
+        let mut bytes = 0;
+        for segment in self.segments.iter().rev() {
+            if offset >= segment.next_offset() {
+                break;
+            }
+            let first = offset.saturating_sub(segment.base_offset) as usize;
+            bytes += segment.data.len() - segment.positions.get(first).map_or(0, |&position| position as usize);
+            if offset >= segment.base_offset {
+                break;
+            }
+        }
+        bytes
+    }
+
     /// Bytes this log holds (segment capacity plus index).
     pub fn cost_bytes(&self) -> usize {
         self.cost_bytes
@@ -510,6 +527,22 @@ mod tests {
             98,
             "a visitor that stops is not consumed"
         );
+    }
+
+    /// `bytes_from` sums the records from an offset across segments.
+    #[test]
+    fn bytes_from_counts_records_to_the_end() {
+        let mut log = MemoryLog::new(64 * 1024, 1024);
+        let record = log_record(b"k", &[b'x'; 40]);
+        for _ in 0..100 {
+            log.append(&record);
+        }
+        assert!(log.segments.len() > 3, "the records span segments");
+        for offset in [0, 1, 17, 50, 99] {
+            assert_eq!(log.bytes_from(offset), (100 - offset as usize) * record.len(), "from {offset}");
+        }
+        assert_eq!(log.bytes_from(100), 0);
+        assert_eq!(log.bytes_from(1000), 0);
     }
 
     /// Retention drops whole old segments and keeps memory under the bound.

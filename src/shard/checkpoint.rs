@@ -408,6 +408,9 @@ async fn restart_log(shard: &Shard, wal: &mut Wal) -> Result<(), SegmentError> {
     let state = &shard.committer.as_ref().expect("disk storage").wal;
     let restart_lsn = wal.restart_after_direct_sync();
     state.unwritten_after_failure.set(false);
+    // Every record written so far is durable in its segment file.
+    state.unlogged.set(false);
+    state.unlogged_bytes.set(0);
     let written = write_checkpoint(shard, restart_lsn).await;
     if written.is_err() {
         state.checkpoint_owed.set(Some(restart_lsn));

@@ -132,6 +132,13 @@ pub(super) struct WalState {
     pub(super) checkpoint_owed: Cell<Option<u64>>,
     /// A filesystem sync failed and the failure is logged (once per episode).
     pub(super) filesystem_sync_failing: Cell<bool>,
+    /// Records a round wrote to their segment files without copying them
+    /// into the log ([`commit_round_logged`]) are not durable yet: until a
+    /// filesystem sync or a direct sync makes them so (and starts the log
+    /// again), a sync must go through the filesystem, never the log alone.
+    pub(super) unlogged: Cell<bool>,
+    /// Bytes those rounds wrote: unsynced bytes the log does not count.
+    pub(super) unlogged_bytes: Cell<usize>,
     /// The start-up replay, until this shard has done its part.
     replay: RefCell<Option<std::sync::Arc<WalReplay>>>,
 }
@@ -549,7 +556,7 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     if committer.wal.enabled.get() {
         return commit_round_logged(shard, dirty, sync_requested).await;
     }
-    write_partitions(shard, &dirty).await?;
+    write_partitions(shard, &dirty, true).await?;
     if committer.policy == FsyncPolicy::Never {
         forget_written(shard);
         return Ok(false);
@@ -563,11 +570,14 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
 
 /// Writes `partitions` concurrently, each taken out of its partition for
 /// the awaits ([`write_partition`]); a partition that fails is retried by
-/// the next round.
-async fn write_partitions(shard: &Rc<Shard>, partitions: &[u32]) -> Result<(), SegmentError> {
+/// the next round. With `log`, records encoded on the way are also copied
+/// into the write-ahead log (when the shard has one).
+async fn write_partitions(shard: &Rc<Shard>, partitions: &[u32], log: bool) -> Result<(), SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
-    let writes: Vec<_> =
-        partitions.iter().map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition))).collect();
+    let writes: Vec<_> = partitions
+        .iter()
+        .map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition, log)))
+        .collect();
     let mut first_error = None;
     let mut written_bytes = 0;
     for (write, partition) in writes.into_iter().zip(partitions) {
@@ -603,10 +613,24 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
     reap_write_behinds(shard);
     let appended_from = log_end(committer);
     let backlog = appended_from.saturating_sub(committer.wal.wal.borrow().as_ref().map_or(0, Wal::written_lsn));
+    // A round whose records alone make it large enough to bypass the log
+    // does not copy them into it at all (the copy, its CRC and its write
+    // buffers cost about 5 % of the server's CPU under disk ingest,
+    // 2026-12-07); it must then bypass, and until a filesystem sync makes
+    // them durable, no sync may rely on the log ([`WalState::unlogged`]).
+    // Marked before any record is encoded: a round that fails part-way
+    // leaves them in no log either.
+    let pending = pending_bytes(shard, &dirty);
+    let unlogged = bypasses_log(committer, pending, dirty.len(), sync_requested);
+    if unlogged {
+        ShardMetrics::add(&shard.metrics.wal_unlogged_rounds, 1);
+        committer.wal.unlogged.set(true);
+        committer.wal.unlogged_bytes.set(committer.wal.unlogged_bytes.get() + pending as usize);
+    }
     let mut slow = Vec::new();
     let mut first_error = None;
     for &partition_id in &dirty {
-        match encode_in_place(shard, partition_id) {
+        match encode_in_place(shard, partition_id, !unlogged) {
             Ok(true) => {}
             Ok(false) => slow.push(partition_id),
             Err(error) => {
@@ -615,7 +639,7 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
             }
         }
     }
-    let slow_written = write_partitions(shard, &slow).await;
+    let slow_written = write_partitions(shard, &slow, !unlogged).await;
     committer.written.borrow_mut().extend_from_slice(&dirty);
     committer.wal.dirty.borrow_mut().extend_from_slice(&dirty);
     if let Some(error) = first_error {
@@ -623,10 +647,33 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
     }
     slow_written?;
     let appended = log_end(committer).saturating_sub(appended_from);
+    // While the log lacks records (this round's or earlier ones'), every
+    // round bypasses it, so what each writer holds is written in the round
+    // and a sync goes through the filesystem. After a failed round a
+    // bypassing round would write only its own partitions, so this one
+    // syncs, which writes every partition written since the last snapshot.
+    if committer.wal.unlogged.get() {
+        let sync = sync_requested || committer.wal.unwritten_after_failure.get();
+        return commit_bypassing_log(shard, &dirty, sync, !unlogged).await;
+    }
     if bypasses_log(committer, backlog + appended, dirty.len(), sync_requested) {
-        return commit_bypassing_log(shard, &dirty, sync_requested).await;
+        return commit_bypassing_log(shard, &dirty, sync_requested, true).await;
     }
     commit_to_wal(shard, sync_requested).await
+}
+
+/// Bytes of the records the round will encode for `partitions`: what each
+/// tail cache holds past its writer's end (frame headers aside).
+fn pending_bytes(shard: &Shard, partitions: &[u32]) -> u64 {
+    let partitions_ref = shard.partitions.borrow();
+    partitions
+        .iter()
+        .filter_map(|&id| {
+            let partition = partitions_ref.get(id)?;
+            let from = partition.log.disk()?.writer()?.next_offset();
+            Some(partition.log.memory().bytes_from(from) as u64)
+        })
+        .sum()
 }
 
 /// The log's end: where the next appended frame goes.
@@ -685,15 +732,21 @@ fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_r
 /// the log instead, and any other waits for the checkpoint. A `syncfs`
 /// that fails leaves it to the log: written and fdatasynced, with every
 /// record it holds.
-async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: bool) -> Result<bool, SegmentError> {
+async fn commit_bypassing_log(
+    shard: &Rc<Shard>,
+    dirty: &[u32],
+    sync_requested: bool,
+    log: bool,
+) -> Result<bool, SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
     let state = &committer.wal;
     // Encoded already: this writes what each writer holds, partial last
-    // block included.
-    write_partitions(shard, dirty).await?;
+    // block included (and encodes, with `log` copied into the log's
+    // memory, what was applied since).
+    write_partitions(shard, dirty, log).await?;
     ShardMetrics::add(&shard.metrics.wal_bypassed_rounds, 1);
     let unsynced = state.wal.borrow().as_ref().map_or(0, |wal| wal.end_lsn().saturating_sub(wal.synced_lsn()));
-    committer.unsynced_bytes.set(unsynced as usize);
+    committer.unsynced_bytes.set(unsynced as usize + state.unlogged_bytes.get());
     state.logged_lsn.set(log_end(committer));
     state.logged.notify();
     if !committer.sync_due(sync_requested) {
@@ -701,7 +754,10 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
     }
     // Under `always` a round that would wait for a running checkpoint
     // writes the log instead (below): the wait would hold every grant.
-    let must = sync_requested || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max;
+    // Not when the log lacks records: then it waits.
+    let must = sync_requested
+        || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max
+        || (committer.policy == FsyncPolicy::Always && state.unlogged.get());
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
     state.logged_lsn.set(wal.end_lsn());
@@ -718,9 +774,28 @@ async fn commit_bypassing_log(shard: &Rc<Shard>, dirty: &[u32], sync_requested: 
             Ok(true)
         }
         // Not synced: under `always` the round must be, and the log still
-        // holds every record since the last checkpoint.
+        // holds every record since the last checkpoint (it waited when not).
         Ok(false) if committer.policy == FsyncPolicy::Always => commit_to_wal(shard, true).await,
         Ok(false) => Ok(false),
+        // The log lacks records: each written segment file is synced
+        // instead (a retried `syncfs` could report success for a failure it
+        // reported once already), or the round fails and is retried.
+        Err(error) if state.unlogged.get() => {
+            ShardMetrics::add(&shard.metrics.storage_errors, 1);
+            if !state.filesystem_sync_failing.replace(true) {
+                log::warn!(shard = shard.id, "filesystem sync: {error}; syncing each written segment file instead");
+            }
+            let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+            let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
+            state.logged_lsn.set(wal.end_lsn());
+            state.wal.replace(Some(wal));
+            synced?;
+            committer.unsynced.borrow_mut().clear();
+            committer.unsynced_bytes.set(0);
+            committer.last_sync.set(Instant::now());
+            ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+            Ok(true)
+        }
         Err(error) => {
             ShardMetrics::add(&shard.metrics.storage_errors, 1);
             if !state.filesystem_sync_failing.replace(true) {
@@ -771,7 +846,7 @@ pub const WRITE_BEHIND_BYTES: usize = 128 * 1024;
 /// the frames into the log; starts a write-behind when enough is buffered.
 /// `Ok(false)` when they do not all fit without I/O (the caller writes it
 /// with [`write_partition`]).
-fn encode_in_place(shard: &Shard, partition_id: u32) -> Result<bool, SegmentError> {
+fn encode_in_place(shard: &Shard, partition_id: u32, log: bool) -> Result<bool, SegmentError> {
     let mut partitions = shard.partitions.borrow_mut();
     let Some(partition) = partitions.get_mut(partition_id) else { return Ok(true) };
     let (cache, disk) = partition.log.parts_mut();
@@ -780,7 +855,9 @@ fn encode_in_place(shard: &Shard, partition_id: u32) -> Result<bool, SegmentErro
     loop {
         let before = writer.end();
         let encoded = encode_pending(cache, writer, now_unix_ms())?;
-        append_to_wal(shard, writer, before)?;
+        if log {
+            append_to_wal(shard, writer, before)?;
+        }
         match encoded {
             Encoded::All => break,
             // A full buffer becomes a write (no I/O yet) and encoding goes
@@ -876,9 +953,15 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
         written = wal.write(state.checkpoint_lsn.get()).await;
     }
     ShardMetrics::add(&shard.metrics.wal_written_bytes, wal.written_lsn().saturating_sub(written_before));
-    // Under `interval` the log's unsynced bytes bound the wait for a sync.
-    committer.unsynced_bytes.set(wal.written_lsn().saturating_sub(wal.synced_lsn()) as usize);
+    // Under `interval` the log's unsynced bytes bound the wait for a sync
+    // (with what rounds wrote without it).
+    let unsynced = wal.written_lsn().saturating_sub(wal.synced_lsn()) as usize + state.unlogged_bytes.get();
+    committer.unsynced_bytes.set(unsynced);
     let outcome = match written {
+        // Records written without the log: only the filesystem syncs them.
+        Ok(_) if committer.sync_due(sync_requested) && state.unlogged.get() => {
+            super::checkpoint::sync_by_filesystem(shard, &mut wal, true).await
+        }
         Ok(_) if committer.sync_due(sync_requested) => wal.sync().await.map(|_| true),
         Ok(_) => Ok(false),
         Err(WalError::Io(error)) => Err(error),
@@ -1089,10 +1172,10 @@ fn next_deferred(shard: &Shard) -> Option<(u32, Deferred)> {
 
 /// Encodes and writes one partition's new records; rolls full segments.
 /// Returns the bytes written.
-async fn write_partition(shard: Rc<Shard>, partition_id: u32) -> Result<usize, SegmentError> {
+async fn write_partition(shard: Rc<Shard>, partition_id: u32, log: bool) -> Result<usize, SegmentError> {
     let mut written = 0;
     loop {
-        let Some((mut writer, encoded)) = encode(&shard, partition_id)? else { return Ok(written) };
+        let Some((mut writer, encoded)) = encode(&shard, partition_id, log)? else { return Ok(written) };
         let before = writer.written().0;
         // A writer out of room for more unsynced buffers syncs instead (the
         // round's fdatasync would come too late for it).
@@ -1118,9 +1201,10 @@ async fn write_partition(shard: Rc<Shard>, partition_id: u32) -> Result<usize, S
     }
 }
 
-/// Takes the partition's writer out and encodes its new records into it.
-/// `None` when the partition is gone or has no disk.
-fn encode(shard: &Shard, partition_id: u32) -> Result<Option<(SegmentWriter, Encoded)>, SegmentError> {
+/// Takes the partition's writer out and encodes its new records into it
+/// (copied into the write-ahead log too with `log`). `None` when the
+/// partition is gone or has no disk.
+fn encode(shard: &Shard, partition_id: u32, log: bool) -> Result<Option<(SegmentWriter, Encoded)>, SegmentError> {
     let mut partitions = shard.partitions.borrow_mut();
     let Some(partition) = partitions.get_mut(partition_id) else { return Ok(None) };
     let (cache, disk) = partition.log.parts_mut();
@@ -1129,8 +1213,8 @@ fn encode(shard: &Shard, partition_id: u32) -> Result<Option<(SegmentWriter, Enc
     let before = writer.end();
     let encoded = encode_pending(cache, &mut writer, now_unix_ms());
     let logged = match &encoded {
-        Ok(_) => append_to_wal(shard, &writer, before),
-        Err(_) => Ok(()),
+        Ok(_) if log => append_to_wal(shard, &writer, before),
+        _ => Ok(()),
     };
     match encoded.and_then(|encoded| logged.map(|()| encoded)) {
         Ok(encoded) => Ok(Some((writer, encoded))),

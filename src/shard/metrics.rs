@@ -191,6 +191,7 @@ shard_metrics! {
     Counter wal_checkpoints: u64 => "spate_wal_checkpoints_total", "Write-ahead log checkpoints: segment files synced in bulk, the log behind them freed.";
     Counter wal_direct_syncs: u64 => "spate_wal_direct_syncs_total", "Rounds that found the write-ahead log full and synced the segment files directly (checkpoints did not keep up).";
     Counter wal_bypassed_rounds: u64 => "spate_wal_bypassed_rounds_total", "Rounds that wrote their frames to the segment files instead of the write-ahead log (under --fsync interval each partition took a block or more; a round that must sync, every round under always, 4 MiB or more): under interval their bytes reach the log only if a #SYNC asks before the next filesystem sync.";
+    Counter wal_unlogged_rounds: u64 => "spate_wal_unlogged_rounds_total", "Rounds that bypassed the write-ahead log without copying their frames into its memory (decided before encoding; a sync then goes through the filesystem until one has).";
     Counter wal_filesystem_syncs: u64 => "spate_wal_filesystem_syncs_total", "Filesystem syncs (syncfs) that made every written segment durable at once and freed the write-ahead log behind them, in place of writing the log (--fsync interval or always).";
     Counter wal_replayed_frames: u64 => "spate_wal_replayed_frames_total", "Frames appended to segments from the write-ahead logs at start-up.";
     Counter storage_written_bytes: u64 => "spate_storage_written_bytes_total", "Bytes written to segment files (whole blocks).";
