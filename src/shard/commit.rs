@@ -721,17 +721,21 @@ fn bypasses_log(committer: &Committer, log_bytes: u64, partitions: usize, sync_r
 
 /// The rest of a round that bypasses the log (module doc of
 /// [`crate::storage::wal`], "Rounds that bypass the log"). Its frames
-/// stay in the log's memory, unwritten, and are written to their segment
-/// files now, whole, so they survive `kill -9` as a written log would
-/// have kept them. When a sync is due (every round under `always`, a
-/// `#SYNC` or a handoff asked, the interval passed, or the log's unsynced
-/// bytes reached `--fsync-pending-bytes-max`), one `syncfs` makes every
-/// written segment durable and the log starts again past those records:
-/// they are never written to it. While a checkpoint runs, a sync due only
-/// to the interval waits for the next round, one under `always` writes
-/// the log instead, and any other waits for the checkpoint. A `syncfs`
-/// that fails leaves it to the log: written and fdatasynced, with every
-/// record it holds.
+/// stay in the log's memory, unwritten (with `log`; an unlogged round's
+/// never went there), and are written to their segment files now, whole,
+/// so they survive `kill -9` as a written log would have kept them. When
+/// a sync is due (every round under `always`, a `#SYNC` or a handoff
+/// asked, the interval passed, or the unsynced bytes reached
+/// `--fsync-pending-bytes-max`), one `syncfs` makes every written segment
+/// durable and the log starts again past those records: they are never
+/// written to it. While a checkpoint runs, a sync due only to the interval
+/// waits for the next round, one under `always` writes the log instead
+/// (waits, when the log lacks records), and any other waits for the
+/// checkpoint. A `syncfs` that fails leaves it to the log: written and
+/// fdatasynced, with every record it holds; when the log lacks records,
+/// to an fdatasync of each written segment file, and so does every sync
+/// after it until one succeeds (a `syncfs` retried on the same handle
+/// could report success for the failure it reported once).
 async fn commit_bypassing_log(
     shard: &Rc<Shard>,
     dirty: &[u32],
@@ -759,7 +763,12 @@ async fn commit_bypassing_log(
         || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max
         || (committer.policy == FsyncPolicy::Always && state.unlogged.get());
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
-    let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
+    let synced = if state.unlogged.get() && state.filesystem_sync_failing.get() {
+        let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
+        synced.map(|()| true)
+    } else {
+        super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await
+    };
     state.logged_lsn.set(wal.end_lsn());
     state.wal.replace(Some(wal));
     match synced {
