@@ -879,7 +879,9 @@ fn encode_in_place(shard: &Shard, partition_id: u32, log: bool) -> Result<bool, 
             Encoded::SegmentFull => return Ok(false),
         }
     }
-    if writer.buffered_bytes() >= WRITE_BEHIND_BYTES {
+    // An unlogged round writes every partition in the round anyway: its
+    // writes start as each partition is encoded, not after all of them.
+    if !log || writer.buffered_bytes() >= WRITE_BEHIND_BYTES {
         // With too many writes pending this waits for the next round.
         let _ = writer.seal_buffered();
     }
