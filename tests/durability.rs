@@ -1024,3 +1024,38 @@ fn segment_files_end(dir: &std::path::Path) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// A stream directory symlinked onto another filesystem: a `syncfs` of the
+/// data directory's filesystem would not make its segments durable, so
+/// the server turns the log bypass off for the run, says so, and every
+/// round goes through the write-ahead log (a burst that would bypass it
+/// does not). Needs root to mount the tmpfs; skipped with a message
+/// otherwise.
+#[test]
+fn a_stream_on_another_filesystem_turns_the_log_bypass_off() {
+    let Some(fs) = SmallFs::tmpfs("bypass-elsewhere") else { return };
+    let data_dir = std::env::temp_dir().join(format!("spate-bypass-elsewhere-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    std::fs::create_dir_all(data_dir.join("streams")).unwrap();
+    let elsewhere = fs.mount.join("default");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, data_dir.join("streams").join("default")).unwrap();
+    let data = data_dir.display().to_string();
+    let server = Server::start(&["--shards", "2", "--partitions", "2", "--data-dir", &data]);
+    assert!(
+        server.log().contains("is on another filesystem than") && server.log().contains("as --wal-bypass off"),
+        "{}",
+        server.log()
+    );
+    let mut producer = server.producer();
+    let payload = "y".repeat(200);
+    for index in 0..20_000u64 {
+        producer.send(format!("k{} {index}-{payload}\n", index % 8).as_bytes());
+    }
+    producer.sync();
+    assert_eq!(server.stream_end("default"), 20_000);
+    assert_eq!(server.metric("spate_wal_bypassed_rounds_total"), 0.0, "{}", server.get("/metrics"));
+    assert!(server.metric("spate_wal_written_bytes_total") > 4_000_000.0, "every round went to the log");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}

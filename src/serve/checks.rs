@@ -3,7 +3,7 @@
 
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::config::Config;
+use crate::config::{Config, WalBypass};
 use crate::runtime::log;
 use crate::serve::ServeError;
 
@@ -184,6 +184,40 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
 /// (`THP_enabled: 0` in its status). Disk writes from 4 KiB pages ran at
 /// 0.46 – 0.74x of the same writes from 2 MiB pages on a virtio disk
 /// (`scripts/bench-disk-pages`).
+/// With `--wal-bypass on` (under `interval` or `always` on disk), a round
+/// may make its segments durable with one `syncfs` of the filesystem that
+/// holds `<data-dir>/streams`, and under `always` the checkpoint's
+/// fdatasync of the log then flushes the device's cache: both hold only
+/// when every stream and partition directory, and the log, are on that one
+/// filesystem. A directory symlinked to another turns the bypass off for
+/// this run, with a warning naming it (every round then writes the log).
+/// Streams created later are created inside `streams/`.
+pub fn check_one_filesystem(config: &mut Config) {
+    use std::os::unix::fs::MetadataExt;
+    let policy_syncs = config.fsync != crate::config::FsyncPolicy::Never;
+    if config.storage != crate::config::Storage::Disk || !policy_syncs || config.wal_bypass != WalBypass::On {
+        return;
+    }
+    let streams = config.data_dir.join("streams");
+    let device = |path: &std::path::Path| std::fs::metadata(path).ok().map(|metadata| metadata.dev());
+    let Some(home) = device(&streams).or_else(|| device(&config.data_dir)) else { return };
+    let mut paths = vec![config.data_dir.join("wal")];
+    for stream in std::fs::read_dir(&streams).into_iter().flatten().flatten() {
+        paths.push(stream.path());
+        paths.extend(std::fs::read_dir(stream.path()).into_iter().flatten().flatten().map(|entry| entry.path()));
+    }
+    let elsewhere = paths.into_iter().find(|path| device(path).is_some_and(|dev| dev != home));
+    if let Some(path) = elsewhere {
+        log::warn!(
+            "--wal-bypass on: {} is on another filesystem than {}; a syncfs of one does not make the other \
+             durable, so this run writes every commit round to the write-ahead log (as --wal-bypass off)",
+            path.display(),
+            streams.display()
+        );
+        config.wal_bypass = WalBypass::Off;
+    }
+}
+
 pub fn set_huge_pages(config: &Config) {
     if config.huge_pages == crate::config::HugePages::Off {
         // SAFETY: prctl with PR_SET_THP_DISABLE reads its integer

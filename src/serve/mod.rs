@@ -176,6 +176,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     if let Ok(absolute) = std::fs::canonicalize(&config.data_dir) {
         config.data_dir = absolute;
     }
+    checks::check_one_filesystem(&mut config);
     let cluster_start = cluster::prepare(&config)?;
     let (catalog, catalog_unsaved) = open_catalog(&config)?;
     let config = Arc::new(config);
