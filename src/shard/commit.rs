@@ -762,24 +762,21 @@ async fn commit_bypassing_log(
     let must = sync_requested
         || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max
         || (committer.policy == FsyncPolicy::Always && state.unlogged.get());
-    let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
     let synced = if state.unlogged.get() && state.filesystem_sync_failing.get() {
-        let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
-        synced.map(|()| true)
+        sync_directly(shard).await.map(|()| true)
     } else {
-        super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await
+        let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+        let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
+        state.logged_lsn.set(wal.end_lsn());
+        state.wal.replace(Some(wal));
+        synced
     };
-    state.logged_lsn.set(wal.end_lsn());
-    state.wal.replace(Some(wal));
     match synced {
         Ok(true) => {
             if state.filesystem_sync_failing.replace(false) {
                 log::info!(shard = shard.id, "filesystem syncs succeed again");
             }
-            committer.unsynced.borrow_mut().clear();
-            committer.unsynced_bytes.set(0);
-            committer.last_sync.set(Instant::now());
-            ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+            note_synced(shard);
             Ok(true)
         }
         // Not synced: under `always` the round must be, and the log still
@@ -794,15 +791,8 @@ async fn commit_bypassing_log(
             if !state.filesystem_sync_failing.replace(true) {
                 log::warn!(shard = shard.id, "filesystem sync: {error}; syncing each written segment file instead");
             }
-            let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
-            let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
-            state.logged_lsn.set(wal.end_lsn());
-            state.wal.replace(Some(wal));
-            synced?;
-            committer.unsynced.borrow_mut().clear();
-            committer.unsynced_bytes.set(0);
-            committer.last_sync.set(Instant::now());
-            ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+            sync_directly(shard).await?;
+            note_synced(shard);
             Ok(true)
         }
         Err(error) => {
@@ -813,6 +803,27 @@ async fn commit_bypassing_log(
             commit_to_wal(shard, true).await
         }
     }
+}
+
+/// A round synced: nothing written is waiting for a sync any more.
+fn note_synced(shard: &Shard) {
+    let committer = shard.committer.as_ref().expect("disk storage");
+    committer.unsynced.borrow_mut().clear();
+    committer.unsynced_bytes.set(0);
+    committer.last_sync.set(Instant::now());
+    ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+}
+
+/// Inside a round: writes and fdatasyncs every segment file written since
+/// the last snapshot and starts the log again
+/// ([`super::checkpoint::sync_segments_directly`]).
+async fn sync_directly(shard: &Rc<Shard>) -> Result<(), SegmentError> {
+    let state = &shard.committer.as_ref().expect("disk storage").wal;
+    let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
+    let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
+    state.logged_lsn.set(wal.end_lsn());
+    state.wal.replace(Some(wal));
+    synced
 }
 
 /// Writes everything a partition's writer holds (its partial last block
@@ -969,11 +980,12 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
     let unsynced = wal.written_lsn().saturating_sub(wal.synced_lsn()) as usize + state.unlogged_bytes.get();
     committer.unsynced_bytes.set(unsynced);
     let outcome = match written {
-        // Records written without the log: only the filesystem syncs them.
-        Ok(_) if committer.sync_due(sync_requested) && state.unlogged.get() => {
-            super::checkpoint::sync_by_filesystem(shard, &mut wal, true).await
+        // While the log lacks records every round bypasses it
+        // (`commit_round_logged`): the log's fdatasync never stands for them.
+        Ok(_) if committer.sync_due(sync_requested) => {
+            debug_assert!(!state.unlogged.get(), "a sync through the log while it lacks records");
+            wal.sync().await.map(|_| true)
         }
-        Ok(_) if committer.sync_due(sync_requested) => wal.sync().await.map(|_| true),
         Ok(_) => Ok(false),
         Err(WalError::Io(error)) => Err(error),
         Err(WalError::Full) => super::checkpoint::sync_segments_directly(shard, &mut wal).await.map(|()| true),
@@ -988,10 +1000,7 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
         state.notify.notify();
     }
     if synced {
-        committer.unsynced.borrow_mut().clear();
-        committer.unsynced_bytes.set(0);
-        committer.last_sync.set(Instant::now());
-        ShardMetrics::add(&shard.metrics.fsync_rounds, 1);
+        note_synced(shard);
     }
     Ok(synced)
 }
