@@ -2,11 +2,13 @@
 //! know nothing of spate: wake-ups and waits for tasks on one shard
 //! ([`notify`]), software prefetch hints ([`prefetch`]), and the server's
 //! log lines with their rate limit per episode ([`log`]), where each
-//! executor's start-up is ([`stage`]), and the process's allocator
-//! ([`memory`]).
+//! executor's start-up is ([`stage`]), the process's allocator
+//! ([`memory`]), and file I/O submitted without waiting for the executor's
+//! next pass ([`submit`]).
 
 pub mod log;
 pub mod memory;
 pub mod notify;
 pub mod prefetch;
 pub mod stage;
+pub mod submit;

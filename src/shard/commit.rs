@@ -564,7 +564,10 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     if !committer.sync_due(sync_requested) {
         return Ok(false);
     }
-    sync_all(shard).await?;
+    let sync_started = Instant::now();
+    let synced = sync_all(shard).await;
+    ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
+    synced?;
     Ok(true)
 }
 
@@ -762,6 +765,7 @@ async fn commit_bypassing_log(
     let must = sync_requested
         || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max
         || (committer.policy == FsyncPolicy::Always && state.unlogged.get());
+    let sync_started = Instant::now();
     let synced = if state.unlogged.get() && state.filesystem_sync_failing.get() {
         sync_directly(shard).await.map(|()| true)
     } else {
@@ -771,6 +775,7 @@ async fn commit_bypassing_log(
         state.wal.replace(Some(wal));
         synced
     };
+    ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
     match synced {
         Ok(true) => {
             if state.filesystem_sync_failing.replace(false) {
@@ -984,7 +989,10 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
         // (`commit_round_logged`): the log's fdatasync never stands for them.
         Ok(_) if committer.sync_due(sync_requested) => {
             debug_assert!(!state.unlogged.get(), "a sync through the log while it lacks records");
-            wal.sync().await.map(|_| true)
+            let sync_started = Instant::now();
+            let synced = wal.sync().await.map(|_| true);
+            ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
+            synced
         }
         Ok(_) => Ok(false),
         Err(WalError::Io(error)) => Err(error),

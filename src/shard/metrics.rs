@@ -185,6 +185,7 @@ shard_metrics! {
     Gauge disk_segments: u64 => "spate_disk_segments", "Segment files of the partitions this shard owns.";
     Counter commit_rounds: u64 => "spate_commit_rounds_total", "Group commits (write rounds) to the partitions' files.";
     Counter commit_seconds: f64 => "spate_commit_seconds_total", "Time spent in group commits (write and fdatasync).";
+    Counter commit_sync_seconds: f64 => "spate_commit_sync_seconds_total", "The part of spate_commit_seconds_total spent making written records durable: the fdatasync of the log or the segments, or a filesystem sync with the flushes and the checkpoint it takes.";
     Counter fsync_rounds: u64 => "spate_fsync_rounds_total", "Group commits that ended with an fdatasync of every written partition.";
     Counter wal_written_bytes: u64 => "spate_wal_written_bytes_total", "Bytes written to this shard's write-ahead log (whole blocks, rewritten partial blocks included).";
     Counter wal_allocated_bytes: u64 => "spate_wal_allocated_bytes_total", "Zero bytes written ahead of this shard's write-ahead log during its first lap, so rounds write into allocated blocks.";

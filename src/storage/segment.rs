@@ -355,7 +355,8 @@ impl WriteRequests {
 /// Writes `buffer` at `position`: an error, or a short write, fails.
 async fn write_whole(file: &DmaFile, path: &Path, buffer: Rc<DmaBuffer>, position: u64) -> Result<(), SegmentError> {
     let expected = buffer.len();
-    let written = io_context(file.write_rc_at(buffer, position).await, "write segment", path, position)?;
+    let written = crate::runtime::submit::submitted(file.write_rc_at(buffer, position)).await;
+    let written = io_context(written, "write segment", path, position)?;
     if written != expected {
         return Err(SegmentError::ShortWrite { path: path.to_path_buf(), position, written, expected });
     }
@@ -365,7 +366,7 @@ async fn write_whole(file: &DmaFile, path: &Path, buffer: Rc<DmaBuffer>, positio
 /// Grows `file` to `size` bytes with `fallocate` (the new part reads as
 /// zeros, a clean end to the recovery scan). Returns whether it did.
 async fn allocate(file: &DmaFile, size: u64) -> bool {
-    file.pre_allocate(size, false).await.is_ok()
+    crate::runtime::submit::submitted(file.pre_allocate(size, false)).await.is_ok()
 }
 
 /// The smallest step by which a writer grows its file ahead of its writes
@@ -872,7 +873,7 @@ impl SegmentWriter {
         if self.durable_end == self.written_end {
             return Ok(self.durable_end);
         }
-        let synced = self.file.fdatasync().await;
+        let synced = crate::runtime::submit::submitted(self.file.fdatasync()).await;
         if let Err(error) = synced {
             // What the kernel did with the written blocks is unknown: write
             // them all again before the next fdatasync.
@@ -1255,7 +1256,7 @@ impl SegmentReader {
     pub async fn read_into(&self, position: u64, size: usize, out: &mut Vec<u8>) -> Result<usize, SegmentError> {
         let start = align_down(position, BLOCK_SIZE);
         let end = align_up(position + size as u64, BLOCK_SIZE);
-        let result = self.file.read_at_aligned(start, (end - start) as usize).await;
+        let result = crate::runtime::submit::submitted(self.file.read_at_aligned(start, (end - start) as usize)).await;
         let data = io_context(result, "read segment", &self.path, start)?;
         let skip = (position - start) as usize;
         let available = data.len().saturating_sub(skip).min(size);

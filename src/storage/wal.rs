@@ -345,8 +345,8 @@ impl WalIo {
         let mut done = Vec::with_capacity(self.writes.len());
         for (lsn, buffer, file, path, position) in self.writes {
             let expected = buffer.len();
-            let written =
-                io_context(file.write_rc_at(buffer, position).await, "write write-ahead log", &path, position);
+            let written = crate::runtime::submit::submitted(file.write_rc_at(buffer, position)).await;
+            let written = io_context(written, "write write-ahead log", &path, position);
             match written {
                 Ok(written) if written == expected => done.push(lsn),
                 Ok(written) => {
@@ -745,7 +745,7 @@ impl Wal {
         let dirty = std::mem::take(&mut self.dirty_files);
         for (done, &file_index) in dirty.iter().enumerate() {
             let path = file_path(&self.dir, file_index);
-            if let Err(error) = self.files[file_index as usize].fdatasync().await {
+            if let Err(error) = crate::runtime::submit::submitted(self.files[file_index as usize].fdatasync()).await {
                 self.dirty_files = dirty[done..].to_vec();
                 for write in &mut self.pending {
                     write.written = false;

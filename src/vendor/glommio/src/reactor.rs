@@ -842,6 +842,12 @@ impl Reactor {
         }
     }
 
+    /// spate: see `ExecutorProxy::submit_io`. An error to submit is left to
+    /// the next pass of the executor loop, which reports it as it always did.
+    pub(crate) fn submit_io(&self) {
+        let _ = self.sys.submit_io();
+    }
+
     pub(crate) fn rush_dispatch(&self, source: &Source) -> io::Result<()> {
         self.sys.rush_dispatch(source, &mut 0)
     }

@@ -2119,6 +2119,22 @@ impl ExecutorProxy {
         };
     }
 
+    /// spate: hands the I/O requests queued so far (file reads and writes,
+    /// which glommio otherwise submits at the next pass of the executor
+    /// loop, after every runnable task has run) to the kernel now, with one
+    /// `io_uring_enter`. Does nothing outside an executor.
+    pub fn submit_io(&self) {
+        #[cfg(not(feature = "native-tls"))]
+        if LOCAL_EX.is_set() {
+            LOCAL_EX.with(|local_ex| local_ex.reactor.submit_io());
+        }
+
+        #[cfg(feature = "native-tls")]
+        if let Some(local_ex) = unsafe { LOCAL_EX.as_ref() } {
+            local_ex.reactor.submit_io();
+        }
+    }
+
     /// Conditionally yields the current task queue. The scheduler may then
     /// process other task queues according to their latency requirements.
     /// If a call to this function results in the current queue to yield,

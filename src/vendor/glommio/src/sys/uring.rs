@@ -1745,6 +1745,19 @@ impl Reactor {
         Ok(())
     }
 
+    /// spate: submits what the main and poll rings have queued, without
+    /// consuming completions (`Reactor::submit_io`).
+    pub(crate) fn submit_io(&self) -> io::Result<()> {
+        fn submit(mut ring: RefMut<'_, dyn UringCommon>) -> io::Result<()> {
+            if ring.submission_queue().borrow().submissions.is_empty() {
+                return Ok(());
+            }
+            ring.consume_submission_queue().map(|_| ())
+        }
+        submit(self.main_ring.borrow_mut())?;
+        submit(self.poll_ring.borrow_mut())
+    }
+
     pub(crate) fn rush_dispatch(&self, src: &Source, woke: &mut usize) -> io::Result<()> {
         let ring = &mut *self.ring_for_source(src);
         if ring.may_rush() {
