@@ -146,6 +146,39 @@ fn second_server_on_same_port_is_refused() {
     assert!(error.contains("already in use"), "{error}");
 }
 
+/// A port where another program's connection is in TIME_WAIT (its socket
+/// bound with only SO_REUSEADDR, as most are) is free to listen on: spate
+/// binds its shard listeners with SO_REUSEADDR as well as SO_REUSEPORT.
+/// With SO_REUSEPORT alone the bind failed with "Address already in use"
+/// for a minute (a CI run: a test server's port taken up by the next test
+/// binary).
+#[test]
+fn a_port_with_a_connection_in_time_wait_can_be_listened_on() {
+    let addresses = common::Addresses::free();
+    {
+        // The listener closes its side first, so the TIME_WAIT is on its
+        // port (std binds with SO_REUSEADDR and without SO_REUSEPORT).
+        let listener = std::net::TcpListener::bind(addresses.ingest).unwrap();
+        let client = std::net::TcpStream::connect(addresses.ingest).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        drop(accepted);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let port = addresses.ingest.port();
+    let states = Command::new("ss").args(["-Htan", &format!("sport = :{port}")]).output();
+    if let Ok(output) = states {
+        let states = String::from_utf8_lossy(&output.stdout);
+        assert!(states.contains("TIME-WAIT"), "no TIME_WAIT on port {port} to test with: {states}");
+    }
+    let server = Server::start_on(addresses, &["--shards", "2"]);
+    let mut producer = server.producer();
+    producer.send(b"k one\n");
+    producer.sync();
+    assert_eq!(server.total("events_stored"), 1);
+}
+
 /// `spate sub` prints a subscription and stops after --count events.
 #[test]
 fn sub_command_prints_events() {

@@ -16,7 +16,6 @@ use crate::shard::Shard;
 use crate::shard::control::{ControlRequest, ShardEvent, ShardFailure, serve_control};
 use crate::shard::frame::MeshFrame;
 use crate::shard::outbox::Outbox;
-use crate::storage::segment::io_error_of;
 
 /// Everything a shard thread needs; cloned into every executor.
 #[derive(Clone)]
@@ -262,10 +261,36 @@ struct Listeners {
     kafka: Option<TcpListener>,
 }
 
+/// Backlog of each shard's listening sockets.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A listening socket on `address` for this shard, as glommio's
+/// `TcpListener::bind` makes one (`SO_REUSEPORT`: every shard listens on
+/// the same port and the kernel spreads the connections), plus
+/// `SO_REUSEADDR`: without it a connection in TIME_WAIT on the port that
+/// another program's socket left (one bound with only `SO_REUSEADDR`, as
+/// most are) fails the bind with "Address already in use" for a minute,
+/// although no one listens there (seen in CI: a test server's port reused
+/// by the next test binary).
+fn listen(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(address),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    // SAFETY: the descriptor is a bound, listening TCP socket that nothing
+    // else owns: `into_raw_fd` gave up socket2's ownership of it.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
 fn bind_listeners(config: &Config) -> Result<Listeners, ShardFailure> {
-    let bind = |name: &'static str, address| {
-        TcpListener::bind(address).map_err(|error| ShardFailure::Bind { name, address, error: io_error_of(error) })
-    };
+    let bind =
+        |name: &'static str, address| listen(address).map_err(|error| ShardFailure::Bind { name, address, error });
     let formats = [
         ("ingest", Some(config.ingest), Format::Lines),
         ("ingest-json", config.ingest_json.0, Format::Json),
