@@ -173,17 +173,6 @@ pub fn check_fd_limit(config: &Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Applies `--huge-pages` before any shard starts, and says on stderr what
-/// the process got. `off` (the default) sets PR_SET_THP_DISABLE, so no
-/// later fault maps a 2 MiB page: on the VM spate is measured on, a fresh
-/// huge page held the thread that touched it for milliseconds (README,
-/// "Transparent huge pages"). `on` leaves them to the kernel's mode,
-/// `/sys/kernel/mm/transparent_hugepage/enabled`, and warns when they are
-/// off anyway: the kernel's `never`, or `MIMALLOC_ALLOW_THP=0` (or a
-/// parent's prctl), which turns them off for the whole process
-/// (`THP_enabled: 0` in its status). Disk writes from 4 KiB pages ran at
-/// 0.46 – 0.74x of the same writes from 2 MiB pages on a virtio disk
-/// (`scripts/bench-disk-pages`).
 /// With `--wal-bypass on` (under `interval` or `always` on disk), a round
 /// may make its segments durable with one `syncfs` of the filesystem that
 /// holds `<data-dir>/streams`, and under `always` the checkpoint's
@@ -218,6 +207,17 @@ pub fn check_one_filesystem(config: &mut Config) {
     }
 }
 
+/// Applies `--huge-pages` before any shard starts, and says on stderr what
+/// the process got. `off` (the default) sets PR_SET_THP_DISABLE, so no
+/// later fault maps a 2 MiB page: on the VM spate is measured on, a fresh
+/// huge page held the thread that touched it for milliseconds (README,
+/// "Transparent huge pages"). `on` leaves them to the kernel's mode,
+/// `/sys/kernel/mm/transparent_hugepage/enabled`, and warns when they are
+/// off anyway: the kernel's `never`, or `MIMALLOC_ALLOW_THP=0` (or a
+/// parent's prctl), which turns them off for the whole process
+/// (`THP_enabled: 0` in its status). Disk writes from 4 KiB pages ran at
+/// 0.46 – 0.74x of the same writes from 2 MiB pages on a virtio disk
+/// (`scripts/bench-disk-pages`).
 pub fn set_huge_pages(config: &Config) {
     if config.huge_pages == crate::config::HugePages::Off {
         // SAFETY: prctl with PR_SET_THP_DISABLE reads its integer

@@ -564,10 +564,7 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
     if !committer.sync_due(sync_requested) {
         return Ok(false);
     }
-    let sync_started = Instant::now();
-    let synced = sync_all(shard).await;
-    ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
-    synced?;
+    timed_sync(shard, sync_all(shard)).await?;
     Ok(true)
 }
 
@@ -765,17 +762,15 @@ async fn commit_bypassing_log(
     let must = sync_requested
         || committer.unsynced_bytes.get() >= committer.unsynced_bytes_max
         || (committer.policy == FsyncPolicy::Always && state.unlogged.get());
-    let sync_started = Instant::now();
     let synced = if state.unlogged.get() && state.filesystem_sync_failing.get() {
         sync_directly(shard).await.map(|()| true)
     } else {
         let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
-        let synced = super::checkpoint::sync_by_filesystem(shard, &mut wal, must).await;
+        let synced = timed_sync(shard, super::checkpoint::sync_by_filesystem(shard, &mut wal, must)).await;
         state.logged_lsn.set(wal.end_lsn());
         state.wal.replace(Some(wal));
         synced
     };
-    ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
     match synced {
         Ok(true) => {
             if state.filesystem_sync_failing.replace(false) {
@@ -825,9 +820,19 @@ fn note_synced(shard: &Shard) {
 async fn sync_directly(shard: &Rc<Shard>) -> Result<(), SegmentError> {
     let state = &shard.committer.as_ref().expect("disk storage").wal;
     let mut wal = state.wal.borrow_mut().take().expect("the log is here between rounds");
-    let synced = super::checkpoint::sync_segments_directly(shard, &mut wal).await;
+    let synced = timed_sync(shard, super::checkpoint::sync_segments_directly(shard, &mut wal)).await;
     state.logged_lsn.set(wal.end_lsn());
     state.wal.replace(Some(wal));
+    synced
+}
+
+/// Runs a round's sync, counting its time in
+/// `spate_commit_sync_seconds_total` (every way a round makes its records
+/// durable goes through here).
+async fn timed_sync<T>(shard: &Shard, sync: impl std::future::Future<Output = T>) -> T {
+    let started = Instant::now();
+    let synced = sync.await;
+    ShardMetrics::add(&shard.metrics.commit_sync_seconds, started.elapsed().as_secs_f64());
     synced
 }
 
@@ -989,14 +994,13 @@ async fn commit_to_wal(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, 
         // (`commit_round_logged`): the log's fdatasync never stands for them.
         Ok(_) if committer.sync_due(sync_requested) => {
             debug_assert!(!state.unlogged.get(), "a sync through the log while it lacks records");
-            let sync_started = Instant::now();
-            let synced = wal.sync().await.map(|_| true);
-            ShardMetrics::add(&shard.metrics.commit_sync_seconds, sync_started.elapsed().as_secs_f64());
-            synced
+            timed_sync(shard, wal.sync()).await.map(|_| true)
         }
         Ok(_) => Ok(false),
         Err(WalError::Io(error)) => Err(error),
-        Err(WalError::Full) => super::checkpoint::sync_segments_directly(shard, &mut wal).await.map(|()| true),
+        Err(WalError::Full) => {
+            timed_sync(shard, super::checkpoint::sync_segments_directly(shard, &mut wal)).await.map(|()| true)
+        }
     };
     let used_bytes = wal.end_lsn() - state.checkpoint_lsn.get();
     let capacity_bytes = wal.geometry().file_bytes * wal.geometry().file_count;
