@@ -668,21 +668,28 @@ pub fn encode_pending(
             Err(SegmentError::BufferFull { .. }) => return Ok(Encoded::BufferFull),
             Err(error) => return Err(error),
         };
-        let mut refused_size = None;
-        cache.read(base_offset, |_, record| {
-            let over_target = encoder.frame_size() > FRAME_BODY_BYTES_TARGET && encoder.record_count() > 0;
-            if over_target {
-                return false;
-            }
-            match encoder.append_record(record.log_record) {
-                Ok(()) => true,
-                Err(FrameError::FrameFull { .. }) => {
-                    refused_size = Some(record.log_record.len());
-                    false
-                }
-                Err(error) => panic!("a cached record does not frame: {error}"),
+        // Whole spans of the cache, one copy each, up to the frame's target
+        // size; the records are in log format already (the frame body is
+        // the same bytes).
+        let body_room = encoder.available().min(FRAME_BODY_BYTES_TARGET);
+        cache.read_spans_within(base_offset, cache.next_offset(), body_room, |_, count, span, may_hold_extended| {
+            // Cannot fail: the spans stay within the room the encoder has.
+            if let Err(error) = encoder.append_records(span, count, may_hold_extended) {
+                panic!("cached records do not frame: {error}");
             }
         });
+        // A first record larger than the target goes alone, when it fits.
+        let mut refused_size = None;
+        if encoder.record_count() == 0 {
+            cache.read(base_offset, |_, record| {
+                match encoder.append_record(record.log_record) {
+                    Ok(()) => {}
+                    Err(FrameError::FrameFull { .. }) => refused_size = Some(record.log_record.len()),
+                    Err(error) => panic!("a cached record does not frame: {error}"),
+                }
+                false
+            });
+        }
         if encoder.record_count() == 0 {
             // Not even one record fits what is left of the buffer or the
             // segment: the caller flushes or rolls first.

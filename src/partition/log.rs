@@ -31,6 +31,10 @@ pub struct Segment {
     base_offset: u64,
     data: Vec<u8>,
     positions: Vec<u32>,
+    /// Some record in it is extended (a Kafka record: key size 0), so a
+    /// frame copied from it whole must say so (see
+    /// [`MemoryLog::read_plain_spans`]).
+    extended: bool,
 }
 
 impl Segment {
@@ -141,6 +145,7 @@ impl MemoryLog {
         }
         let segment = self.segments.back_mut().expect("roll made a segment");
         segment.positions.push(segment.data.len() as u32);
+        segment.extended |= log_record[..2] == [0, 0];
         segment.data.extend_from_slice(log_record);
         let offset = self.next_offset;
         self.next_offset += 1;
@@ -181,6 +186,7 @@ impl MemoryLog {
             Some(mut segment) => {
                 segment.data.clear();
                 segment.positions.clear();
+                segment.extended = false;
                 segment.base_offset = self.next_offset;
                 segment
             }
@@ -188,6 +194,7 @@ impl MemoryLog {
                 base_offset: self.next_offset,
                 data: Vec::with_capacity(data_size),
                 positions: Vec::with_capacity(index_slots),
+                extended: false,
             },
         };
         self.cost_bytes += segment.cost_bytes();
@@ -224,9 +231,35 @@ impl MemoryLog {
     /// read next. `offset` must be readable, as for [`MemoryLog::read`], and
     /// `end` at most [`MemoryLog::next_offset`].
     pub fn read_spans(&self, offset: u64, end: u64, bytes_max: usize, mut visit: impl FnMut(u64, u32, &[u8])) -> u64 {
+        self.visit_spans(offset, end, bytes_max, true, |first, count, span, _| visit(first, count, span))
+    }
+
+    /// As [`MemoryLog::read_spans`], for copying the records into a frame:
+    /// no record is taken past `bytes_max`, not even the first, and each
+    /// span comes with whether it may hold an extended record (its segment
+    /// holds one somewhere): `visit(first_offset, record_count,
+    /// log_records, may_hold_extended)`.
+    pub fn read_spans_within(
+        &self,
+        offset: u64,
+        end: u64,
+        bytes_max: usize,
+        visit: impl FnMut(u64, u32, &[u8], bool),
+    ) -> u64 {
+        self.visit_spans(offset, end, bytes_max, false, visit)
+    }
+
+    fn visit_spans(
+        &self,
+        offset: u64,
+        end: u64,
+        bytes_max: usize,
+        take_first: bool,
+        mut visit: impl FnMut(u64, u32, &[u8], bool),
+    ) -> u64 {
         assert!(offset >= self.earliest_offset() && offset <= self.next_offset, "offset {offset} not readable");
         assert!(end <= self.next_offset, "end {end} past the log");
-        let (mut offset, mut room_bytes, mut take_one) = (offset, bytes_max, true);
+        let (mut offset, mut room_bytes, mut take_one) = (offset, bytes_max, take_first);
         let first_segment = self.segments.partition_point(|segment| segment.next_offset() <= offset);
         for segment in self.segments.range(first_segment..) {
             if offset >= end {
@@ -238,7 +271,7 @@ impl MemoryLog {
             if taken_index > first_index {
                 let span = segment.span(first_index, taken_index);
                 // Exact: a segment holds at most a u32 of records (its positions are u32).
-                visit(offset, (taken_index - first_index) as u32, span);
+                visit(offset, (taken_index - first_index) as u32, span, segment.extended);
                 offset += (taken_index - first_index) as u64;
                 room_bytes = room_bytes.saturating_sub(span.len());
                 take_one = false;
@@ -347,7 +380,7 @@ pub fn prefault_segment_pool(bytes_max: usize, segment_bytes: usize) -> usize {
                 page.write(0);
             }
             pool.bytes += cost;
-            pool.segments.push(Segment { base_offset: 0, data, positions });
+            pool.segments.push(Segment { base_offset: 0, data, positions, extended: false });
         }
         pool.bytes
     })
@@ -638,6 +671,38 @@ mod tests {
         assert_eq!(spans(17, 1000, 1), (18, vec![(17, 1)]), "at least one record");
         assert_eq!(spans(17, 17, usize::MAX), (17, vec![]), "nothing below the end");
         assert_eq!(spans(1000, 1000, usize::MAX), (1000, vec![]));
+    }
+
+    /// Spans for a frame never pass the budget, not even with the first
+    /// record, and say which segments hold an extended record.
+    #[test]
+    fn spans_within_a_budget_take_no_record_past_it() {
+        let mut log = MemoryLog::new(1 << 20, 256);
+        for index in 0..100u32 {
+            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
+        }
+        let record_size = log_record(b"k", b"00000").len();
+        let within = |log: &MemoryLog, offset, bytes_max| {
+            let mut seen = Vec::new();
+            let next = log.read_spans_within(offset, log.next_offset(), bytes_max, |first, count, bytes, extended| {
+                assert!(bytes.len() <= bytes_max);
+                seen.push((first, count, extended));
+            });
+            (next, seen)
+        };
+        assert_eq!(within(&log, 17, record_size - 1), (17, vec![]), "no record past the budget");
+        assert_eq!(within(&log, 17, 2 * record_size + 1).0, 19);
+        assert!(within(&log, 0, usize::MAX).1.iter().all(|&(_, _, extended)| !extended));
+        // An extended record (key size 0) marks its segment, and only it.
+        let mut extended_record = vec![0, 0, 5, 0, 0, 0];
+        extended_record.extend_from_slice(b"xxxxx");
+        let before = log.next_offset();
+        log.append(&extended_record);
+        let (_, seen) = within(&log, 0, usize::MAX);
+        let marked: Vec<bool> = seen.iter().map(|&(_, _, extended)| extended).collect();
+        assert_eq!(marked.iter().filter(|&&extended| extended).count(), 1, "{seen:?}");
+        let last = seen.last().unwrap();
+        assert!(last.2 && last.0 <= before && before < last.0 + u64::from(last.1));
     }
 
     /// Reads across segment boundaries see every offset once, from any start.

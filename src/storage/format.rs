@@ -356,6 +356,28 @@ fn record_size(bytes: &[u8]) -> Option<usize> {
     (size <= bytes.len()).then_some(size)
 }
 
+/// Where each whole record of `records` (records back to back) starts; stops
+/// at the first one that is not whole.
+fn record_starts(records: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    let mut position = 0;
+    std::iter::from_fn(move || {
+        let size = record_size(&records[position..])?;
+        let start = position;
+        position += size;
+        Some(start)
+    })
+}
+
+/// The size of each whole record of `records`, in order.
+fn record_sizes(records: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    let mut position = 0;
+    std::iter::from_fn(move || {
+        let size = record_size(&records[position..])?;
+        position += size;
+        Some(size)
+    })
+}
+
 /// Size of the record for `key` and `payload`.
 pub fn record_size_of(key: &[u8], payload: &[u8]) -> usize {
     RECORD_HEADER_SIZE + key.len() + payload.len()
@@ -477,6 +499,35 @@ impl<'a> FrameEncoder<'a> {
         self.reserve(record.len())?.copy_from_slice(record);
         // A key size of 0 marks an extended record (a plain key is never empty).
         self.extended |= record[..2] == [0, 0];
+        Ok(())
+    }
+
+    /// Appends `record_count` whole records that lie back to back in
+    /// `records` (a span of an in-memory log, which holds only whole
+    /// records) with one copy. Records are not walked one by one, except
+    /// when `may_hold_extended` says some may be extended: then each one's
+    /// key size is read, so the frame's flag says exactly whether it holds
+    /// one. Fails, appending nothing, when the span does not fit.
+    pub fn append_records(
+        &mut self,
+        records: &[u8],
+        record_count: u32,
+        may_hold_extended: bool,
+    ) -> Result<(), FrameError> {
+        let available = self.available();
+        let count_fits = self.record_count.checked_add(record_count).is_some();
+        if records.len() > available || !count_fits {
+            return Err(FrameError::FrameFull { needed: records.len(), available });
+        }
+        debug_assert_eq!(record_sizes(records).count(), record_count as usize);
+        debug_assert_eq!(record_sizes(records).sum::<usize>(), records.len());
+        if may_hold_extended && !self.extended {
+            self.extended = record_starts(records).any(|start| records[start..start + 2] == [0, 0]);
+        }
+        let start = self.size;
+        self.size += records.len();
+        self.record_count += record_count;
+        self.buffer[start..self.size].copy_from_slice(records);
         Ok(())
     }
 
@@ -710,6 +761,49 @@ pub(crate) mod tests {
         assert_eq!(records[0], Record { offset: 100, key: b"user42", payload: b"clicked" });
         assert_eq!((records[1].offset, records[1].key.len(), records[1].payload), (101, 300, &b""[..]));
         assert_eq!(records[2], Record { offset: 102, key: b"ab", payload: b"xyz" });
+    }
+
+    /// A span of records goes in with one copy and reads back the same as
+    /// the records appended one by one; the frame is flagged extended
+    /// exactly when a record of the span is.
+    #[test]
+    fn spans_of_records_frame_like_single_records() {
+        let mut records = Vec::new();
+        for (key, payload) in [(&b"user42"[..], &b"clicked"[..]), (b"k", b""), (b"ab", b"xyz")] {
+            records.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            records.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            records.extend_from_slice(key);
+            records.extend_from_slice(payload);
+        }
+        let (mut one, mut spans) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let mut encoder = FrameEncoder::new(&mut one).unwrap();
+        for start in record_starts(&records).collect::<Vec<_>>() {
+            let size = record_size(&records[start..]).unwrap();
+            encoder.append_record(&records[start..start + size]).unwrap();
+        }
+        let size_one = encoder.seal(9, 100, 5).unwrap().frame_size;
+        let mut encoder = FrameEncoder::new(&mut spans).unwrap();
+        encoder.append_records(&records[..19], 1, true).unwrap();
+        encoder.append_records(&records[19..], 2, false).unwrap();
+        let size_spans = encoder.seal(9, 100, 5).unwrap().frame_size;
+        assert_eq!(one[..size_one], spans[..size_spans]);
+        assert_eq!(spans[9], 0, "no extended record");
+        // A span that does not fit appends nothing.
+        let mut small = vec![0u8; FRAME_HEADER_SIZE + 20];
+        let mut encoder = FrameEncoder::new(&mut small).unwrap();
+        assert_eq!(
+            encoder.append_records(&records, 3, false),
+            Err(FrameError::FrameFull { needed: 37, available: 20 })
+        );
+        assert_eq!((encoder.record_count(), encoder.frame_size()), (0, FRAME_HEADER_SIZE));
+        // An extended record (key size 0) in a span that may hold one.
+        let mut extended = records.clone();
+        extended.extend_from_slice(&[0, 0, 2, 0, 0, 0, b'h', b'i']);
+        let mut buffer = vec![0u8; 4096];
+        let mut encoder = FrameEncoder::new(&mut buffer).unwrap();
+        encoder.append_records(&extended, 4, true).unwrap();
+        encoder.seal(9, 100, 5).unwrap();
+        assert_eq!(buffer[9], FLAG_EXTENDED_RECORDS);
     }
 
     /// The encoder refuses what does not fit and writes nothing for it.
