@@ -122,6 +122,18 @@ impl DmaBuffer {
         self.size = newsize;
     }
 
+    /// Drops the first `trim` bytes of this buffer's addressable contents,
+    /// so a write of it starts `trim` bytes in. This value must be <= the
+    /// current [`len`](#method.len) and is destructive (the view cannot be
+    /// widened again); the allocation is freed whole on drop.
+    /// NOTE: When using this with DmaFile, `trim` must keep the start
+    /// aligned as O_DIRECT requires.
+    pub fn trim_front(&mut self, trim: usize) {
+        assert!(trim <= self.size);
+        self.trim += trim;
+        self.size -= trim;
+    }
+
     /// Returns a representation of the current addressable contents of this
     /// `DmaBuffer` as a byte slice
     pub fn as_bytes(&self) -> &[u8] {
