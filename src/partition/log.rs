@@ -637,15 +637,22 @@ mod tests {
         .unwrap();
     }
 
+    /// A log of `count` records, key `k`, payload the offset in five digits,
+    /// in segments of 256 bytes.
+    fn numbered_log(count: u32) -> MemoryLog {
+        let mut log = MemoryLog::new(1 << 20, 256);
+        for index in 0..count {
+            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
+        }
+        log
+    }
+
     /// Spans cover the records from any start to the end bound once, in
     /// order, one span per segment, within the byte budget (the first record
     /// whatever its size), and say where to read next.
     #[test]
     fn spans_respect_segments_budget_and_end() {
-        let mut log = MemoryLog::new(1 << 20, 256);
-        for index in 0..1000u32 {
-            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
-        }
+        let log = numbered_log(1000);
         let record_size = log_record(b"k", b"00000").len();
         let spans = |offset, end, bytes_max| {
             let mut seen = Vec::new();
@@ -677,10 +684,7 @@ mod tests {
     /// record, and say which segments hold an extended record.
     #[test]
     fn spans_within_a_budget_take_no_record_past_it() {
-        let mut log = MemoryLog::new(1 << 20, 256);
-        for index in 0..100u32 {
-            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
-        }
+        let mut log = numbered_log(100);
         let record_size = log_record(b"k", b"00000").len();
         let within = |log: &MemoryLog, offset, bytes_max| {
             let mut seen = Vec::new();
@@ -708,10 +712,7 @@ mod tests {
     /// Reads across segment boundaries see every offset once, from any start.
     #[test]
     fn reads_cross_segments() {
-        let mut log = MemoryLog::new(1 << 20, 256);
-        for index in 0..1000u32 {
-            log.append(&log_record(b"k", format!("{index:05}").as_bytes()));
-        }
+        let log = numbered_log(1000);
         for start in [0, 1, 17, 500, 999] {
             let seen = read_all(&log, start);
             assert_eq!(seen.len() as u64, 1000 - start);
