@@ -37,8 +37,13 @@ use crate::storage::segment::{BLOCK_SIZE, SegmentError, WriteBehind, io_context,
 use crate::storage::wal::Wal;
 
 /// Partitions a checkpoint makes durable at once (each fdatasync and
-/// write-behind is one request in flight).
-const CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX: usize = 16;
+/// write-behind is one request in flight). Each fdatasync is a device
+/// cache flush, and a round's own fdatasync of the log queues behind the
+/// ones in flight: with 16, every checkpoint (2 s) held the `#SYNC`s of
+/// the rounds under way 3.5 – 8 ms, the p99 of `scripts/bench-sync` at 256
+/// partitions; with 2 the checkpoint takes longer and nobody waits for it
+/// (README, Benchmarks, "Issue 24 before and after").
+const CHECKPOINT_PARTITIONS_IN_FLIGHT_MAX: usize = 2;
 
 /// What a checkpoint makes durable: taken between two rounds.
 #[derive(Debug, Default)]
