@@ -659,13 +659,13 @@ pub fn encode_pending(
     writer: &mut SegmentWriter,
     timestamp_ms: u64,
 ) -> Result<Encoded, SegmentError> {
+    // Room for all of it in one buffer when it can be (a frame header per
+    // target-sized frame besides the records).
+    let pending = cache.bytes_from(writer.next_offset());
+    writer.reserve(pending + FRAME_HEADER_SIZE * (pending / FRAME_BODY_BYTES_TARGET + 1));
     while writer.next_offset() < cache.next_offset() {
         let base_offset = writer.next_offset();
         let log_id = writer.log_id();
-        // Room for all of it in one buffer when it can be (a frame header
-        // per target-sized frame besides the records).
-        let pending = cache.bytes_from(base_offset);
-        writer.reserve(pending + FRAME_HEADER_SIZE * (pending / FRAME_BODY_BYTES_TARGET + 1));
         let mut encoder = match writer.frame_encoder() {
             Ok(encoder) => encoder,
             Err(SegmentError::SegmentFull { .. }) => return Ok(Encoded::SegmentFull),

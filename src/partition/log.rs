@@ -33,7 +33,7 @@ pub struct Segment {
     positions: Vec<u32>,
     /// Some record in it is extended (a Kafka record: key size 0), so a
     /// frame copied from it whole must say so (see
-    /// [`MemoryLog::read_plain_spans`]).
+    /// [`MemoryLog::read_spans_within`]).
     extended: bool,
 }
 

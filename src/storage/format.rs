@@ -368,16 +368,6 @@ fn record_starts(records: &[u8]) -> impl Iterator<Item = usize> + '_ {
     })
 }
 
-/// The size of each whole record of `records`, in order.
-fn record_sizes(records: &[u8]) -> impl Iterator<Item = usize> + '_ {
-    let mut position = 0;
-    std::iter::from_fn(move || {
-        let size = record_size(&records[position..])?;
-        position += size;
-        Some(size)
-    })
-}
-
 /// Size of the record for `key` and `payload`.
 pub fn record_size_of(key: &[u8], payload: &[u8]) -> usize {
     RECORD_HEADER_SIZE + key.len() + payload.len()
@@ -519,8 +509,7 @@ impl<'a> FrameEncoder<'a> {
         if records.len() > available || !count_fits {
             return Err(FrameError::FrameFull { needed: records.len(), available });
         }
-        debug_assert_eq!(record_sizes(records).count(), record_count as usize);
-        debug_assert_eq!(record_sizes(records).sum::<usize>(), records.len());
+        debug_assert_eq!(check_records(records, record_count), Ok(()));
         if may_hold_extended && !self.extended {
             self.extended = record_starts(records).any(|start| records[start..start + 2] == [0, 0]);
         }
@@ -768,20 +757,14 @@ pub(crate) mod tests {
     /// exactly when a record of the span is.
     #[test]
     fn spans_of_records_frame_like_single_records() {
-        let mut records = Vec::new();
-        for (key, payload) in [(&b"user42"[..], &b"clicked"[..]), (b"k", b""), (b"ab", b"xyz")] {
-            records.extend_from_slice(&(key.len() as u16).to_le_bytes());
-            records.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            records.extend_from_slice(key);
-            records.extend_from_slice(payload);
-        }
         let (mut one, mut spans) = (vec![0u8; 4096], vec![0u8; 4096]);
         let mut encoder = FrameEncoder::new(&mut one).unwrap();
-        for start in record_starts(&records).collect::<Vec<_>>() {
-            let size = record_size(&records[start..]).unwrap();
-            encoder.append_record(&records[start..start + size]).unwrap();
+        for (key, payload) in [(&b"user42"[..], &b"clicked"[..]), (b"k", b""), (b"ab", b"xyz")] {
+            encoder.append(key, payload).unwrap();
         }
         let size_one = encoder.seal(9, 100, 5).unwrap().frame_size;
+        // The records back to back, as a span of an in-memory log holds them.
+        let records = one[FRAME_HEADER_SIZE..size_one].to_vec();
         let mut encoder = FrameEncoder::new(&mut spans).unwrap();
         encoder.append_records(&records[..19], 1, true).unwrap();
         encoder.append_records(&records[19..], 2, false).unwrap();

@@ -142,6 +142,12 @@ impl Default for SegmentConfig {
 }
 
 impl SegmentConfig {
+    /// Bytes of a fresh encode buffer: [`ACTIVE_BYTES_MIN`], or
+    /// `buffer_bytes` when smaller.
+    fn fresh_buffer_bytes(&self) -> usize {
+        self.buffer_bytes.min(ACTIVE_BYTES_MIN)
+    }
+
     fn check(&self) {
         assert!(self.buffer_bytes >= 2 * BLOCK_SIZE as usize, "buffer_bytes {}", self.buffer_bytes);
         assert!(self.buffer_bytes.is_multiple_of(BLOCK_SIZE as usize), "buffer_bytes {}", self.buffer_bytes);
@@ -587,7 +593,7 @@ impl SegmentWriter {
         let file = Rc::new(file);
         let end = index.log_size();
         assert_eq!(tail_block.len() as u64, end - align_down(end, BLOCK_SIZE));
-        let mut active = file.alloc_dma_buffer(config.buffer_bytes.min(ACTIVE_BYTES_MIN));
+        let mut active = file.alloc_dma_buffer(config.fresh_buffer_bytes());
         active.as_bytes_mut()[..tail_block.len()].copy_from_slice(&tail_block);
         let next_offset = index.next_offset();
         SegmentWriter {
@@ -800,7 +806,7 @@ impl SegmentWriter {
             head.as_bytes_mut().copy_from_slice(&self.active.as_bytes()[..head_size]);
             Rc::new(head)
         });
-        let mut next = self.file.alloc_dma_buffer(self.config.buffer_bytes.min(ACTIVE_BYTES_MIN));
+        let mut next = self.file.alloc_dma_buffer(self.config.fresh_buffer_bytes());
         next.as_bytes_mut()[..used - keep_from].copy_from_slice(&self.active.as_bytes()[keep_from..used]);
         let mut body = std::mem::replace(&mut self.active, next);
         body.trim_to_size(write_size);
