@@ -523,7 +523,7 @@ impl PartitionLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::record::encode_batch_record;
+    use crate::protocol::record::{ExtendedRecord, encode_batch_record, encode_extended_batch_record};
 
     fn log_record(key: &[u8], payload: &[u8]) -> Vec<u8> {
         let mut batch = Vec::new();
@@ -698,8 +698,10 @@ mod tests {
         assert_eq!(within(&log, 17, 2 * record_size + 1).0, 19);
         assert!(within(&log, 0, usize::MAX).1.iter().all(|&(_, _, extended)| !extended));
         // An extended record (key size 0) marks its segment, and only it.
-        let mut extended_record = vec![0, 0, 5, 0, 0, 0];
-        extended_record.extend_from_slice(b"xxxxx");
+        let kafka = ExtendedRecord { key: None, value: Some(b"xxxxx"), headers: b"\x00", timestamp_ms: 1_700 };
+        let mut extended_record = Vec::new();
+        encode_extended_batch_record(&mut extended_record, 0, &kafka);
+        let extended_record = extended_record.split_off(4);
         let before = log.next_offset();
         log.append(&extended_record);
         let (_, seen) = within(&log, 0, usize::MAX);
