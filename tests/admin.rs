@@ -202,3 +202,44 @@ fn sub_command_prints_events() {
     lines.sort();
     assert_eq!(lines, ["alpha one", "beta two"]);
 }
+
+/// The nice value of each thread of `server` whose name starts with
+/// `prefix` (field 19 of `/proc/PID/task/TID/stat`).
+fn thread_nice_values(server: &Server, prefix: &str) -> Vec<i64> {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", server.pid())).unwrap();
+    let mut values = Vec::new();
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name start at field 3 (the state).
+        let after_name = stat.rsplit(')').next().unwrap_or_default();
+        values.push(after_name.split_whitespace().nth(19 - 3).unwrap().parse().unwrap());
+    }
+    values
+}
+
+/// `--control-nice` sets the admin thread's nice value and no other
+/// thread's: 5 (raising it needs no privilege), then the default -10 where
+/// the test may lower it (as root; otherwise the server logs that it could
+/// not, which is checked instead).
+#[test]
+fn the_admin_thread_alone_runs_at_the_control_nice_value() {
+    let server = Server::start(&["--shards", "2", "--control-nice", "5"]);
+    assert_eq!(thread_nice_values(&server, "spate-admin"), vec![5], "{}", server.threads());
+    let shards = thread_nice_values(&server, "spate-shard");
+    assert!(!shards.is_empty() && shards.iter().all(|&nice| nice == 0), "shard threads: {shards:?}");
+    drop(server);
+
+    let server = Server::start(&["--shards", "2"]);
+    let admin = thread_nice_values(&server, "spate-admin");
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(admin, vec![-10]);
+    } else {
+        assert_eq!(admin, vec![0]);
+        assert!(server.log().contains("the admin thread keeps the process's priority"), "{}", server.log());
+    }
+}

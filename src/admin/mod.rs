@@ -141,6 +141,7 @@ impl AdminServer {
         let thread = std::thread::Builder::new()
             .name("spate-admin".into())
             .spawn(move || {
+                set_control_priority(state.config.control_nice);
                 runtime.block_on(async move {
                     tokio::spawn(streams::serve_commands(state.clone(), state.stream_commands.clone()));
                     if let Some(replicated) = &state.replicated {
@@ -164,6 +165,17 @@ impl AdminServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// Gives the admin thread its `--control-nice` value (see
+/// [`crate::runtime::priority`]); a refusal is logged and the thread runs on.
+fn set_control_priority(nice: i32) {
+    if let Err(error) = crate::runtime::priority::set_current_thread_nice(nice) {
+        log::info!(
+            "the admin thread keeps the process's priority: nice {nice} was refused ({error}); it needs \
+             CAP_SYS_NICE, or pass --control-nice 0"
+        );
     }
 }
 

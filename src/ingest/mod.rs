@@ -391,6 +391,10 @@ async fn serve_connection(
         }
         lines.filled(count);
         buffer_gauge.set(lines.capacity());
+        // A read that fills the buffer completes at once (glommio tries a
+        // non-blocking recv first), so a busy socket would keep this task
+        // running: let a control request or the preempt timer in.
+        glommio::yield_if_needed().await;
     }
 }
 

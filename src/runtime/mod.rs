@@ -3,12 +3,14 @@
 //! ([`notify`]), software prefetch hints ([`prefetch`]), and the server's
 //! log lines with their rate limit per episode ([`log`]), where each
 //! executor's start-up is ([`stage`]), the process's allocator
-//! ([`memory`]), and file I/O submitted without waiting for the executor's
-//! next pass ([`submit`]).
+//! ([`memory`]), file I/O submitted without waiting for the executor's
+//! next pass ([`submit`]), and the priority of the control threads
+//! ([`priority`]).
 
 pub mod log;
 pub mod memory;
 pub mod notify;
 pub mod prefetch;
+pub mod priority;
 pub mod stage;
 pub mod submit;

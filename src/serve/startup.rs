@@ -126,7 +126,16 @@ pub async fn run_shard(context: ShardContext) {
     let (delivering, deliveries) = (shard.clone(), context.deliveries[usize::from(id)].clone());
     let events = context.events.clone();
     glommio::spawn_local(async move { serve_control(&delivering, &deliveries, &events).await }).detach();
-    serve_control(&shard, &context.control[usize::from(id)], &context.events).await;
+    // Control requests (queries, /stats, stream changes) run in a task queue
+    // that goes first when a request wakes it (see the vendored glommio's
+    // `create_urgent_task_queue`), not behind the batches queued to apply.
+    let control_queue = glommio::executor().create_urgent_task_queue("control");
+    let control = context.control[usize::from(id)].clone();
+    let (events, serving) = (context.events.clone(), shard.clone());
+    match glommio::spawn_local_into(async move { serve_control(&serving, &control, &events).await }, control_queue) {
+        Ok(task) => task.await,
+        Err(_) => serve_control(&shard, &context.control[usize::from(id)], &context.events).await,
+    }
     outbox.close();
 }
 

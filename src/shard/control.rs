@@ -13,6 +13,22 @@
 //! still open at the deadline are cut (the connection sweeper does it), and
 //! the events they had read get [`SHUTDOWN_DRAIN_MARGIN_MS`] more to be
 //! applied; `Drained` says whether everything finished in time.
+//!
+//! # Answered first
+//!
+//! A shard serves its control requests from a task queue of their own that
+//! goes first whenever a request wakes it (`create_urgent_task_queue`, a
+//! patch of the vendored glommio, `src/vendor/README.md` section 6), and a
+//! wake-up from another thread ends the executor's pass at the next task or
+//! `yield_if_needed` instead of when every runnable task has run. Before,
+//! a query waited for the whole pass: under load each pass applied every
+//! batch read since the last one (8 - 50 ms here), and the request then
+//! queued behind the batches still waiting. Connections check for it after
+//! each read (a full read completes at once, so a busy socket never let its
+//! task go), the applier after each batch, the aggregate clock after each
+//! partition's windows and the emitter every [`EMIT_CHUNK_WINDOWS`] windows.
+//!
+//! [`EMIT_CHUNK_WINDOWS`]: crate::shard::aggregates
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -281,4 +297,61 @@ fn partition_infos(shard: &Shard) -> Vec<PartitionInfo> {
             payload_bytes_total: value.bytes_total,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    use glommio::{LocalExecutorBuilder, Placement};
+
+    /// The mechanism [`serve_control`] relies on: a message from another
+    /// thread to a task of an urgent queue is handled while a busy task of
+    /// the default queue still has 50 ms of work (it checks
+    /// `yield_if_needed` every 50 µs), not after it. In glommio 0.9 as
+    /// published the wake-up waits for the end of the pass: the busy task
+    /// would finish first (its 60 ms are under the 100 ms preempt timer).
+    #[test]
+    fn a_request_from_another_thread_runs_before_a_busy_pass_ends() {
+        const BUSY: Duration = Duration::from_millis(60);
+        let (sender, receiver) = flume::bounded::<Instant>(1);
+        let executor = LocalExecutorBuilder::new(Placement::Unbound).io_memory(512 << 10).make().unwrap();
+        let (waited, busy_finished_first) = executor.run(async move {
+            let control = glommio::executor().create_urgent_task_queue("control");
+            let busy_done = Rc::new(Cell::new(false));
+            let done = busy_done.clone();
+            let answered = glommio::spawn_local_into(
+                async move {
+                    let sent = receiver.recv_async().await.unwrap();
+                    (sent.elapsed(), done.get())
+                },
+                control,
+            )
+            .unwrap();
+            // Let it reach its wait, as a shard's control task always is.
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+            let busy = glommio::spawn_local(async move {
+                let start = Instant::now();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(5));
+                    let _ = sender.send(Instant::now());
+                });
+                while start.elapsed() < BUSY {
+                    let step = Instant::now();
+                    while step.elapsed() < Duration::from_micros(50) {
+                        std::hint::spin_loop();
+                    }
+                    glommio::yield_if_needed().await;
+                }
+                busy_done.set(true);
+            });
+            let answer = answered.await;
+            busy.await;
+            answer
+        });
+        assert!(!busy_finished_first, "the request waited for the busy task ({waited:?})");
+        assert!(waited < Duration::from_millis(20), "the request waited {waited:?}");
+    }
 }

@@ -135,6 +135,8 @@ pub(crate) struct TaskQueue {
     last_adjustment: Instant,
     // for dynamic shares classes
     yielded: bool,
+    // spate: runs first whenever it becomes active (see `maybe_activate`)
+    urgent: bool,
     stats: TaskQueueStats,
 }
 
@@ -179,6 +181,7 @@ impl TaskQueue {
             name: name.into(),
             last_adjustment: Instant::now(),
             yielded: false,
+            urgent: false,
         }))
     }
 
@@ -386,7 +389,15 @@ impl ExecutorQueues {
     fn maybe_activate(&mut self, queue: Rc<RefCell<TaskQueue>>) {
         let mut state = queue.borrow_mut();
         if !state.is_active() {
-            state.vruntime = self.default_vruntime + 1;
+            // spate: an urgent queue (`ExecutorProxy::create_urgent_task_queue`)
+            // starts just ahead of the most-behind active queue instead of
+            // just after it, so it is the next to run; from there it shares
+            // the executor by vruntime like any other queue.
+            state.vruntime = if state.urgent {
+                self.default_vruntime.saturating_sub(1)
+            } else {
+                self.default_vruntime + 1
+            };
             state.active = true;
             drop(state);
             self.active_executors.push(queue);
@@ -1233,6 +1244,15 @@ impl LocalExecutor {
             .available_executors
             .insert(index, tq);
         TaskQueueHandle { index }
+    }
+
+    /// spate: see `ExecutorProxy::create_urgent_task_queue`.
+    fn create_urgent_task_queue(&self, name: &str) -> TaskQueueHandle {
+        let handle = self.create_task_queue(Shares::default(), Latency::NotImportant, name);
+        if let Some(queue) = self.get_queue(&handle) {
+            queue.borrow_mut().urgent = true;
+        }
+        handle
     }
 
     /// Removes a task queue.
@@ -2314,6 +2334,26 @@ impl ExecutorProxy {
                 .as_ref()
                 .expect("this thread doesn't have a LocalExecutor running")
                 .create_task_queue(shares, latency, name)
+        };
+    }
+
+    /// spate: creates a task queue that runs before the others whenever one
+    /// of its tasks wakes: when it becomes active it is placed just ahead of
+    /// the active queue with the least runtime, then shares the executor by
+    /// runtime as usual (so a busy urgent queue cannot starve the others).
+    /// A wake-up from another thread also ends the executor's current pass
+    /// at its next task or `yield_if_needed` (`Reactor::need_preempt`), so
+    /// such a queue's task runs within one task's poll of being woken.
+    pub fn create_urgent_task_queue(&self, name: &str) -> TaskQueueHandle {
+        #[cfg(not(feature = "native-tls"))]
+        return LOCAL_EX.with(|local_ex| local_ex.create_urgent_task_queue(name));
+
+        #[cfg(feature = "native-tls")]
+        return unsafe {
+            LOCAL_EX
+                .as_ref()
+                .expect("this thread doesn't have a LocalExecutor running")
+                .create_urgent_task_queue(name)
         };
     }
 

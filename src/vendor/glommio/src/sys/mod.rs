@@ -334,6 +334,13 @@ impl SleepNotifier {
         self.notify(force_notify);
     }
 
+    /// spate: whether another thread has woken one of this executor's
+    /// tasks since the executor last collected those wake-ups.
+    #[inline(always)]
+    pub(crate) fn has_foreign_wakes(&self) -> bool {
+        !self.foreign_wakes.is_empty()
+    }
+
     pub(crate) fn process_foreign_wakes(&self) -> usize {
         let mut processed = 0;
         while let Ok(waker) = self.foreign_wakes.try_recv() {

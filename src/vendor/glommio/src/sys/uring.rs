@@ -1384,6 +1384,11 @@ impl Reactor {
         self.notifier.process_foreign_wakes()
     }
 
+    #[inline(always)]
+    pub(crate) fn has_foreign_wakes(&self) -> bool {
+        self.notifier.has_foreign_wakes()
+    }
+
     pub(crate) fn alloc_dma_buffer(&self, size: usize) -> DmaBuffer {
         let mut poll_ring = self.poll_ring.borrow_mut();
         poll_ring.alloc_dma_buffer(size)
