@@ -4,13 +4,14 @@
 //! log lines with their rate limit per episode ([`log`]), where each
 //! executor's start-up is ([`stage`]), the process's allocator
 //! ([`memory`]), file I/O submitted without waiting for the executor's
-//! next pass ([`submit`]), and the priority of the control threads
-//! ([`priority`]).
+//! next pass ([`submit`]), the priority of the control threads
+//! ([`priority`]), and long loops that let a waiting request in ([`slice`]).
 
 pub mod log;
 pub mod memory;
 pub mod notify;
 pub mod prefetch;
 pub mod priority;
+pub mod slice;
 pub mod stage;
 pub mod submit;

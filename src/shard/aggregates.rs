@@ -87,8 +87,9 @@ pub use crate::config::limits::EMIT_QUEUE_BYTES_MAX;
 pub const EMIT_WAIT_MS_MAX: u64 = 50;
 /// How often arrival-time windows are checked for closing, in ms.
 pub const TICK_MS: u64 = 2;
-/// Windows the emitter routes between two chances to yield (about 0.7 ms
-/// of work here; each is a JSON payload routed as an event).
+/// Windows the emitter routes between two looks at its
+/// [`crate::runtime::slice`] (about 0.7 ms of work here; each is a JSON
+/// payload routed as an event).
 const EMIT_CHUNK_WINDOWS: u64 = 256;
 /// The most one replay read asks for (frames are tens of KiB).
 const REPLAY_READ_BYTES: usize = 4 << 20;
@@ -282,18 +283,29 @@ pub fn any_declared(shard: &Shard) -> bool {
 
 /// The shard's aggregate tasks: the emitter, and the clock (arrival-time
 /// windows, checkpoints).
+///
+/// Both run in an urgent task queue (`create_urgent_task_queue`, vendored
+/// glommio patch 6): closing and emitting a second's windows is a burst
+/// that gives way to waiting requests once per [`crate::runtime::slice`];
+/// from the default queue each such yield waited behind every batch queued
+/// to apply, and the first closed window of a second reached a subscriber
+/// 9 - 19 ms after its end instead of 4 - 5 (`scripts/bench-aggregates`
+/// part 3, with back-to-back queries).
 pub fn spawn_tasks(shard: &Rc<Shard>) {
-    glommio::spawn_local(run_emitter(shard.clone())).detach();
-    glommio::spawn_local(run_clock(shard.clone())).detach();
+    let queue = glommio::executor().create_urgent_task_queue("aggregates");
+    let created = "the aggregates task queue was just created";
+    glommio::spawn_local_into(run_emitter(shard.clone()), queue).expect(created).detach();
+    glommio::spawn_local_into(run_clock(shard.clone()), queue).expect(created).detach();
 }
 
 async fn run_emitter(shard: Rc<Shard>) {
     loop {
         shard.aggregates.emit_notify.notified().await;
+        let mut slice = crate::runtime::slice::Slice::start();
         loop {
             match emit_some(&shard) {
                 None => break,
-                Some(Ok(())) => glommio::yield_if_needed().await,
+                Some(Ok(())) => slice.check().await,
                 Some(Err(blocked)) => {
                     shard.ingress.wait_for_credits(blocked.owner, blocked.credit_bytes_needed).await;
                 }
@@ -372,10 +384,11 @@ async fn run_clock(shard: Rc<Shard>) {
     }
 }
 
-/// Closes the arrival-time windows due at `now_ms`, a partition at a time
-/// with a chance to yield between them: at a window end every key of every
-/// partition closes at once (10 000 keys of two aggregates took 1.3 - 3.7
-/// ms on this box), which in one piece held a control request that long.
+/// Closes the arrival-time windows due at `now_ms`, a partition at a time,
+/// letting a waiting request in once a [`crate::runtime::slice`] is spent:
+/// at a window end every key of every partition closes at once (10 000
+/// keys of two aggregates took 1.3 - 3.7 ms on this box), which in one
+/// piece held a control request that long.
 async fn close_due(shard: &Shard, now_ms: u64) {
     let due: Vec<u32> = shard
         .partitions
@@ -387,6 +400,7 @@ async fn close_due(shard: &Shard, now_ms: u64) {
         })
         .map(|(partition_id, _)| partition_id)
         .collect();
+    let mut slice = crate::runtime::slice::Slice::start();
     for partition_id in due {
         {
             let mut partitions = shard.partitions.borrow_mut();
@@ -400,7 +414,7 @@ async fn close_due(shard: &Shard, now_ms: u64) {
             processor.take_output(&mut emit);
             shard.aggregates.pushed(&mut emit, before);
         }
-        glommio::yield_if_needed().await;
+        slice.check().await;
     }
 }
 

@@ -629,6 +629,7 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
     }
     let mut slow = Vec::new();
     let mut first_error = None;
+    let mut slice = crate::runtime::slice::Slice::start();
     for &partition_id in &dirty {
         match encode_in_place(shard, partition_id, !unlogged) {
             Ok(true) => {}
@@ -645,8 +646,8 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
         // other tasks run: each partition's records are encoded (and logged)
         // whole, and an event applied meanwhile marks its partition dirty for
         // the next round. Yields only when a request (or the preempt timer)
-        // is waiting.
-        glommio::yield_if_needed().await;
+        // is waiting, at most once per slice.
+        slice.check().await;
     }
     let slow_written = write_partitions(shard, &slow, !unlogged).await;
     committer.written.borrow_mut().extend_from_slice(&dirty);

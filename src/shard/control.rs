@@ -25,10 +25,9 @@
 //! batch read since the last one (8 - 50 ms here), and the request then
 //! queued behind the batches still waiting. Connections check for it after
 //! each read (a full read completes at once, so a busy socket never let its
-//! task go), the applier after each batch, the aggregate clock after each
-//! partition's windows and the emitter every [`EMIT_CHUNK_WINDOWS`] windows.
-//!
-//! [`EMIT_CHUNK_WINDOWS`]: crate::shard::aggregates
+//! task go), the applier after each batch; the longer loops (a commit
+//! round's partitions, closing a second's windows, emitting them) once per
+//! [`crate::runtime::slice`].
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
