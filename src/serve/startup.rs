@@ -132,10 +132,9 @@ pub async fn run_shard(context: ShardContext) {
     let control_queue = glommio::executor().create_urgent_task_queue("control");
     let control = context.control[usize::from(id)].clone();
     let (events, serving) = (context.events.clone(), shard.clone());
-    match glommio::spawn_local_into(async move { serve_control(&serving, &control, &events).await }, control_queue) {
-        Ok(task) => task.await,
-        Err(_) => serve_control(&shard, &context.control[usize::from(id)], &context.events).await,
-    }
+    glommio::spawn_local_into(async move { serve_control(&serving, &control, &events).await }, control_queue)
+        .expect("the control task queue was just created")
+        .await;
     outbox.close();
 }
 
