@@ -41,10 +41,19 @@ pub struct ServerProcess {
     pub command_line: String,
 }
 
-fn free_loopback_port() -> Result<u16, BenchError> {
+/// `N` distinct free loopback ports. Every listener is held until all are
+/// chosen: a port picked and released at once could be handed out again by
+/// the next pick (a CI run got the same port for ingest and subscribe, and
+/// the server's `SO_REUSEPORT` listeners shared it).
+fn free_loopback_ports<const N: usize>() -> Result<[u16; N], BenchError> {
     let io_error = |source| BenchError::Io { what: "find a free loopback port", source };
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error)?;
-    Ok(listener.local_addr().map_err(io_error)?.port())
+    let listeners =
+        (0..N).map(|_| TcpListener::bind("127.0.0.1:0").map_err(io_error)).collect::<Result<Vec<_>, _>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr().map_err(io_error)?.port();
+    }
+    Ok(ports)
 }
 
 impl ServerProcess {
@@ -52,11 +61,12 @@ impl ServerProcess {
     /// with a Kafka listener on a free port if `kafka`.
     pub fn start(shard_count: usize, extra_args: &[String], kafka: bool) -> Result<ServerProcess, BenchError> {
         let program = std::env::current_exe().map_err(|source| BenchError::Io { what: "find own binary", source })?;
+        let [ingest, subscribe, admin, kafka_port] = free_loopback_ports()?;
         let targets = Targets {
-            ingest: format!("127.0.0.1:{}", free_loopback_port()?),
-            subscribe: format!("127.0.0.1:{}", free_loopback_port()?),
-            admin: format!("127.0.0.1:{}", free_loopback_port()?),
-            kafka: if kafka { Some(format!("127.0.0.1:{}", free_loopback_port()?)) } else { None },
+            ingest: format!("127.0.0.1:{ingest}"),
+            subscribe: format!("127.0.0.1:{subscribe}"),
+            admin: format!("127.0.0.1:{admin}"),
+            kafka: kafka.then(|| format!("127.0.0.1:{kafka_port}")),
         };
         let mut args: Vec<String> = vec!["serve".into(), "--shards".into(), shard_count.to_string()];
         for (flag, addr) in
