@@ -315,6 +315,12 @@ async fn finish_delete(state: &AdminState, catalog: &mut Catalog, spec: &StreamS
     ask_all_within(state, deactivate, STREAM_CHANGE_TIMEOUT).await?;
     let fence = Fence { base: spec.base, partitions: spec.partitions, done, outstanding: state.controls.len() };
     state.fences.lock().unwrap_or_else(|poison| poison.into_inner()).push(fence);
+    // A move started before the deactivation may be known to its old owner
+    // only (the thief learns of it from a frame still in flight): every
+    // shard settles first, so no partition of the stream arrives after its
+    // thief has dropped the stream ([`crate::shard::streams`]).
+    ask_all_within(state, |reply| ControlRequest::Stream(StreamChange::Settle { id, reply }), STREAM_CHANGE_TIMEOUT)
+        .await?;
     ask_all_within(state, |reply| ControlRequest::Stream(StreamChange::Drop { id, reply }), STREAM_CHANGE_TIMEOUT)
         .await?;
     if state.config.storage == Storage::Disk {

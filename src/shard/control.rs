@@ -112,8 +112,8 @@ pub enum ShardEvent {
 
 /// A change to the stream catalog, in the order the admin side runs them:
 /// create = `Install` on every shard, then `Activate` on every shard;
-/// delete = `Deactivate` everywhere, then `Drop` everywhere
-/// ([`crate::shard::streams`]).
+/// delete = `Deactivate` everywhere, then `Settle` everywhere, then `Drop`
+/// everywhere ([`crate::shard::streams`]).
 pub enum StreamChange {
     /// Open the partitions of a new stream that this shard owns.
     Install { spec: StreamSpec, reply: flume::Sender<Result<(), crate::shard::streams::InstallError>> },
@@ -122,6 +122,9 @@ pub enum StreamChange {
     /// Stop routing to it and end its subscriptions (`reply` then); `fenced`
     /// once nothing this shard routed to it is in flight any more.
     Deactivate { id: u32, reply: flume::Sender<()>, fenced: flume::Sender<()> },
+    /// Answer once none of its partitions moves into or out of this shard
+    /// (none starts to: it is inactive everywhere).
+    Settle { id: u32, reply: flume::Sender<()> },
     /// Remove its partitions (no shard routes to it any more) and close
     /// their files; the admin side deletes them.
     Drop { id: u32, reply: flume::Sender<()> },

@@ -578,6 +578,13 @@ impl Shard {
 
     fn install_moved(self: &Rc<Self>, partition_id: u32, epoch: u32, partition: Partition) {
         let partition = Box::new(partition);
+        // A deleted stream's partitions settle everywhere before any shard
+        // drops them (`shard::streams`): one arriving after the drop would
+        // stay, and the next stream given its id would find it here.
+        assert!(
+            !self.partitions.borrow().is_retired(partition_id),
+            "moved partition {partition_id} arrived after its stream was dropped here"
+        );
         let now_ms = now_ms();
         let moved_ms = partition.moved_ms.unwrap_or(now_ms);
         let mut effects = Vec::new();

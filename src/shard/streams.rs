@@ -11,10 +11,23 @@
 //! tells the stream's subscribers and group members on this shard at once
 //! (`ERR stream_deleted`), forgets its groups, and starts a *fence*: the
 //! shard's own open batches to every owner are sent and applied, after which
-//! nothing this shard routed to the stream is in flight any more. `Drop`
-//! then takes the stream's partitions out between commit rounds and closes
-//! their files (the admin side deletes them). Once every shard's fence is
-//! done the stream's partition ids can go to a new stream.
+//! nothing this shard routed to the stream is in flight any more. `Settle`
+//! then waits until none of the stream's partitions moves into or out of
+//! this shard, and `Drop` waits for that again and takes them out between
+//! commit rounds and closes their files (the admin side deletes them). Once
+//! every shard's fence is done the stream's partition ids can go to a new
+//! stream.
+//!
+//! Why two waits: no move of an inactive stream's partition starts, but one
+//! started before the deactivation goes on, and at first only its old owner
+//! knows it (the thief learns from a placement frame still on the mesh). A
+//! thief that dropped the stream then would later install the partition
+//! handed to it, and a new stream given those ids would find it there
+//! ("installed twice"; seen in CI, 2026-12-07). Once every shard has
+//! settled, each old owner has sent its handoff, so each thief had the
+//! placement before that (its marker, sent on the placement, is what the
+//! handoff waited for): at `Drop` a thief still waiting for a partition
+//! knows it, and takes it out once it arrived.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -94,6 +107,15 @@ pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
             })
             .detach();
         }
+        StreamChange::Settle { id, reply } => {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                let globals = stream_partitions(&shard, id);
+                until_none_moves(&shard, &globals).await;
+                let _ = reply.send(());
+            })
+            .detach();
+        }
         StreamChange::Drop { id, reply } => {
             let shard = shard.clone();
             glommio::spawn_local(async move {
@@ -142,10 +164,8 @@ fn deactivate(shard: &Rc<Shard>, id: u32) {
 /// side moves the stream's directory away once every shard is done.
 async fn drop_stream(shard: &Rc<Shard>, id: u32) {
     let Some(spec) = shard.streams.borrow().catalog().by_id(id).cloned() else { return };
-    let globals: Vec<u32> = (0..spec.partitions).map(|local| spec.global(local)).collect();
-    while globals.iter().any(|&global| shard.migrations.borrow().is_moving(global)) {
-        glommio::timer::sleep(Duration::from_millis(DROP_RETRY_MS)).await;
-    }
+    let globals = stream_partitions(shard, id);
+    until_none_moves(shard, &globals).await;
     let detached = shard.detach_partitions(&globals, true).await;
     shard.aggregates.forget_partitions(&globals);
     for (partition_id, partition) in detached {
@@ -163,6 +183,20 @@ async fn drop_stream(shard: &Rc<Shard>, id: u32) {
     shard.replication.refresh(shard.streams.borrow().catalog(), shard.config.partitions_max);
     // Parked fetches of its partitions learn it is gone.
     shard.subscriptions.wake_parked();
+}
+
+/// The global ids of stream `id`'s partitions (none if it is unknown here).
+fn stream_partitions(shard: &Shard, id: u32) -> Vec<u32> {
+    let streams = shard.streams.borrow();
+    let Some(spec) = streams.catalog().by_id(id) else { return Vec::new() };
+    (0..spec.partitions).map(|local| spec.global(local)).collect()
+}
+
+/// Resolves once none of `partitions` moves into or out of this shard.
+async fn until_none_moves(shard: &Shard, partitions: &[u32]) {
+    while partitions.iter().any(|&global| shard.migrations.borrow().is_moving(global)) {
+        glommio::timer::sleep(Duration::from_millis(DROP_RETRY_MS)).await;
+    }
 }
 
 #[cfg(test)]
