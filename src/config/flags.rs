@@ -630,6 +630,14 @@ pub const CLUSTER_ADDRESS_DEFAULT: SocketAddr =
 pub enum ConfigError {
     /// `--advertise` on a node that is not in a cluster (no `--cluster`, no `--join`).
     AdvertiseWithoutCluster,
+    /// Two of the node's listeners on one port of overlapping addresses
+    /// (every shard binds its listeners with SO_REUSEPORT, so the kernel
+    /// would not refuse it: the two would share the connections).
+    SameAddress {
+        first: &'static str,
+        second: &'static str,
+        address: SocketAddr,
+    },
     ShardCount {
         shard_count: usize,
         shard_count_max: usize,
@@ -710,6 +718,11 @@ impl std::fmt::Display for ConfigError {
             ConfigError::AdvertiseWithoutCluster => {
                 write!(f, "--advertise needs --cluster or --join: a node without them is a cluster of one")
             }
+            ConfigError::SameAddress { first, second, address } => write!(
+                f,
+                "{first} and {second} both listen on {address}: give each its own port (or `off` where the \
+                 flag takes it)"
+            ),
             ConfigError::TooLarge { name, value, max, why } => {
                 write!(f, "{name} {value} is above its maximum {max} ({why})")
             }
@@ -826,6 +839,7 @@ impl Config {
         if self.advertise.is_some() && self.cluster_address().is_none() {
             return Err(ConfigError::AdvertiseWithoutCluster);
         }
+        self.validate_listeners_apart()?;
         if self.spread_events_per_s_min <= self.consolidate_events_per_s_max {
             return Err(ConfigError::TooSmall {
                 name: "--spread-events-per-s-min",
@@ -874,6 +888,39 @@ impl Config {
                 read_buffer_initial_bytes: self.read_buffer_initial_bytes,
                 read_buffer_bytes: self.read_buffer_bytes,
             });
+        }
+        Ok(())
+    }
+
+    /// The node's TCP listeners, by flag (`off` ones left out; the cluster
+    /// address also carries the node-to-node TCP transport).
+    fn listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        let mut listeners = vec![("--ingest", self.ingest), ("--subscribe", self.subscribe), ("--admin", self.admin)];
+        let optional = [
+            ("--ingest-json", self.ingest_json.0),
+            ("--ingest-ilp", self.ingest_ilp.0),
+            ("--ingest-kafka", self.ingest_kafka.0),
+            ("--cluster", self.cluster_address()),
+        ];
+        listeners.extend(optional.into_iter().filter_map(|(flag, address)| Some((flag, address?))));
+        listeners
+    }
+
+    /// Refuses two listeners on one port whose addresses overlap (equal, or
+    /// one of them unspecified in the same family). Port 0 asks the kernel
+    /// for a free port each time, so it never clashes.
+    fn validate_listeners_apart(&self) -> Result<(), ConfigError> {
+        let overlap = |a: SocketAddr, b: SocketAddr| {
+            a.port() != 0
+                && a.port() == b.port()
+                && a.is_ipv4() == b.is_ipv4()
+                && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+        };
+        let listeners = self.listeners();
+        for (index, &(first, a)) in listeners.iter().enumerate() {
+            if let Some(&(second, _)) = listeners[index + 1..].iter().find(|&&(_, b)| overlap(a, b)) {
+                return Err(ConfigError::SameAddress { first, second, address: a });
+            }
         }
         Ok(())
     }
@@ -1046,6 +1093,27 @@ mod tests {
         assert!(matches!(error, ConfigError::TooLarge { name: "--shards", value: 2, max: 1, .. }), "{error}");
         let error = parse(&["--shards", "1", "--advertise", "127.0.0.1:1"]).validate().unwrap_err();
         assert_eq!(error, ConfigError::AdvertiseWithoutCluster);
+    }
+
+    /// Two listeners on one port of overlapping addresses are refused,
+    /// naming both flags; port 0, other ports, `off` and distinct specific
+    /// addresses are not.
+    #[test]
+    fn two_listeners_on_one_address_are_refused() {
+        let error = parse(&["--subscribe", "0.0.0.0:9400"]).validate().unwrap_err();
+        let address: SocketAddr = "0.0.0.0:9400".parse().unwrap();
+        assert_eq!(error, ConfigError::SameAddress { first: "--ingest", second: "--subscribe", address });
+        assert!(error.to_string().contains("--ingest and --subscribe both listen on 0.0.0.0:9400"), "{error}");
+        let error = parse(&["--admin", "127.0.0.1:9092"]).validate().unwrap_err();
+        assert!(matches!(error, ConfigError::SameAddress { first: "--admin", second: "--ingest-kafka", .. }));
+        let error = parse(&["--cluster", "127.0.0.1:9401"]).validate().unwrap_err();
+        assert!(matches!(error, ConfigError::SameAddress { first: "--subscribe", second: "--cluster", .. }));
+        parse(&[]).validate().expect("the defaults are apart");
+        parse(&["--ingest", "127.0.0.1:0", "--subscribe", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .validate()
+            .expect("port 0 never clashes");
+        parse(&["--ingest", "127.0.0.1:7000", "--subscribe", "127.0.0.2:7000"]).validate().expect("distinct IPs");
+        parse(&["--ingest-kafka", "off", "--admin", "127.0.0.1:9092"]).validate().expect("off listens nowhere");
     }
 
     /// Time flags past their maxima (u64::MAX, 2^63, the maximum + 1) are
