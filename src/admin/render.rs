@@ -87,21 +87,19 @@ pub fn imbalance(stats: &[ShardStats]) -> (f64, f64) {
     (max / mean, hottest.max(mean) / mean)
 }
 
-/// Every metric summed over shards (the largest value for a [`Kind::Peak`]),
-/// under its field name.
-fn totals(stats: &[ShardStats]) -> serde_json::Map<String, serde_json::Value> {
-    let mut totals = serde_json::Map::new();
-    for family in FAMILIES {
-        let values = stats.iter().map(|shard| (family.read)(&shard.counters));
-        let total = if family.kind == Kind::Peak { values.fold(0.0, f64::max) } else { values.sum() };
-        totals.insert(family.field.to_string(), number(total));
-    }
-    totals
-}
+/// A metric's value as `/stats` prints it: whole numbers as integers
+/// (counts), others as floats.
+struct Number(f64);
 
-/// Whole numbers print as integers (counts), others as floats.
-fn number(value: f64) -> serde_json::Value {
-    if value.fract() == 0.0 && value.abs() < 9e15 { json!(value as i64) } else { json!(value) }
+impl serde::Serialize for Number {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Number(value) = *self;
+        if value.fract() == 0.0 && value.abs() < 9e15 {
+            serializer.serialize_i64(value as i64)
+        } else {
+            serializer.serialize_f64(value)
+        }
+    }
 }
 
 fn lines_rejected(counters: &Counters) -> u64 {
@@ -112,39 +110,82 @@ fn lines_rejected(counters: &Counters) -> u64 {
         + counters.lines_rejected_unknown_stream
 }
 
+/// `/stats`' `totals`: every metric summed over shards (the largest value
+/// for a [`Kind::Peak`]) under its field name, then the figures made of
+/// several. Written straight to the output, as the rest of `/stats`: built
+/// as a `serde_json::Value` first, it spent most of the admin thread's time
+/// per request in map inserts and key compares (`perf`, 2026-12-07).
+struct Totals<'a>(&'a [ShardStats]);
+
+impl serde::Serialize for Totals<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let stats = self.0;
+        let (imbalance_ratio, imbalance_bound_ratio) = imbalance(stats);
+        let sum = |read: fn(&Counters) -> u64| -> u64 { stats.iter().map(|shard| read(&shard.counters)).sum() };
+        let mut map = serializer.serialize_map(Some(FAMILIES.len() + 6))?;
+        for family in FAMILIES {
+            let values = stats.iter().map(|shard| (family.read)(&shard.counters));
+            let total = if family.kind == Kind::Peak { values.fold(0.0, f64::max) } else { values.sum() };
+            map.serialize_entry(family.field, &Number(total))?;
+        }
+        map.serialize_entry("events_total", &sum(|counters| counters.events_stored))?;
+        map.serialize_entry("bytes_total", &sum(|counters| counters.bytes_stored))?;
+        map.serialize_entry("lines_rejected", &sum(lines_rejected))?;
+        map.serialize_entry("migrations_refused", &sum(|counters| counters.steal_refusals_sent))?;
+        map.serialize_entry("imbalance_ratio", &imbalance_ratio)?;
+        map.serialize_entry("imbalance_bound_ratio", &imbalance_bound_ratio)?;
+        map.end()
+    }
+}
+
+/// One shard in `/stats`: its metrics, and `events_total` / `bytes_total`
+/// (the names the totals use for what it stored).
+#[derive(serde::Serialize)]
+struct ShardJson<'a> {
+    #[serde(flatten)]
+    stats: &'a ShardStats,
+    events_total: u64,
+    bytes_total: u64,
+}
+
+#[derive(serde::Serialize)]
+struct StatsDocument<'a> {
+    shards: Vec<ShardJson<'a>>,
+    totals: Totals<'a>,
+    config: serde_json::Value,
+    process: serde_json::Value,
+    storage: serde_json::Value,
+    memory_bound: &'a crate::config::MemoryBound,
+}
+
 /// `/stats`: every shard's metrics and their totals.
 pub fn stats_json(state: &AdminState, stats: &[ShardStats]) -> String {
     let (rss, rss_peak) = process_rss_bytes();
-    let (imbalance_ratio, imbalance_bound_ratio) = imbalance(stats);
-    let mut totals = totals(stats);
-    let sum = |read: fn(&Counters) -> u64| -> u64 { stats.iter().map(|shard| read(&shard.counters)).sum() };
-    totals.insert("events_total".into(), json!(sum(|counters| counters.events_stored)));
-    totals.insert("bytes_total".into(), json!(sum(|counters| counters.bytes_stored)));
-    totals.insert("lines_rejected".into(), json!(sum(lines_rejected)));
-    totals.insert("migrations_refused".into(), json!(sum(|counters| counters.steal_refusals_sent)));
-    totals.insert("imbalance_ratio".into(), json!(imbalance_ratio));
-    totals.insert("imbalance_bound_ratio".into(), json!(imbalance_bound_ratio));
-    let shards: Vec<_> = stats
+    let shards = stats
         .iter()
-        .map(|shard| {
-            let mut value = serde_json::to_value(shard).expect("stats serialize");
-            value["events_total"] = json!(shard.counters.events_stored);
-            value["bytes_total"] = json!(shard.counters.bytes_stored);
-            value
+        .map(|shard| ShardJson {
+            stats: shard,
+            events_total: shard.counters.events_stored,
+            bytes_total: shard.counters.bytes_stored,
         })
         .collect();
-    let document = json!({
-        "shards": shards,
-        "totals": totals,
-        "config": {
+    let document = StatsDocument {
+        shards,
+        totals: Totals(stats),
+        config: json!({
             "shards": state.controls.len(),
             "partitions": state.config.partitions,
             "rebalance": state.config.rebalance == crate::config::Rebalance::On,
-        },
-        "process": { "rss_bytes": rss, "rss_peak_bytes": rss_peak, "uptime_seconds": state.started.elapsed().as_secs_f64() },
-        "storage": storage_json(state, stats),
-        "memory_bound": state.memory_bound,
-    });
+        }),
+        process: json!({
+            "rss_bytes": rss,
+            "rss_peak_bytes": rss_peak,
+            "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        }),
+        storage: storage_json(state, stats),
+        memory_bound: &state.memory_bound,
+    };
     serde_json::to_string_pretty(&document).expect("json serializes")
 }
 

@@ -376,6 +376,13 @@ impl KeyTable {
         let boxed_keys: usize = self.index.keys().map(|key| boxed_key_bytes(key.as_slice())).sum();
         index + open + closed + self.free.capacity() * 4 + boxed_keys
     }
+
+    /// Estimated heap bytes of the whole table: [`KeyTable::shared_bytes`]
+    /// and every state's spilled windows, in one pass over the rows (free
+    /// rows' too: a state emptied keeps its capacity).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.shared_bytes() + self.open.iter().map(spilled_bytes).sum::<usize>()
+    }
 }
 
 /// Rebuilds `rows` (`columns` wide) as `new_columns` wide, `change` turning
@@ -445,6 +452,25 @@ mod tests {
         table.remove_column(0);
         table.remove_column(0);
         assert_eq!(table.columns(), 0);
+    }
+
+    /// The table's memory in one pass is what the columns' estimates add up to: the shared
+    /// bytes and each state's spilled windows, every column's.
+    #[test]
+    fn memory_in_one_pass_counts_every_columns_spilled_windows() {
+        let mut table = KeyTable::default();
+        table.add_column();
+        table.add_column();
+        let (alice, _) = table.row_for(b"alice");
+        let (bob, _) = table.row_for(b"a key longer than the inline limit, boxed");
+        table.state_mut(alice, 0).open.extend((0..3).map(|start| window(start * 1000)));
+        table.state_mut(bob, 1).open.extend((0..5).map(|start| window(start * 1000)));
+        table.state_mut(alice, 1).open.push(window(0));
+        let by_column: usize = (0..2)
+            .map(|column| table.iter_column(column).map(|(_, state)| spilled_bytes(state.open)).sum::<usize>())
+            .sum();
+        assert!(by_column >= 8 * std::mem::size_of::<WindowState>(), "both spilled states count");
+        assert_eq!(table.memory_bytes(), table.shared_bytes() + by_column);
     }
 
     /// The probe's word compares agree with a plain slice compare at every length up to the

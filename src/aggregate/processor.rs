@@ -18,7 +18,7 @@ use crate::aggregate::declaration::AggregateDeclaration;
 use crate::aggregate::extract::Input;
 use crate::aggregate::keys::KeyTable;
 use crate::aggregate::output::{AggregateStats, ClosedOutputs, ClosedWindow, KeyView, TopEntry};
-use crate::aggregate::state::{AggregateState, Closing, Event};
+use crate::aggregate::state::{AggregateCounters, AggregateState, Closing, Event};
 use crate::aggregate::{AGGREGATES_PER_STREAM_MAX, ProcessorLimits, TOP_N_MAX};
 
 /// The state of every aggregate declared on one stream, for one partition.
@@ -323,6 +323,13 @@ impl PartitionProcessor {
         }
     }
 
+    /// Each aggregate's counters and key count: what `/stats` sums, in
+    /// O(aggregates), where [`PartitionProcessor::stats`] walks every key
+    /// for its windows and memory.
+    pub fn counters(&self) -> impl Iterator<Item = (&AggregateCounters, u64)> + '_ {
+        self.aggregates.iter().map(|aggregate| (&aggregate.counters, u64::from(aggregate.key_count)))
+    }
+
     /// Keys, windows, memory and counters of every aggregate.
     pub fn stats(&self) -> Vec<AggregateStats> {
         self.aggregates
@@ -342,9 +349,11 @@ impl PartitionProcessor {
     }
 
     /// Estimated heap bytes held, reused buffers included.
+    /// The key table is walked once (`/stats` asks every partition for
+    /// this), not once per aggregate as [`PartitionProcessor::stats`] does.
     pub fn memory_bytes(&self) -> u64 {
-        let columns = self.aggregates.iter().enumerate();
-        let aggregates: u64 = columns.map(|(column, aggregate)| aggregate.memory_bytes((&self.keys, column))).sum();
+        let sketches: usize = self.aggregates.iter().map(|aggregate| aggregate.sketches.capacity_bytes()).sum();
+        let aggregates = (self.keys.memory_bytes() + sketches) as u64;
         let values = self.values.capacity() * std::mem::size_of::<Option<Option<Input>>>();
         let buffers = self.scratch.capacity() + self.closing.capacity_bytes() + self.output.capacity_bytes() + values;
         aggregates + buffers as u64

@@ -631,12 +631,12 @@ pub fn set_metrics(shard: &Shard) {
     for (_, partition) in shard.partitions.borrow().iter() {
         let Some(processor) = &partition.processor else { continue };
         memory += processor.memory_bytes();
-        for stats in processor.stats() {
-            late += stats.counters.late_events_dropped;
-            malformed += stats.counters.value_malformed + stats.counters.time_malformed;
-            refused += stats.counters.keys_refused;
-            closed += stats.counters.windows_closed;
-            keys += stats.keys;
+        for (counters, key_count) in processor.counters() {
+            late += counters.late_events_dropped;
+            malformed += counters.value_malformed + counters.time_malformed;
+            refused += counters.keys_refused;
+            closed += counters.windows_closed;
+            keys += key_count;
         }
     }
     metrics.aggregate_late_events_dropped.set(late);
