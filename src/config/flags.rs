@@ -892,23 +892,25 @@ impl Config {
         Ok(())
     }
 
-    /// The node's TCP listeners, by flag (`off` ones left out; the cluster
-    /// address also carries the node-to-node TCP transport).
-    fn listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+    /// The node's client-facing listeners (ingest in every format,
+    /// subscribe, admin) by flag, `off` ones left out: what start-up probes
+    /// ([`crate::serve::checks::check_addresses`]) and keeps apart. The
+    /// cluster address, bound by the cluster thread, is not one.
+    pub(crate) fn listeners(&self) -> Vec<(&'static str, SocketAddr)> {
         let mut listeners = vec![("--ingest", self.ingest), ("--subscribe", self.subscribe), ("--admin", self.admin)];
         let optional = [
             ("--ingest-json", self.ingest_json.0),
             ("--ingest-ilp", self.ingest_ilp.0),
             ("--ingest-kafka", self.ingest_kafka.0),
-            ("--cluster", self.cluster_address()),
         ];
         listeners.extend(optional.into_iter().filter_map(|(flag, address)| Some((flag, address?))));
         listeners
     }
 
     /// Refuses two listeners on one port whose addresses overlap (equal, or
-    /// one of them unspecified in the same family). Port 0 asks the kernel
-    /// for a free port each time, so it never clashes.
+    /// one of them unspecified in the same family), the cluster address
+    /// among them (it also carries the node-to-node TCP transport). Port 0
+    /// asks the kernel for a free port each time, so it never clashes.
     fn validate_listeners_apart(&self) -> Result<(), ConfigError> {
         let overlap = |a: SocketAddr, b: SocketAddr| {
             a.port() != 0
@@ -916,7 +918,8 @@ impl Config {
                 && a.is_ipv4() == b.is_ipv4()
                 && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
         };
-        let listeners = self.listeners();
+        let mut listeners = self.listeners();
+        listeners.extend(self.cluster_address().map(|address| ("--cluster", address)));
         for (index, &(first, a)) in listeners.iter().enumerate() {
             if let Some(&(second, _)) = listeners[index + 1..].iter().find(|&&(_, b)| overlap(a, b)) {
                 return Err(ConfigError::SameAddress { first, second, address: a });

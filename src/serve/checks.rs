@@ -128,18 +128,8 @@ pub fn check_io_uring(config: &Config) -> Result<(), ServeError> {
 /// Every address must be free, or held only by an earlier server's
 /// leftovers ([`crate::serve::ports`]).
 pub fn check_addresses(config: &Config) -> Result<(), ServeError> {
-    let addresses = [
-        ("ingest", Some(config.ingest)),
-        ("ingest-json", config.ingest_json.0),
-        ("ingest-ilp", config.ingest_ilp.0),
-        ("ingest-kafka", config.ingest_kafka.0),
-        ("subscribe", Some(config.subscribe)),
-        ("admin", Some(config.admin)),
-    ];
-    for (name, address) in addresses {
-        if let Some(address) = address {
-            crate::serve::ports::check_address(name, address)?;
-        }
+    for (flag, address) in config.listeners() {
+        crate::serve::ports::check_address(flag.trim_start_matches("--"), address)?;
     }
     Ok(())
 }
