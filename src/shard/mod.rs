@@ -890,7 +890,7 @@ fn install_memory_partitions(
 
 /// The global ids of `spec`'s partitions that shard `id` owns.
 fn owned_partitions_of(placement: &PlacementTable, id: u16, spec: &StreamSpec) -> Vec<u32> {
-    (0..spec.partitions).map(|local| spec.global(local)).filter(|&global| placement.owner(global) == id).collect()
+    spec.globals().filter(|&global| placement.owner(global) == id).collect()
 }
 
 /// Writes and fdatasyncs a partition's files before a handoff, retrying

@@ -110,7 +110,8 @@ pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
         StreamChange::Settle { id, reply } => {
             let shard = shard.clone();
             glommio::spawn_local(async move {
-                let globals = stream_partitions(&shard, id);
+                let globals: Vec<u32> =
+                    shard.streams.borrow().catalog().by_id(id).map(|spec| spec.globals().collect()).unwrap_or_default();
                 until_none_moves(&shard, &globals).await;
                 let _ = reply.send(());
             })
@@ -132,7 +133,7 @@ pub fn handle(shard: &Rc<Shard>, request: StreamChange) {
 async fn install(shard: &Rc<Shard>, spec: StreamSpec) -> Result<(), InstallError> {
     {
         let mut partitions = shard.partitions.borrow_mut();
-        (0..spec.partitions).for_each(|local| partitions.unretire(spec.global(local)));
+        spec.globals().for_each(|global| partitions.unretire(global));
     }
     shard.streams.borrow_mut().install(spec.clone());
     shard.replication.refresh(shard.streams.borrow().catalog(), shard.config.partitions_max);
@@ -164,7 +165,7 @@ fn deactivate(shard: &Rc<Shard>, id: u32) {
 /// side moves the stream's directory away once every shard is done.
 async fn drop_stream(shard: &Rc<Shard>, id: u32) {
     let Some(spec) = shard.streams.borrow().catalog().by_id(id).cloned() else { return };
-    let globals = stream_partitions(shard, id);
+    let globals: Vec<u32> = spec.globals().collect();
     until_none_moves(shard, &globals).await;
     let detached = shard.detach_partitions(&globals, true).await;
     shard.aggregates.forget_partitions(&globals);
@@ -183,13 +184,6 @@ async fn drop_stream(shard: &Rc<Shard>, id: u32) {
     shard.replication.refresh(shard.streams.borrow().catalog(), shard.config.partitions_max);
     // Parked fetches of its partitions learn it is gone.
     shard.subscriptions.wake_parked();
-}
-
-/// The global ids of stream `id`'s partitions (none if it is unknown here).
-fn stream_partitions(shard: &Shard, id: u32) -> Vec<u32> {
-    let streams = shard.streams.borrow();
-    let Some(spec) = streams.catalog().by_id(id) else { return Vec::new() };
-    (0..spec.partitions).map(|local| spec.global(local)).collect()
 }
 
 /// Resolves once none of `partitions` moves into or out of this shard.

@@ -125,6 +125,11 @@ impl StreamSpec {
         self.base + local
     }
 
+    /// The global ids of the stream's partitions, in order.
+    pub fn globals(&self) -> std::ops::Range<u32> {
+        self.base..self.base + self.partitions
+    }
+
     /// Whether global id `global` is one of this stream's partitions.
     pub fn contains(&self, global: u32) -> bool {
         global >= self.base && global - self.base < self.partitions
