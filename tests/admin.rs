@@ -158,7 +158,7 @@ fn a_port_with_a_connection_in_time_wait_can_be_listened_on() {
     {
         // The listener closes its side first, so the TIME_WAIT is on its
         // port (std binds with SO_REUSEADDR and without SO_REUSEPORT).
-        let listener = std::net::TcpListener::bind(addresses.ingest).unwrap();
+        let listener = common::listen(addresses.ingest);
         let client = std::net::TcpStream::connect(addresses.ingest).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         drop(accepted);

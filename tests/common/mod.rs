@@ -69,6 +69,29 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in {low}..{high}");
 }
 
+/// A std listener on `address`, a port [`free_port`] handed out.
+///
+/// A bind right after the probe can still fail for a moment: a test thread
+/// that spawns a process at the same time (`Command::spawn`) forks, and the
+/// child holds a copy of every descriptor of this process, the probe's
+/// socket among them, until its `exec` closes them (they are close-on-exec).
+/// The probe's close does not free the port until then. Seen in CI and in 4
+/// of 20 back-to-back runs of `tests/admin` (never with `--test-threads 1`),
+/// with `ss` showing nothing on the port right after. So the bind is tried
+/// again for up to a second.
+pub fn listen(address: SocketAddr) -> TcpListener {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match TcpListener::bind(address) {
+            Ok(listener) => return listener,
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => panic!("listen on {address}: {error}"),
+        }
+    }
+}
+
 /// Ports to hand out: `[low, high)` outside the ephemeral range.
 fn ports_outside_ephemeral_range() -> (u32, u32) {
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
