@@ -27,6 +27,11 @@ impl Slice {
         Slice { started: Instant::now() }
     }
 
+    /// Whether [`Slice::check`] would yield now.
+    pub fn due(&self) -> bool {
+        self.started.elapsed() >= SLICE && glommio::executor().need_preempt()
+    }
+
     /// Yields if the slice is spent and something waits (a request from
     /// another thread, or the preempt timer); starts a new slice then.
     pub async fn check(&mut self) {

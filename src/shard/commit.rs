@@ -574,10 +574,14 @@ async fn commit_round(shard: &Rc<Shard>, sync_requested: bool) -> Result<bool, S
 /// into the write-ahead log (when the shard has one).
 async fn write_partitions(shard: &Rc<Shard>, partitions: &[u32], log: bool) -> Result<(), SegmentError> {
     let committer = shard.committer.as_ref().expect("disk storage");
+    // Each write runs up to its first I/O as it is spawned; the batch hands
+    // them all to the kernel in one call ([`crate::runtime::submit`]).
+    let batch = crate::runtime::submit::Batch::start();
     let writes: Vec<_> = partitions
         .iter()
         .map(|&partition| glommio::spawn_local(write_partition(shard.clone(), partition, log)))
         .collect();
+    drop(batch);
     let mut first_error = None;
     let mut written_bytes = 0;
     for (write, partition) in writes.into_iter().zip(partitions) {
@@ -630,6 +634,9 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
     let mut slow = Vec::new();
     let mut first_error = None;
     let mut slice = crate::runtime::slice::Slice::start();
+    // The write-behinds the encodes start go to the kernel together, at the
+    // end of the loop or before it yields ([`crate::runtime::submit`]).
+    let mut batch = crate::runtime::submit::Batch::start();
     for &partition_id in &dirty {
         match encode_in_place(shard, partition_id, !unlogged) {
             Ok(true) => {}
@@ -647,8 +654,13 @@ async fn commit_round_logged(shard: &Rc<Shard>, dirty: Vec<u32>, sync_requested:
         // whole, and an event applied meanwhile marks its partition dirty for
         // the next round. Yields only when a request (or the preempt timer)
         // is waiting, at most once per slice.
-        slice.check().await;
+        if slice.due() {
+            drop(batch);
+            slice.check().await;
+            batch = crate::runtime::submit::Batch::start();
+        }
     }
+    drop(batch);
     let slow_written = write_partitions(shard, &slow, !unlogged).await;
     committer.written.borrow_mut().extend_from_slice(&dirty);
     committer.wal.dirty.borrow_mut().extend_from_slice(&dirty);
