@@ -348,9 +348,10 @@ impl PartitionProcessor {
             .collect()
     }
 
-    /// Estimated heap bytes held, reused buffers included.
-    /// The key table is walked once (`/stats` asks every partition for
-    /// this), not once per aggregate as [`PartitionProcessor::stats`] does.
+    /// Estimated heap bytes held, reused buffers included. `/stats` asks
+    /// every partition for this: the key table answers from the counts it
+    /// keeps (`KeyTable::memory_bytes`), without a walk, where
+    /// [`PartitionProcessor::stats`] walks it once per aggregate.
     pub fn memory_bytes(&self) -> u64 {
         let sketches: usize = self.aggregates.iter().map(|aggregate| aggregate.sketches.capacity_bytes()).sum();
         let aggregates = (self.keys.memory_bytes() + sketches) as u64;
@@ -450,6 +451,7 @@ mod tests {
         for keys_max in [40, 100_000] {
             let mut shared = processor(&DECLARATIONS, keys_max);
             let shared_out = feed(&mut shared, 20_000);
+            assert_eq!(shared.keys.memory_bytes(), shared.keys.memory_bytes_walked(), "the kept counts, fed");
             let mut alone_out = Vec::new();
             for (column, declaration) in DECLARATIONS.iter().enumerate() {
                 let mut alone = processor(&[declaration], keys_max);
@@ -473,10 +475,14 @@ mod tests {
             let mut bytes = Vec::new();
             shared.encode_checkpoint(&mut bytes);
             let restored = PartitionProcessor::decode_checkpoint(&bytes, shared.limits()).expect("decodes");
+            assert_eq!(restored.keys.memory_bytes(), restored.keys.memory_bytes_walked(), "restored");
             let mut again = Vec::new();
             restored.encode_checkpoint(&mut again);
             assert_eq!(bytes, again, "a checkpoint round-trips to the same bytes");
             assert!(shared.remove_aggregate("total") && shared.remove_aggregate("users"));
+            assert_eq!(shared.keys.memory_bytes(), shared.keys.memory_bytes_walked(), "aggregates removed");
+            let _ = feed(&mut shared, 20_000);
+            assert_eq!(shared.keys.memory_bytes(), shared.keys.memory_bytes_walked(), "fed again");
             let mut alone = processor(&[DECLARATIONS[0], DECLARATIONS[2]], keys_max);
             let _ = feed(&mut alone, 20_000);
             assert_eq!(

@@ -312,12 +312,19 @@ impl AggregateState {
         let kind = self.kind;
         let windows_per_key = usize::from(self.windows_per_key);
         let open = table.open_mut(row, column);
+        // A key reserves its windows as it is admitted, so they do not
+        // spill here, except a state restored with fewer reserved.
+        let spilled_before = spilled_bytes(open);
         let mut start_ms = prepared.first_start_ms;
         let mut refused = 0;
         while start_ms <= prepared.last_start_ms {
             let added = add(open, &mut self.sketches, kind, windows_per_key, start_ms, offset, prepared.input);
             refused += u64::from(!added);
             start_ms += prepared.step_ms;
+        }
+        let spilled_after = spilled_bytes(open);
+        if spilled_after != spilled_before {
+            table.spilled_changed(spilled_before, spilled_after);
         }
         if refused > 0 {
             self.counters.windows_refused += refused;
@@ -372,7 +379,7 @@ impl AggregateState {
         }
         self.key_count += 1;
         if self.windows_per_key > 1 {
-            table.state_mut(row, column).open.reserve_exact(usize::from(self.windows_per_key));
+            table.state_mut(row, column).reserve_open(usize::from(self.windows_per_key));
         }
         true
     }
