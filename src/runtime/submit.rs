@@ -125,16 +125,7 @@ mod tests {
                 };
                 let spinner = {
                     let seen = seen.clone();
-                    glommio::spawn_local(async move {
-                        let started = Instant::now();
-                        let mut byte = [0u8; 1];
-                        while started.elapsed() < Duration::from_secs(1) {
-                            if reader.read_at(&mut byte, 0).is_ok_and(|read| read == 1) && byte[0] == 0xAB {
-                                seen.set(true);
-                                break;
-                            }
-                        }
-                    })
+                    glommio::spawn_local(async move { seen.set(block_seen(&reader, Duration::from_secs(1))) })
                 };
                 spinner.await;
                 writer.await;
@@ -146,8 +137,8 @@ mod tests {
         seen
     }
 
-    /// Polls `reader` (plain `pread`s) for up to `within` for the block
-    /// [`seen_while_busy`] writes.
+    /// Polls `reader` (plain `pread`s, never yielding) for up to `within`
+    /// for the block the tests write.
     fn block_seen(reader: &std::fs::File, within: Duration) -> bool {
         let started = Instant::now();
         let mut byte = [0u8; 1];
