@@ -299,19 +299,12 @@ impl KeyTable {
         StateMut { open: &mut self.open[at], last_closed: &mut self.closed[at], spilled: &mut self.spilled_bytes }
     }
 
-    /// The open windows alone (what an event changes). A caller that may
-    /// change their capacity tells [`KeyTable::spilled_changed`].
+    /// The open windows alone (what an event changes), to be changed
+    /// within their capacity: the table counts it ([`StateMut`]).
     #[inline]
     pub(crate) fn open_mut(&mut self, row: u32, column: usize) -> &mut OpenWindows {
         let at = self.at(row, column);
         &mut self.open[at]
-    }
-
-    /// A state's spilled bytes went from `before` to `after` (through
-    /// [`KeyTable::open_mut`]).
-    #[inline]
-    pub(crate) fn spilled_changed(&mut self, before: usize, after: usize) {
-        self.spilled_bytes = self.spilled_bytes - before + after;
     }
 
     /// Replaces a state (a checkpoint's, as it is restored).
