@@ -379,10 +379,7 @@ impl KeyTable {
     /// Removes `column` (a dropped aggregate) and the keys only it tracked.
     pub(crate) fn remove_column(&mut self, column: usize) {
         let columns = self.columns;
-        let removed_spilled = (0..self.open.len() / columns.max(1))
-            .map(|row| spilled_bytes(&self.open[row * columns + column]))
-            .sum::<usize>();
-        self.spilled_bytes -= removed_spilled;
+        self.spilled_bytes -= self.open.iter().skip(column).step_by(columns).map(spilled_bytes).sum::<usize>();
         restride(&mut self.open, columns, columns - 1, |states| {
             states.remove(column);
         });

@@ -35,7 +35,7 @@ impl Slice {
     /// Yields if the slice is spent and something waits (a request from
     /// another thread, or the preempt timer); starts a new slice then.
     pub async fn check(&mut self) {
-        if self.started.elapsed() >= SLICE && glommio::executor().need_preempt() {
+        if self.due() {
             glommio::yield_if_needed().await;
             self.started = Instant::now();
         }
